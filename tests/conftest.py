@@ -1,0 +1,37 @@
+"""Shared pytest fixtures: tiny seeded reward models of every architecture, the shared data."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+from helpers import SHARED, tiny_models  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED.exists():
+        pytest.skip(f"shared data folder {SHARED} is missing (run from a checkout beside shared/)")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def hh_path(shared_dir: Path) -> Path:
+    path = shared_dir / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
+    if not path.exists():
+        pytest.skip(f"{path} is missing")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny() -> tiny_models:
+    """``tiny(arch, num_labels=1)`` -> (HookedRewardModel, hf_model, tokenizer), cached."""
+    return tiny_models()

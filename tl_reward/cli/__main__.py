@@ -1,0 +1,3 @@
+from tl_reward.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""``tl-reward score``: rewards of (prompt, response) pairs or a JSONL file of conversations."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from tl_reward.cli.common import add_model_options, load_model
+from tl_reward.errors import TLRewardError
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("score", help="score responses with a reward model",
+                       description="Score responses. Either --prompt with one or more "
+                                   "--response, or --input FILE.jsonl whose lines hold "
+                                   "'messages' (a conversation), 'prompt'+'response', or 'text'.")
+    add_model_options(p)
+    p.add_argument("--prompt", help="user prompt")
+    p.add_argument("--response", action="append", default=[], help="a response (repeatable)")
+    p.add_argument("--input", type=Path, help="JSONL file of inputs")
+    p.add_argument("--output", type=Path, help="write the table as CSV here")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.set_defaults(run=run)
+
+
+def _read_jsonl(path: Path) -> tuple[list[Any], list[str]]:
+    items, labels = [], []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if "messages" in rec:
+            items.append(rec["messages"])
+        elif "prompt" in rec and "response" in rec:
+            items.append((rec["prompt"], rec["response"]))
+        elif "text" in rec:
+            items.append(rec["text"])
+        else:
+            raise TLRewardError(f"{path}:{i + 1}: need 'messages', 'prompt'+'response' or 'text'")
+        labels.append(str(rec.get("id", i)))
+    return items, labels
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.input:
+        items, labels = _read_jsonl(args.input)
+    elif args.prompt and args.response:
+        items = [(args.prompt, r) for r in args.response]
+        labels = [r[:40] for r in args.response]
+    else:
+        raise TLRewardError("pass --prompt with at least one --response, or --input FILE.jsonl")
+    model = load_model(args)
+    df = model.rewards(items, batch_size=args.batch_size, labels=labels).to_dataframe()
+    print(df.to_string(index=False))
+    if args.output:
+        df.to_csv(args.output, index=False)
+    return 0

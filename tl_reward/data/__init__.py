@@ -1,0 +1,15 @@
+"""Inputs: conversations, preference pairs and dataset loaders."""
+
+from tl_reward.data.conversation import Conversation, Message, as_conversation
+from tl_reward.data.hh_rlhf import LoadReport, load_hh_rlhf, parse_dialogue
+from tl_reward.data.preference import PreferencePair
+
+__all__ = [
+    "Conversation",
+    "LoadReport",
+    "Message",
+    "PreferencePair",
+    "as_conversation",
+    "load_hh_rlhf",
+    "parse_dialogue",
+]

@@ -1,0 +1,50 @@
+"""Preference pairs: one shared dialogue, a chosen and a rejected final reply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tl_reward.data.conversation import Conversation, Message, as_conversation
+from tl_reward.errors import EmptyResponseError
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """A prompt (the shared dialogue so far) with a chosen and a rejected assistant reply.
+
+    Example:
+        >>> pair = PreferencePair.from_prompt("Is the sky blue?", "Yes, usually.", "No.")
+        >>> pair.chosen_conversation()[-1]
+        {'role': 'assistant', 'content': 'Yes, usually.'}
+    """
+
+    prompt: Conversation
+    chosen: str
+    rejected: str
+    meta: dict[str, object] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt", as_conversation(self.prompt))
+        for name in ("chosen", "rejected"):
+            if not str(getattr(self, name)).strip():
+                raise EmptyResponseError(
+                    f"the {name} response is empty; every pair needs two non-empty replies "
+                    "(drop the pair, or pass skip_invalid=True to the loader)"
+                )
+
+    @classmethod
+    def from_prompt(
+        cls, prompt: str, chosen: str, rejected: str, system: str | None = None
+    ) -> PreferencePair:
+        """Build a single-turn pair from a user prompt string."""
+        msgs: Conversation = [] if system is None else [Message(role="system", content=system)]
+        msgs.append(Message(role="user", content=prompt))
+        return cls(prompt=msgs, chosen=chosen, rejected=rejected)
+
+    def chosen_conversation(self) -> Conversation:
+        """The prompt followed by the chosen reply."""
+        return [*self.prompt, Message(role="assistant", content=self.chosen)]
+
+    def rejected_conversation(self) -> Conversation:
+        """The prompt followed by the rejected reply."""
+        return [*self.prompt, Message(role="assistant", content=self.rejected)]

@@ -1,0 +1,34 @@
+"""Errors raised by tl_reward. Each message names the problem and the fix."""
+
+from __future__ import annotations
+
+
+class TLRewardError(ValueError):
+    """Base class for tl_reward's input and configuration errors."""
+
+
+class UnsupportedArchitectureError(TLRewardError):
+    """The HF architecture has no registered converter."""
+
+
+class MissingPadTokenError(TLRewardError):
+    """A batch of several sequences needs a pad token the model does not define."""
+
+
+class ContextLengthError(TLRewardError):
+    """An input is longer than the model's context window."""
+
+
+class TokenizerMismatchError(TLRewardError):
+    """The tokenizer's vocabulary does not fit the model's embedding."""
+
+
+class EmptyResponseError(TLRewardError):
+    """A response to be scored is empty."""
+
+
+class UnknownObjectiveError(TLRewardError, KeyError):
+    """An objective name or index that the reward head does not have."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

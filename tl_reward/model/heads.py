@@ -1,0 +1,191 @@
+"""Reward heads beyond the linear unembedding: how K objectives become one score.
+
+``HookedRewardModel.unembed`` holds the K per-objective reward directions (``W_U`` is
+``[d_model, K]``, final-norm gain folded in). A ``RewardHead`` says how they combine:
+``score(x) = rewards(x) @ c(x)``, where ``c`` is fixed for a linear head and prompt-dependent
+for ArmoRM (``c(x) = T g(x)``), so the effective direction is ``w_eff(x) = W_U c(x)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import nn
+from torch.nn import functional as F
+from transformer_lens.hook_points import HookPoint
+
+from tl_reward.errors import TLRewardError, UnknownObjectiveError
+
+Objective = int | str | torch.Tensor
+
+ARMORM_OBJECTIVES: tuple[str, ...] = (
+    "helpsteer-helpfulness",
+    "helpsteer-correctness",
+    "helpsteer-coherence",
+    "helpsteer-complexity",
+    "helpsteer-verbosity",
+    "ultrafeedback-overall_score",
+    "ultrafeedback-instruction_following",
+    "ultrafeedback-truthfulness",
+    "ultrafeedback-honesty",
+    "ultrafeedback-helpfulness",
+    "beavertails-is_safe",
+    "prometheus-score",
+    "argilla-overall_quality",
+    "argilla-judge_lm",
+    "code-complexity",
+    "code-style",
+    "code-explanation",
+    "code-instruction-following",
+    "code-readability",
+)
+
+
+class RewardHead(nn.Module):
+    """Names the K objectives and combines their rewards into the model's score."""
+
+    def __init__(self, objectives: Sequence[str]) -> None:
+        super().__init__()
+        self.objectives = list(objectives)
+
+    @property
+    def n_objectives(self) -> int:
+        return len(self.objectives)
+
+    def objective_index(self, objective: int | str) -> int:
+        """Index of an objective given by name or position (clear error otherwise)."""
+        if isinstance(objective, str):
+            if objective in self.objectives:
+                return self.objectives.index(objective)
+            raise UnknownObjectiveError(
+                f"unknown objective {objective!r}; this model's objectives are "
+                f"{self.objectives} (or 'score' for the combined reward)"
+            )
+        if isinstance(objective, int) and -self.n_objectives <= objective < self.n_objectives:
+            return objective % self.n_objectives
+        raise UnknownObjectiveError(
+            f"objective index {objective!r} is out of range for {self.n_objectives} objectives "
+            f"{self.objectives}"
+        )
+
+    def combination(
+        self, normed: Float[torch.Tensor, "batch pos d_model"], tokens: Int[torch.Tensor, "batch pos"]
+    ) -> Float[torch.Tensor, "batch K"] | None:
+        """``c(x)`` with ``score = rewards @ c(x)``; ``None`` when the head has no score."""
+        return None
+
+    def objective_weights(
+        self,
+        objective: Objective,
+        normed: Float[torch.Tensor, "batch pos d_model"],
+        tokens: Int[torch.Tensor, "batch pos"],
+    ) -> Float[torch.Tensor, "batch K"]:
+        """Weights over objectives that select ``objective`` ('score', a name, index or vector)."""
+        batch = tokens.shape[0]
+        if isinstance(objective, torch.Tensor):
+            w = objective.to(normed.device, normed.dtype)
+            if w.shape[-1] != self.n_objectives:
+                raise UnknownObjectiveError(
+                    f"objective weights have {w.shape[-1]} entries, the head has "
+                    f"{self.n_objectives}"
+                )
+            return w.expand(batch, -1)
+        if objective == "score":
+            c = self.combination(normed, tokens)
+            if c is None:
+                raise UnknownObjectiveError(
+                    f"this head has {self.n_objectives} objectives {self.objectives} and no "
+                    "combined score; pass objective=<name or index> or a weight vector"
+                )
+            return c
+        onehot = torch.zeros(batch, self.n_objectives, device=normed.device, dtype=normed.dtype)
+        onehot[:, self.objective_index(objective)] = 1.0
+        return onehot
+
+    def score(
+        self,
+        rewards: Float[torch.Tensor, "batch K"],
+        normed: Float[torch.Tensor, "batch pos d_model"],
+        tokens: Int[torch.Tensor, "batch pos"],
+    ) -> Float[torch.Tensor, " batch"]:
+        """The scalar score of each sequence."""
+        return (rewards * self.objective_weights("score", normed, tokens)).sum(-1)
+
+
+class LinearRewardHead(RewardHead):
+    """A plain ``score`` layer: K = 1 gives the score; K > 1 has a score only if weighted."""
+
+    def __init__(self, objectives: Sequence[str], weights: torch.Tensor | None = None) -> None:
+        super().__init__(objectives)
+        if weights is None and len(self.objectives) == 1:
+            weights = torch.ones(1)
+        self.register_buffer("weights", weights, persistent=False)
+
+    def combination(
+        self, normed: Float[torch.Tensor, "batch pos d_model"], tokens: Int[torch.Tensor, "batch pos"]
+    ) -> Float[torch.Tensor, "batch K"] | None:
+        if self.weights is None:
+            return None
+        return self.weights.to(normed.device, normed.dtype).expand(tokens.shape[0], -1)
+
+
+class ArmoRMHead(RewardHead):
+    """ArmoRM's mixture-of-experts combination.
+
+    ``u = W_reg h`` at the last token gives K objective rewards; a gating MLP (ReLU hidden layers,
+    softmax at a temperature, times a learned scale) reads the final hidden state at the start
+    of the last assistant header and gives ``g(x)``; ``score = g(x) . (T^T u) = u . (T g(x))``.
+    The first gating layer has the final norm's gain folded in, so it reads ``ln_final``'s
+    output directly. ``hook_gating`` caches ``g(x)``.
+    """
+
+    def __init__(
+        self,
+        objectives: Sequence[str],
+        layers: Sequence[nn.Linear],
+        transform: torch.Tensor,
+        temperature: float,
+        logit_scale: torch.Tensor,
+        token_pattern: Sequence[int],
+    ) -> None:
+        super().__init__(objectives)
+        self.layers = nn.ModuleList(layers)
+        self.register_buffer("transform", transform.detach().clone())
+        self.register_buffer("logit_scale", logit_scale.detach().clone().reshape(1))
+        self.temperature = float(temperature)
+        self.token_pattern = [int(t) for t in token_pattern]
+        self.hook_gating = HookPoint()  # [batch, K]
+
+    def gating_positions(self, tokens: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, " batch"]:
+        """The last occurrence of the assistant-header pattern in each row (its first token)."""
+        pattern = torch.tensor(self.token_pattern, device=tokens.device)
+        n = len(self.token_pattern)
+        if tokens.shape[1] < n:
+            raise TLRewardError("sequence shorter than ArmoRM's assistant-header pattern")
+        windows = tokens.unfold(1, n, 1)
+        found = (windows == pattern).all(-1)
+        if not bool(found.any(-1).all()):
+            bad = (~found.any(-1)).nonzero().flatten().tolist()
+            raise TLRewardError(
+                f"rows {bad} lack ArmoRM's gating pattern {self.token_pattern} (the assistant "
+                "header); format inputs with the model's chat template ending in an assistant turn"
+            )
+        idx = torch.arange(found.shape[1], device=tokens.device)
+        return (idx * found.long() + (found.long() - 1)).argmax(-1)
+
+    def gate(self, x: Float[torch.Tensor, "batch d_model"]) -> Float[torch.Tensor, "batch K"]:
+        """``g``: the gating MLP on the (gain-folded) normed hidden state."""
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = F.relu(x)
+        return self.hook_gating(F.softmax(x / self.temperature, dim=-1) * self.logit_scale[0])
+
+    def combination(
+        self, normed: Float[torch.Tensor, "batch pos d_model"], tokens: Int[torch.Tensor, "batch pos"]
+    ) -> Float[torch.Tensor, "batch K"]:
+        pos = self.gating_positions(tokens)
+        g = self.gate(normed[torch.arange(tokens.shape[0], device=tokens.device), pos])
+        return g @ self.transform.T.to(g.dtype)

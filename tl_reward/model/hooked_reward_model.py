@@ -1,0 +1,249 @@
+"""``HookedRewardModel``: a TransformerLens ``HookedTransformer`` whose unembedding is the reward head.
+
+``unembed.W_U`` is ``[d_model, K]`` for K objectives (the final norm's gain folded in, never
+centred), so hooks, ``run_with_cache``, ``ActivationCache`` and ``transformer_lens.patching``
+work unchanged. ``model(tokens)`` returns per-position head outputs ``[batch, pos, K]``, as
+TransformerLens returns logits; ``return_type="reward"`` pools them at the last real token
+(``[batch, K]``) and ``return_type="score"`` gives the combined scalar ``[batch]``.
+
+Example:
+    >>> model = HookedRewardModel.from_pretrained("tl-reward/smollm2-135m-hh")
+    >>> model.rewards([("Is the sky blue?", "Yes, on a clear day.")]).score
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from tl_reward.errors import TLRewardError
+from tl_reward.model.heads import LinearRewardHead, Objective, RewardHead
+from tl_reward.model.inputs import EncodedInput, RewardBatch, RewardInput, collate, encode
+from tl_reward.model.pooling import check_rule, pool_positions
+
+
+def _is_single(inputs: Any) -> bool:
+    if isinstance(inputs, (str, torch.Tensor)):
+        return isinstance(inputs, str) or inputs.ndim == 1
+    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], str):
+        return True
+    if isinstance(inputs, Sequence) and inputs and isinstance(inputs[0], dict):
+        return True
+    return isinstance(inputs, Sequence) and bool(inputs) and isinstance(inputs[0], int)
+
+
+class HookedRewardModel(HookedTransformer):
+    """A reward model inside TransformerLens. Build it with :meth:`from_pretrained`.
+
+    Attributes:
+        reward_head: names the K objectives and combines them into ``score``.
+        pooling: default pooling rule (``"hf"``, ``"legacy"`` or ``"mask"``).
+        pad_token_id: the id the pooling rules treat as padding (the HF config's).
+    """
+
+    reward_head: RewardHead
+
+    def __init__(
+        self,
+        cfg: HookedTransformerConfig | dict[str, Any],
+        tokenizer: Any = None,
+        move_to_device: bool = True,
+        default_padding_side: str | None = "right",
+        reward_head: RewardHead | None = None,
+        pooling: str = "hf",
+        pad_token_id: int | None = None,
+    ) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            super().__init__(cfg, tokenizer, move_to_device, default_padding_side)
+        k = self.cfg.d_vocab_out
+        self.reward_head = reward_head or LinearRewardHead(
+            ["reward"] if k == 1 else [f"objective_{i}" for i in range(k)]
+        )
+        self.pooling = check_rule(pooling)
+        if pad_token_id is None and tokenizer is not None:
+            pad_token_id = tokenizer.pad_token_id
+        self.pad_token_id = pad_token_id
+        self.setup()
+
+    # -- loading -------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(  # type: ignore[override]
+        cls,
+        name_or_path: str | None = None,
+        hf_model: Any = None,
+        tokenizer: Any = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+        pooling: str | None = None,
+        objective_names: Sequence[str] | None = None,
+        n_ctx: int | None = None,
+        trust_remote_code: bool = False,
+        **hf_kwargs: Any,
+    ) -> HookedRewardModel:
+        """Load a reward model by hub name, local directory, built-in name or HF object.
+
+        Args:
+            name_or_path: a hub name, a local directory saved by ``save_pretrained``, or
+                ``"tl-reward/smollm2-135m-hh"`` (the demo RM). May be ``None`` with ``hf_model``.
+            hf_model: an in-memory HF reward model (no download, no network call).
+            tokenizer: its tokenizer (loaded from ``name_or_path`` when omitted).
+            device, dtype: where and in which precision the TransformerLens weights live.
+            pooling: override the architecture's pooling rule.
+            objective_names: names for the K objectives.
+            n_ctx: override the context length (default: the HF config's).
+            trust_remote_code: needed for custom modeling code (ArmoRM).
+        """
+        from tl_reward.model.loading import load_reward_model
+
+        return load_reward_model(
+            cls, name_or_path, hf_model, tokenizer, device=device, dtype=dtype, pooling=pooling,
+            objective_names=objective_names, n_ctx=n_ctx, trust_remote_code=trust_remote_code,
+            **hf_kwargs,
+        )
+
+    def set_tokenizer(self, tokenizer: Any, default_padding_side: str | None = None) -> None:
+        """Attach ``tokenizer`` as given: never re-fetched by name, BOS as the tokenizer adds it."""
+        self.tokenizer = tokenizer
+        if default_padding_side is not None:
+            tokenizer.padding_side = default_padding_side
+        if getattr(tokenizer, "padding_side", None) is None:
+            tokenizer.padding_side = "right"
+        adds_bos = len(tokenizer.encode("")) > 0
+        self.cfg.tokenizer_prepends_bos = adds_bos
+        self.cfg.default_prepend_bos = adds_bos
+
+    # -- objectives ------------------------------------------------------------------------
+    @property
+    def objectives(self) -> list[str]:
+        """Names of the K objectives (columns of ``W_U``)."""
+        return self.reward_head.objectives
+
+    def objective_index(self, objective: int | str) -> int:
+        """Column of ``W_U`` for an objective name or index."""
+        return self.reward_head.objective_index(objective)
+
+    # -- inputs ------------------------------------------------------------------------------
+    def encode(self, item: RewardInput) -> EncodedInput:
+        """Token ids of one input (string, conversation, (prompt, response) or ids)."""
+        return encode(self.tokenizer, item)
+
+    def make_batch(
+        self, inputs: RewardInput | Sequence[RewardInput], padding_side: str = "right"
+    ) -> RewardBatch:
+        """Tokenise and pad inputs into a :class:`RewardBatch` on the model's device."""
+        items = [inputs] if _is_single(inputs) else list(inputs)  # type: ignore[arg-type]
+        encoded = [self.encode(x) for x in items]
+        return self.collate(encoded, padding_side)
+
+    def collate(self, encoded: Sequence[EncodedInput], padding_side: str = "right") -> RewardBatch:
+        """Pad already-encoded inputs, checking context length and vocabulary."""
+        batch = collate(encoded, self.pad_token_id, padding_side, self.cfg.n_ctx, self.cfg.d_vocab)
+        return batch.to(self.cfg.device)
+
+    def pool_positions(
+        self,
+        tokens: Int[torch.Tensor, "batch pos"],
+        attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+        pooling: str | None = None,
+    ) -> Int[torch.Tensor, " batch"]:
+        """Position of the token each reward is read at (see :mod:`tl_reward.model.pooling`)."""
+        return pool_positions(tokens, attention_mask, self.pad_token_id, pooling or self.pooling)
+
+    # -- forward -----------------------------------------------------------------------------
+    def forward(  # type: ignore[override]
+        self,
+        input: Any,
+        return_type: str | None = "logits",
+        *,
+        attention_mask: torch.Tensor | None = None,
+        pool_positions: torch.Tensor | None = None,
+        pooling: str | None = None,
+        tokens: torch.Tensor | None = None,
+        start_at_layer: int | None = None,
+        stop_at_layer: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run the model.
+
+        ``return_type``: ``"logits"`` (per-position head outputs ``[batch, pos, K]``),
+        ``"reward"`` (pooled ``[batch, K]``), ``"score"`` (combined ``[batch]``) or ``None``.
+        ``stop_at_layer`` returns the residual stream, as in TransformerLens.
+        """
+        if return_type in ("loss", "both"):
+            raise TLRewardError(
+                "a reward model has no language-modelling loss; use return_type 'logits', "
+                "'reward' or 'score'"
+            )
+        if return_type not in ("logits", "reward", "score", None):
+            raise TLRewardError(f"unknown return_type {return_type!r}")
+        if isinstance(input, (str, list)):
+            input = self.to_tokens(input)
+        if start_at_layer is None and isinstance(input, torch.Tensor) and input.ndim == 1:
+            input = input[None]
+        if tokens is None and start_at_layer is None:
+            tokens = input
+        if tokens is not None and attention_mask is not None:
+            attention_mask = attention_mask.to(tokens.device)
+        if stop_at_layer is not None:
+            return super().forward(input, attention_mask=attention_mask, tokens=tokens,
+                                   start_at_layer=start_at_layer, stop_at_layer=stop_at_layer,
+                                   **kwargs)
+        resid = super().forward(input, attention_mask=attention_mask, tokens=tokens,
+                                start_at_layer=start_at_layer, stop_at_layer=self.cfg.n_layers,
+                                **kwargs)
+        normed = self.ln_final(resid)
+        if return_type is None:
+            return None
+        logits = self.unembed(normed)
+        if return_type == "logits":
+            return logits
+        if tokens is None:
+            raise TLRewardError("pooled rewards need tokens=...: pass them with start_at_layer")
+        if pool_positions is None:
+            pool_positions = self.pool_positions(tokens, attention_mask, pooling)
+        rewards = logits[torch.arange(logits.shape[0], device=logits.device), pool_positions]
+        if return_type == "reward":
+            return rewards
+        return self.reward_head.score(rewards, normed, tokens)
+
+    # -- convenience ---------------------------------------------------------------------------
+    def reward_direction(
+        self,
+        objective: Objective = "score",
+        normed: Float[torch.Tensor, "batch pos d_model"] | None = None,
+        tokens: Int[torch.Tensor, "batch pos"] | None = None,
+    ) -> tuple[Float[torch.Tensor, "batch d_model"], Float[torch.Tensor, " batch"]]:
+        """``(w, b)`` with ``objective = w . ln_final(h) + b`` at the pooled position.
+
+        For ArmoRM's ``"score"`` this is the prompt-dependent ``w_eff(x) = W_U T g(x)``, which
+        needs ``normed`` (``ln_final`` output) and ``tokens``; for a fixed objective it does not.
+        """
+        device = self.W_U.device
+        if tokens is None:
+            tokens = torch.zeros((1, 1), dtype=torch.long, device=device)
+        if normed is None:
+            normed = torch.zeros(*tokens.shape, self.cfg.d_model, device=device)
+        c = self.reward_head.objective_weights(objective, normed, tokens)
+        return c @ self.W_U.T, c @ self.b_U
+
+    def rewards(
+        self,
+        inputs: RewardInput | Sequence[RewardInput],
+        batch_size: int = 8,
+        padding_side: str = "right",
+        pooling: str | None = None,
+        progress: bool | None = None,
+        labels: Sequence[str] | None = None,
+    ) -> Any:
+        """Score inputs in length-sorted batches; returns a :class:`RewardResult`."""
+        from tl_reward.model.scoring import score_inputs
+
+        return score_inputs(self, inputs, batch_size=batch_size, padding_side=padding_side,
+                            pooling=pooling, progress=progress, labels=labels)

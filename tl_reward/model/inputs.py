@@ -1,0 +1,185 @@
+"""Every kind of reward-model input, turned into token ids once and batched with a mask.
+
+Inputs: a string (tokenised as the model's tokenizer does, special tokens included); a chat
+conversation (a list of ``{"role", "content"}`` messages, through the chat template straight
+to ids, never via a string, so BOS is never duplicated); a ``(prompt, response)`` pair
+(prompt a string or a conversation); or token ids (list or 1-D tensor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+from jaxtyping import Int
+
+from tl_reward.data.conversation import Conversation, Message, as_conversation, is_conversation
+from tl_reward.errors import (
+    ContextLengthError,
+    EmptyResponseError,
+    MissingPadTokenError,
+    TLRewardError,
+    TokenizerMismatchError,
+)
+
+RewardInput = Union[
+    str,
+    Sequence[Mapping[str, str]],
+    tuple[Union[str, Sequence[Mapping[str, str]]], str],
+    Sequence[int],
+    torch.Tensor,
+]
+
+
+@dataclass(frozen=True)
+class EncodedInput:
+    """Token ids of one input and, when known, where the final response starts."""
+
+    ids: list[int]
+    response_start: int | None = None
+
+
+def _template_ids(tokenizer: Any, messages: Conversation, add_generation_prompt: bool) -> list[int]:
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise TLRewardError(
+            "this tokenizer has no chat template, so conversations cannot be scored; set "
+            "tokenizer.chat_template, or pass strings or token ids instead"
+        )
+    out = tokenizer.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=True
+    )
+    ids = out["input_ids"]
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return [int(t) for t in ids]
+
+
+def encode_conversation(tokenizer: Any, messages: Conversation) -> EncodedInput:
+    """Ids of a conversation; if it ends with an assistant turn, where that reply starts."""
+    if messages[-1]["role"] == "assistant" and not messages[-1]["content"].strip():
+        raise EmptyResponseError(
+            "the final assistant response is empty; a reward model needs a non-empty reply "
+            "to score"
+        )
+    ids = _template_ids(tokenizer, messages, add_generation_prompt=False)
+    start = None
+    if messages[-1]["role"] == "assistant" and len(messages) > 1:
+        prefix = _template_ids(tokenizer, messages[:-1], add_generation_prompt=True)
+        if ids[: len(prefix)] == prefix:
+            start = len(prefix)
+    return EncodedInput(ids, start)
+
+
+def to_conversation(prompt: str | Sequence[Mapping[str, str]], response: str) -> Conversation:
+    """``prompt`` (user string or message list) followed by the assistant ``response``."""
+    if not isinstance(response, str):
+        raise TypeError(f"response must be a string, got {type(response).__name__}")
+    if not response.strip():
+        raise EmptyResponseError("the response is empty; pass a non-empty reply to score")
+    msgs = (
+        [Message(role="user", content=prompt)]
+        if isinstance(prompt, str)
+        else as_conversation(prompt)
+    )
+    return [*msgs, Message(role="assistant", content=response)]
+
+
+def encode(tokenizer: Any, item: RewardInput) -> EncodedInput:
+    """Token ids for any supported input kind."""
+    if isinstance(item, torch.Tensor):
+        if item.ndim != 1:
+            raise TLRewardError("a token tensor input must be 1-D; pass a batch as a list")
+        return EncodedInput([int(t) for t in item.tolist()])
+    if isinstance(item, str):
+        if tokenizer is None:
+            raise TLRewardError("strings need a tokenizer; pass tokenizer= when loading")
+        if not item.strip():
+            raise EmptyResponseError("the input text is empty")
+        return EncodedInput([int(t) for t in tokenizer(item, add_special_tokens=True)["input_ids"]])
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
+        return encode_conversation(tokenizer, to_conversation(item[0], item[1]))
+    if is_conversation(item):
+        return encode_conversation(tokenizer, as_conversation(item))  # type: ignore[arg-type]
+    if isinstance(item, Sequence) and item and all(isinstance(t, int) for t in item):
+        return EncodedInput([int(t) for t in item])
+    raise TypeError(
+        "unsupported input: pass a string, a list of {'role','content'} messages, a "
+        f"(prompt, response) tuple, or token ids; got {type(item).__name__}"
+    )
+
+
+@dataclass
+class RewardBatch:
+    """A padded batch of token ids with its attention mask.
+
+    Attributes:
+        tokens: ``[batch, pos]`` ids, padded with ``pad_token_id``.
+        attention_mask: ``[batch, pos]``, 1 on real tokens.
+        lengths: real length of each row.
+        padding_side: ``"right"`` or ``"left"``.
+        response_starts: per row, the index (in the unpadded ids) where the final response
+            starts, or ``None`` when unknown.
+    """
+
+    tokens: Int[torch.Tensor, "batch pos"]
+    attention_mask: Int[torch.Tensor, "batch pos"]
+    lengths: Int[torch.Tensor, " batch"]
+    padding_side: str
+    response_starts: list[int | None]
+
+    def offsets(self) -> Int[torch.Tensor, " batch"]:
+        """Index in the padded row of each sequence's first real token."""
+        if self.padding_side == "right":
+            return torch.zeros_like(self.lengths)
+        return self.tokens.shape[1] - self.lengths
+
+    def to(self, device: torch.device | str) -> RewardBatch:
+        return RewardBatch(self.tokens.to(device), self.attention_mask.to(device),
+                           self.lengths.to(device), self.padding_side, self.response_starts)
+
+
+def collate(
+    encoded: Sequence[EncodedInput],
+    pad_token_id: int | None,
+    padding_side: str = "right",
+    n_ctx: int | None = None,
+    d_vocab: int | None = None,
+) -> RewardBatch:
+    """Pad encoded inputs into a batch, checking context length and vocabulary."""
+    if padding_side not in ("right", "left"):
+        raise TLRewardError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+    if not encoded:
+        raise TLRewardError("no inputs to score")
+    lengths = [len(e.ids) for e in encoded]
+    for i, e in enumerate(encoded):
+        if not e.ids:
+            raise EmptyResponseError(f"input {i} has no tokens")
+        if n_ctx is not None and len(e.ids) > n_ctx:
+            raise ContextLengthError(
+                f"input {i} has {len(e.ids)} tokens, more than the model's context of {n_ctx}; "
+                "shorten it (e.g. drop early turns of the conversation)"
+            )
+        if d_vocab is not None and (max(e.ids) >= d_vocab or min(e.ids) < 0):
+            raise TokenizerMismatchError(
+                f"input {i} has token id {max(e.ids)} but the model's vocabulary has "
+                f"{d_vocab} entries; the tokenizer does not match this model (load the "
+                "tokenizer saved with the reward model)"
+            )
+    width = max(lengths)
+    if pad_token_id is None and len(set(lengths)) > 1:
+        raise MissingPadTokenError(
+            "inputs of different lengths need padding but this model has no pad token; set "
+            "tokenizer.pad_token (and model pad_token_id) or score one input at a time"
+        )
+    pad = 0 if pad_token_id is None else pad_token_id
+    tokens = torch.full((len(encoded), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for i, e in enumerate(encoded):
+        row = torch.tensor(e.ids, dtype=torch.long)
+        sl = slice(0, len(e.ids)) if padding_side == "right" else slice(width - len(e.ids), width)
+        tokens[i, sl] = row
+        mask[i, sl] = 1
+    return RewardBatch(tokens, mask, torch.tensor(lengths), padding_side,
+                       [e.response_start for e in encoded])

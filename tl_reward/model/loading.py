@@ -1,0 +1,185 @@
+"""Loading HF reward models into ``HookedRewardModel``: by name, from disk, or in memory.
+
+A local directory or an in-memory model is never fetched over the network; only a hub name
+is (and only when a hub is reachable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tl_reward import tl_backend
+from tl_reward.architectures import architecture_of, get_architecture
+from tl_reward.errors import TLRewardError, TokenizerMismatchError
+from tl_reward.model.heads import LinearRewardHead
+from tl_reward.model.pooling import check_rule
+
+if TYPE_CHECKING:
+    from tl_reward.model.hooked_reward_model import HookedRewardModel
+
+BuiltinLoader = Callable[[torch.dtype], tuple[Any, Any]]
+
+
+def _demo(dtype: torch.dtype) -> tuple[Any, Any]:
+    from tl_reward.model.demo import demo_hf_reward_model
+
+    return demo_hf_reward_model(dtype)
+
+
+BUILTIN_MODELS: dict[str, BuiltinLoader] = {
+    "tl-reward/smollm2-135m-hh": _demo,
+    "demo": _demo,
+}
+
+
+def load_hf_reward_model(
+    name_or_path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False,
+    **hf_kwargs: Any,
+) -> Any:
+    """The HF reward model behind a hub name or local directory (architecture checked first)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
+    if looks_local and not Path(name_or_path).expanduser().is_dir():
+        raise TLRewardError(f"no model directory at {name_or_path!r}")
+    try:
+        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    except OSError as exc:
+        raise TLRewardError(
+            f"could not load the config of {name_or_path!r} ({exc}). For a hub model the hub must "
+            "be reachable; otherwise pass a local directory saved with save_pretrained, or "
+            f"hf_model=. Built-in names: {sorted(BUILTIN_MODELS)}"
+        ) from exc
+    names = list(getattr(config, "architectures", None) or [])
+    if not names:
+        raise TLRewardError(
+            f"{name_or_path}'s config names no architecture; load the model yourself and pass "
+            "hf_model="
+        )
+    arch = get_architecture(names[0])
+    auto_map = getattr(config, "auto_map", None) or {}
+    if "AutoModelForSequenceClassification" in auto_map and not trust_remote_code:
+        raise TLRewardError(
+            f"{name_or_path} ships custom modeling code ({names[0]}); pass "
+            "trust_remote_code=True if you trust it"
+        )
+    kwargs = {**arch.hf_load_kwargs, **hf_kwargs}
+    return AutoModelForSequenceClassification.from_pretrained(
+        name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
+    )
+
+
+def _objective_names(hf_config: Any, k: int, default: Sequence[str] | None) -> list[str]:
+    if default is not None and len(default) == k:
+        return list(default)
+    labels = [str((getattr(hf_config, "id2label", None) or {}).get(i, "")) for i in range(k)]
+    if all(labels) and not all(lab == f"LABEL_{i}" for i, lab in enumerate(labels)):
+        return labels
+    return ["reward"] if k == 1 else [f"objective_{i}" for i in range(k)]
+
+
+def _check_tokenizer(tokenizer: Any, d_vocab: int) -> None:
+    if tokenizer is None:
+        return
+    size = len(tokenizer)
+    if size > d_vocab:
+        raise TokenizerMismatchError(
+            f"the tokenizer has {size} tokens but the model's embedding has {d_vocab} rows; "
+            "this tokenizer does not belong to this model (load the one saved with it)"
+        )
+
+
+def from_hf_model(
+    cls: type[HookedRewardModel],
+    hf_model: Any,
+    tokenizer: Any,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    pooling: str | None = None,
+    objective_names: Sequence[str] | None = None,
+    n_ctx: int | None = None,
+    model_name: str | None = None,
+) -> HookedRewardModel:
+    """Convert an in-memory HF reward model (registered architecture) to ``cls``."""
+    arch = architecture_of(hf_model)
+    hf_config = hf_model.config
+    head_layer = arch.head(hf_model)
+    k = int(head_layer.weight.shape[0])
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    fields = arch.config(hf_config)
+    if n_ctx is not None:
+        fields["n_ctx"] = n_ctx
+    fields.update(
+        d_vocab_out=k,
+        original_architecture=arch.hf_class,
+        model_name=model_name or str(getattr(hf_config, "name_or_path", "") or arch.hf_class),
+        dtype=dtype,
+        device=str(device),
+    )
+    cfg = tl_backend.make_config(**fields)
+    _check_tokenizer(tokenizer, cfg.d_vocab)
+    with torch.no_grad():
+        state_dict = tl_backend.convert_state_dict(arch.convert, hf_model, head_layer, cfg)
+        gain = state_dict["ln_final.w"].detach().float().clone()
+    objectives = _objective_names(hf_config, k, objective_names or arch.objective_names)
+    pad = getattr(hf_config, "pad_token_id", None)
+    if pad is None and tokenizer is not None:
+        pad = tokenizer.pad_token_id
+    model = cls(cfg, tokenizer, move_to_device=False, pooling=check_rule(pooling or arch.pooling),
+                pad_token_id=pad)
+    tl_backend.process_weights(model, state_dict)
+    head = (
+        arch.reward_head(hf_model, gain, objectives)
+        if arch.reward_head is not None
+        else LinearRewardHead(objectives)
+    )
+    model.reward_head = head.to(dtype)
+    model.setup()
+    model.move_model_modules_to_device()
+    model.reward_head.to(cfg.device)
+    model.eval()
+    return model
+
+
+def load_reward_model(
+    cls: type[HookedRewardModel],
+    name_or_path: str | None,
+    hf_model: Any = None,
+    tokenizer: Any = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    pooling: str | None = None,
+    objective_names: Sequence[str] | None = None,
+    n_ctx: int | None = None,
+    trust_remote_code: bool = False,
+    **hf_kwargs: Any,
+) -> HookedRewardModel:
+    """Resolve ``name_or_path``/``hf_model``/``tokenizer`` and convert (see ``from_pretrained``)."""
+    if hf_model is None:
+        if name_or_path is None:
+            raise TLRewardError("pass a model name or path, or hf_model=")
+        if name_or_path in BUILTIN_MODELS:
+            hf_model, builtin_tok = BUILTIN_MODELS[name_or_path](dtype)
+            tokenizer = tokenizer or builtin_tok
+        else:
+            hf_model = load_hf_reward_model(name_or_path, dtype, trust_remote_code, **hf_kwargs)
+    if tokenizer is None:
+        source = name_or_path or getattr(hf_model, "name_or_path", None)
+        if not source or not (Path(source).exists() or name_or_path):
+            raise TLRewardError(
+                "no tokenizer given and none can be found for an in-memory model; pass "
+                "tokenizer="
+            )
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    hf_model.eval()
+    return from_hf_model(cls, hf_model, tokenizer, device=device, dtype=dtype, pooling=pooling,
+                         objective_names=objective_names, n_ctx=n_ctx,
+                         model_name=name_or_path)

@@ -1,0 +1,187 @@
+"""Scoring many inputs: length-sorted batches, progress, typed results."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from tqdm.auto import tqdm
+
+from tl_reward.data.preference import PreferencePair
+from tl_reward.errors import UnknownObjectiveError
+from tl_reward.model.heads import ArmoRMHead
+
+if TYPE_CHECKING:
+    from tl_reward.model.hooked_reward_model import HookedRewardModel
+    from tl_reward.model.inputs import RewardInput
+
+
+@dataclass
+class RewardResult:
+    """Rewards of N inputs.
+
+    Attributes:
+        rewards: ``[N, K]`` per-objective rewards.
+        objectives: the K objective names.
+        score: ``[N]`` combined score, or ``None`` for a multi-objective head without one.
+        gating: ``[N, K]`` ArmoRM gating weights, else ``None``.
+        n_tokens: ``[N]`` sequence lengths.
+        labels: optional names of the inputs.
+    """
+
+    rewards: Float[torch.Tensor, "n K"]
+    objectives: list[str]
+    score: Float[torch.Tensor, " n"] | None
+    gating: Float[torch.Tensor, "n K"] | None
+    n_tokens: Int[torch.Tensor, " n"]
+    labels: list[str] | None = None
+
+    def __len__(self) -> int:
+        return self.rewards.shape[0]
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per input: label, token count, score and each objective's reward."""
+        df = pd.DataFrame({"n_tokens": self.n_tokens.tolist()})
+        if self.labels is not None:
+            df.insert(0, "label", list(self.labels))
+        if self.score is not None:
+            df["score"] = self.score.tolist()
+        for k, name in enumerate(self.objectives):
+            df[name if name != "score" else "objective_score"] = self.rewards[:, k].tolist()
+        if self.gating is not None:
+            for k, name in enumerate(self.objectives):
+                df[f"gate:{name}"] = self.gating[:, k].tolist()
+        return df
+
+    def plot(self) -> Any:
+        """A plotly bar chart of the scores (or of each objective)."""
+        import plotly.express as px
+
+        df = self.to_dataframe()
+        x = df["label"] if "label" in df else df.index.astype(str)
+        if self.score is not None:
+            return px.bar(df, x=x, y="score", title="Reward score")
+        return px.bar(df, x=x, y=self.objectives, barmode="group", title="Rewards per objective")
+
+
+@torch.no_grad()
+def score_batch(
+    model: HookedRewardModel, tokens: torch.Tensor, attention_mask: torch.Tensor,
+    pooling: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``(rewards [b, K], score [b] or None, gating [b, K] or None)`` for one padded batch."""
+    resid = model(tokens, attention_mask=attention_mask, stop_at_layer=model.cfg.n_layers)
+    normed = model.ln_final(resid)
+    pos = model.pool_positions(tokens, attention_mask, pooling)
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+    rewards = model.unembed(normed[rows, pos][:, None])[:, 0]
+    c = model.reward_head.combination(normed, tokens)
+    score = None if c is None else (rewards * c).sum(-1)
+    gating = None
+    if isinstance(model.reward_head, ArmoRMHead):
+        gpos = model.reward_head.gating_positions(tokens)
+        gating = model.reward_head.gate(normed[rows, gpos])
+    return rewards, score, gating
+
+
+def score_inputs(
+    model: HookedRewardModel,
+    inputs: RewardInput | Sequence[RewardInput],
+    batch_size: int = 8,
+    padding_side: str = "right",
+    pooling: str | None = None,
+    progress: bool | None = None,
+    labels: Sequence[str] | None = None,
+) -> RewardResult:
+    """Score any inputs (see :mod:`tl_reward.model.inputs`) in length-sorted batches."""
+    from tl_reward.model.hooked_reward_model import _is_single
+
+    items = [inputs] if _is_single(inputs) else list(inputs)  # type: ignore[arg-type]
+    encoded = [model.encode(x) for x in items]
+    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))
+    k = model.cfg.d_vocab_out
+    rewards = torch.zeros(len(encoded), k)
+    scores: torch.Tensor | None = torch.zeros(len(encoded))
+    gating: torch.Tensor | None = None
+    show = progress if progress is not None else len(encoded) > 4 * batch_size
+    for start in tqdm(range(0, len(order), batch_size), disable=not show, desc="scoring",
+                      unit="batch"):
+        idx = order[start : start + batch_size]
+        batch = model.collate([encoded[i] for i in idx], padding_side)
+        r, s, g = score_batch(model, batch.tokens, batch.attention_mask, pooling)
+        rewards[idx] = r.float().cpu()
+        if s is None:
+            scores = None
+        elif scores is not None:
+            scores[idx] = s.float().cpu()
+        if g is not None:
+            gating = torch.zeros(len(encoded), k) if gating is None else gating
+            gating[idx] = g.float().cpu()
+    n_tokens = torch.tensor([len(e.ids) for e in encoded])
+    return RewardResult(rewards, list(model.objectives), scores, gating, n_tokens,
+                        list(labels) if labels is not None else None)
+
+
+@dataclass
+class PairScores:
+    """Scores of chosen and rejected replies over N preference pairs."""
+
+    chosen: Float[torch.Tensor, " n"]
+    rejected: Float[torch.Tensor, " n"]
+    pairs: list[PreferencePair]
+
+    @property
+    def margin(self) -> Float[torch.Tensor, " n"]:
+        """``chosen - rejected`` per pair."""
+        return self.chosen - self.rejected
+
+    @property
+    def accuracy(self) -> float:
+        """Fraction of pairs where the chosen reply scores higher."""
+        return float((self.margin > 0).float().mean())
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per pair: last prompt turn, both replies, their scores and the margin."""
+        return pd.DataFrame({
+            "prompt": [p.prompt[-1]["content"] if p.prompt else "" for p in self.pairs],
+            "chosen": [p.chosen for p in self.pairs],
+            "rejected": [p.rejected for p in self.pairs],
+            "chosen_score": self.chosen.tolist(),
+            "rejected_score": self.rejected.tolist(),
+            "margin": self.margin.tolist(),
+        })
+
+    def plot(self) -> Any:
+        """Scatter of rejected against chosen score; points above the diagonal are correct."""
+        import plotly.express as px
+
+        df = self.to_dataframe()
+        fig = px.scatter(df, x="rejected_score", y="chosen_score", hover_data=["prompt"],
+                         title=f"Preference pairs (accuracy {self.accuracy:.2f})")
+        lo = float(min(df.rejected_score.min(), df.chosen_score.min()))
+        hi = float(max(df.rejected_score.max(), df.chosen_score.max()))
+        fig.add_shape(type="line", x0=lo, y0=lo, x1=hi, y1=hi, line={"dash": "dash"})
+        return fig
+
+
+def score_pairs(
+    model: HookedRewardModel, pairs: Sequence[PreferencePair], objective: str = "score",
+    batch_size: int = 8, progress: bool | None = None,
+) -> PairScores:
+    """Score the chosen and rejected reply of each pair (``objective``: 'score' or a name)."""
+    convs = [c for p in pairs for c in (p.chosen_conversation(), p.rejected_conversation())]
+    res = score_inputs(model, convs, batch_size=batch_size, progress=progress)
+    if objective == "score":
+        if res.score is None:
+            raise UnknownObjectiveError(
+                f"this model has objectives {res.objectives} and no combined score; "
+                "pass objective=<name>"
+            )
+        vals = res.score
+    else:
+        vals = res.rewards[:, model.objective_index(objective)]
+    return PairScores(vals[0::2], vals[1::2], list(pairs))

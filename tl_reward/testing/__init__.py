@@ -1,0 +1,11 @@
+"""Offline builders of tiny reward models and the ArmoRM reference module (for tests,
+tutorials and users' own checks)."""
+
+from tl_reward.testing.tiny import (
+    ARCHITECTURES,
+    save_tiny_reward_model,
+    tiny_hf_reward_model,
+    tiny_tokenizer,
+)
+
+__all__ = ["ARCHITECTURES", "save_tiny_reward_model", "tiny_hf_reward_model", "tiny_tokenizer"]

@@ -1,0 +1,165 @@
+"""Tiny seeded reward models of every supported architecture, built offline from configs.
+
+Weights are re-drawn at a scale where every part of the network matters (norm gains away from
+1, biases non-zero, rewards of order 1), so parity checks against HF's forward can fail.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+ARCHITECTURES: tuple[str, ...] = ("llama", "llama3", "mistral", "gemma2", "qwen2", "gpt2", "armorm")
+
+SPECIAL_TOKENS = {
+    "bos_token": "<|begin_of_text|>",
+    "eos_token": "<|eot_id|>",
+    "pad_token": "<|pad|>",
+}
+HEADER_TOKENS = ["<|start_header_id|>", "<|end_header_id|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>"
+    "{% if m['role'] == 'assistant' %}<|assistant|>{% else %}{{ m['role'] }}{% endif %}"
+    "<|end_header_id|>{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|><|assistant|><|end_header_id|>{% endif %}"
+)
+_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. Is the sky blue? Yes, the sky is blue on a "
+    "clear day because of Rayleigh scattering. No. I cannot help with that request. Here is a "
+    "helpful, honest and harmless answer: drink water, sleep well, and be kind to others. "
+    "What, in one word, is the greatest thing ever? Love. Friendship. Music. Hate. War. "
+    "Sure! **Bold** text, lists:\n- one\n- two\n1. first\n2. second\nThanks for asking."
+)
+
+
+def tiny_tokenizer(vocab_size: int = 320) -> Any:
+    """A byte-level BPE tokenizer with BOS/EOS/PAD and a Llama-3-like chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [*SPECIAL_TOKENS.values(), *HEADER_TOKENS]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer)
+    bos = SPECIAL_TOKENS["bos_token"]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tok.token_to_id(bos))]
+    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS,
+                                   additional_special_tokens=HEADER_TOKENS)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def assistant_pattern(tokenizer: Any) -> list[int]:
+    """Ids that open an assistant turn in the tiny template (ArmoRM's gating pattern)."""
+    return [tokenizer.convert_tokens_to_ids(t)
+            for t in ("<|eot_id|>", "<|start_header_id|>", "<|assistant|>", "<|end_header_id|>")]
+
+
+def _config(arch: str, vocab: int, num_labels: int, tokenizer: Any) -> Any:
+    import transformers as tf
+
+    ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+           "eos_token_id": tokenizer.eos_token_id, "num_labels": num_labels}
+    llama_like = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96,
+                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, rms_norm_eps=1e-5, **ids)
+    if arch == "llama":
+        return tf.LlamaConfig(**llama_like)
+    if arch == "llama3":
+        return tf.LlamaConfig(**llama_like, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    if arch == "mistral":
+        return tf.MistralConfig(**llama_like, sliding_window=6)
+    if arch == "qwen2":
+        return tf.Qwen2Config(**llama_like)
+    if arch == "gemma2":
+        return tf.Gemma2Config(**{**llama_like, "intermediate_size": 96}, head_dim=16,
+                               query_pre_attn_scalar=24, sliding_window=6,
+                               attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                               hidden_activation="gelu_pytorch_tanh")
+    if arch == "gpt2":
+        return tf.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=3, n_head=4, n_positions=256,
+                             **ids)
+    if arch == "armorm":
+        cfg = tf.LlamaConfig(**{**llama_like, "num_labels": num_labels})
+        cfg.num_objectives = num_labels
+        cfg.gating_hidden_dim = 32
+        cfg.gating_n_hidden = 3
+        cfg.gating_temperature = 10
+        cfg.gating_token_pattern = assistant_pattern(tokenizer)
+        return cfg
+    raise ValueError(f"unknown tiny architecture {arch!r}; choose from {ARCHITECTURES}")
+
+
+def randomize_(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Redraw every parameter: gains near (not at) their identity, O(1) activations."""
+    gen = torch.Generator().manual_seed(seed)
+    gemma = "Gemma" in type(model).__name__
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if name.endswith("reward_transform_matrix"):
+                p.copy_(torch.eye(p.shape[0]) + 0.5 * noise)
+            elif name.endswith("logit_scale"):
+                p.copy_(torch.tensor([1.7]))
+            elif p.ndim == 1 and ("norm" in name or ".ln_" in name):
+                p.copy_((0.0 if gemma else 1.0) + 0.3 * noise)
+            elif p.ndim == 1:
+                p.copy_(0.1 * noise)
+            elif "embed" in name or name.endswith(("wte.weight", "wpe.weight")):
+                p.copy_(noise)
+            else:
+                p.copy_(noise / math.sqrt(p.shape[-1]))
+    return model
+
+
+def tiny_hf_reward_model(
+    arch: str = "llama", num_labels: int = 1, seed: int = 0, tokenizer: Any = None
+) -> tuple[nn.Module, Any]:
+    """``(hf_model, tokenizer)``: a seeded tiny HF reward model of ``arch``."""
+    import transformers as tf
+
+    tokenizer = tokenizer or tiny_tokenizer()
+    vocab = 64 * math.ceil(len(tokenizer) / 64)
+    cfg = _config(arch, vocab, num_labels, tokenizer)
+    torch.manual_seed(seed)
+    if arch == "armorm":
+        from tl_reward.testing.armorm_reference import LlamaForRewardModelWithGating
+
+        model = LlamaForRewardModelWithGating(cfg)
+    else:
+        cls = {"llama": tf.LlamaForSequenceClassification,
+               "llama3": tf.LlamaForSequenceClassification,
+               "mistral": tf.MistralForSequenceClassification,
+               "qwen2": tf.Qwen2ForSequenceClassification,
+               "gemma2": tf.Gemma2ForSequenceClassification,
+               "gpt2": tf.GPT2ForSequenceClassification}[arch]
+        kwargs = {"attn_implementation": "eager"}
+        model = cls._from_config(cfg, **kwargs)
+    randomize_(model, seed)
+    return model.eval(), tokenizer
+
+
+def save_tiny_reward_model(path: str | Path, arch: str = "llama", num_labels: int = 1,
+                           seed: int = 0) -> Path:
+    """Build a tiny model and save it (with tokenizer, and custom code for ArmoRM) to ``path``."""
+    model, tok = tiny_hf_reward_model(arch, num_labels, seed)
+    path = Path(path)
+    if arch == "armorm":
+        model.config.architectures = ["LlamaForRewardModelWithGating"]
+        type(model).register_for_auto_class("AutoModelForSequenceClassification")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
