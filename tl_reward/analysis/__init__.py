@@ -1,0 +1,1 @@
+"""Analyses: each a function ``analyse(model, inputs, ...) -> Result`` in its own module."""

@@ -1,0 +1,1 @@
+"""Statistics shared by the analyses: resampling (bootstrap, sign-flip) and rank agreement."""

@@ -1,0 +1,1 @@
+"""Plotly figures and circuitsvis views of analysis results."""
