@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tl-reward", description="Mechanistic interpretability for reward models."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in SUBCOMMANDS.items():
+    for module in SUBCOMMANDS.values():
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:

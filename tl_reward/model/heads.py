@@ -19,6 +19,8 @@ from transformer_lens.hook_points import HookPoint
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
 
 Objective = int | str | torch.Tensor
+Normed = Float[torch.Tensor, "batch pos d_model"]
+Tokens = Int[torch.Tensor, "batch pos"]
 
 ARMORM_OBJECTIVES: tuple[str, ...] = (
     "helpsteer-helpfulness",
@@ -71,7 +73,7 @@ class RewardHead(nn.Module):
         )
 
     def combination(
-        self, normed: Float[torch.Tensor, "batch pos d_model"], tokens: Int[torch.Tensor, "batch pos"]
+        self, normed: Normed, tokens: Tokens
     ) -> Float[torch.Tensor, "batch K"] | None:
         """``c(x)`` with ``score = rewards @ c(x)``; ``None`` when the head has no score."""
         return None
@@ -124,7 +126,7 @@ class LinearRewardHead(RewardHead):
         self.register_buffer("weights", weights, persistent=False)
 
     def combination(
-        self, normed: Float[torch.Tensor, "batch pos d_model"], tokens: Int[torch.Tensor, "batch pos"]
+        self, normed: Normed, tokens: Tokens
     ) -> Float[torch.Tensor, "batch K"] | None:
         if self.weights is None:
             return None
@@ -158,7 +160,7 @@ class ArmoRMHead(RewardHead):
         self.token_pattern = [int(t) for t in token_pattern]
         self.hook_gating = HookPoint()  # [batch, K]
 
-    def gating_positions(self, tokens: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, " batch"]:
+    def gating_positions(self, tokens: Tokens) -> Int[torch.Tensor, " batch"]:
         """The last occurrence of the assistant-header pattern in each row (its first token)."""
         pattern = torch.tensor(self.token_pattern, device=tokens.device)
         n = len(self.token_pattern)
@@ -184,7 +186,7 @@ class ArmoRMHead(RewardHead):
         return self.hook_gating(F.softmax(x / self.temperature, dim=-1) * self.logit_scale[0])
 
     def combination(
-        self, normed: Float[torch.Tensor, "batch pos d_model"], tokens: Int[torch.Tensor, "batch pos"]
+        self, normed: Normed, tokens: Tokens
     ) -> Float[torch.Tensor, "batch K"]:
         pos = self.gating_positions(tokens)
         g = self.gate(normed[torch.arange(tokens.shape[0], device=tokens.device), pos])

@@ -1,4 +1,4 @@
-"""``HookedRewardModel``: a TransformerLens ``HookedTransformer`` whose unembedding is the reward head.
+"""``HookedRewardModel``: a TransformerLens ``HookedTransformer`` whose unembed is the reward head.
 
 ``unembed.W_U`` is ``[d_model, K]`` for K objectives (the final norm's gain folded in, never
 centred), so hooks, ``run_with_cache``, ``ActivationCache`` and ``transformer_lens.patching``

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -24,13 +24,13 @@ from tl_reward.errors import (
     TokenizerMismatchError,
 )
 
-RewardInput = Union[
-    str,
-    Sequence[Mapping[str, str]],
-    tuple[Union[str, Sequence[Mapping[str, str]]], str],
-    Sequence[int],
-    torch.Tensor,
-]
+RewardInput = (
+    str
+    | Sequence[Mapping[str, str]]
+    | tuple[str | Sequence[Mapping[str, str]], str]
+    | Sequence[int]
+    | torch.Tensor
+)
 
 
 @dataclass(frozen=True)

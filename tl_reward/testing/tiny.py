@@ -132,7 +132,7 @@ def tiny_hf_reward_model(
     import transformers as tf
 
     tokenizer = tokenizer or tiny_tokenizer()
-    vocab = 64 * math.ceil(len(tokenizer) / 64)
+    vocab = 64 * math.ceil((len(tokenizer) + 16) / 64)  # headroom, as real checkpoints have
     cfg = _config(arch, vocab, num_labels, tokenizer)
     torch.manual_seed(seed)
     if arch == "armorm":
