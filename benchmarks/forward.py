@@ -1,8 +1,9 @@
 """Forward time and peak memory: HookedRewardModel against the HF model's own forward.
 
 Same inputs (HH-RLHF conversations when ../shared is present, else built-in pairs), same batch
-size, same run. Each side runs in its own subprocess so peak memory (max RSS above the
-post-load baseline on CPU; ``torch.cuda.max_memory_allocated`` on GPU) is measured cleanly.
+size, same run. Each side runs in its own subprocess so peak memory is measured cleanly: on CPU
+the resident-set high-water mark above the post-load baseline (reset through
+``/proc/self/clear_refs``), on GPU ``torch.cuda.max_memory_allocated`` above the weights.
 
     python benchmarks/forward.py [--model tl-reward/smollm2-135m-hh] [--n 32] [--batch-size 8]
 """
@@ -10,6 +11,7 @@ post-load baseline on CPU; ``torch.cuda.max_memory_allocated`` on GPU) is measur
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import multiprocessing as mp
 import resource
@@ -36,8 +38,21 @@ def _conversations(n: int, max_tokens: int, tok: Any) -> list[list[dict[str, str
     return keep[:n]
 
 
-def _rss_mb() -> float:
+def _proc_status_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _reset_peak_rss() -> float:
+    """Release freed heap to the OS, reset the RSS high-water mark, return current RSS (MB)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    return _proc_status_mb("VmRSS")
 
 
 def _worker(side: str, args: dict[str, Any], out: Any) -> None:
@@ -79,7 +94,7 @@ def _worker(side: str, args: dict[str, Any], out: Any) -> None:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() / 2**20
     else:
-        base = _rss_mb()
+        base = _reset_peak_rss()
     times, scores = [], []
     with torch.inference_mode():
         step(batches[0])  # warm-up
@@ -90,7 +105,7 @@ def _worker(side: str, args: dict[str, Any], out: Any) -> None:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
     peak = (torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda")
-            else _rss_mb())
+            else _proc_status_mb("VmHWM"))
     out.put({"side": side, "seconds": statistics.median(times), "peak_mb": peak - base,
              "n_seqs": len(convs), "n_tokens": int(sum(b.lengths.sum() for b in batches)),
              "scores": torch.cat(scores).tolist()})
