@@ -35,7 +35,7 @@ class GatingNetwork(nn.Module):
         self.logit_scale = nn.Parameter(torch.ones(1) * logit_scale)
         layers = []
         for _ in range(n_hidden):
-            layers.append(nn.Linear(in_features, hidden_dim, bias=bias))
+            layers.append(nn.Linear(in_features, hidden_dim))  # hidden layers always biased
             in_features = hidden_dim
         layers.append(nn.Linear(in_features, out_features, bias=bias))
         self.layers = nn.ModuleList(layers)
@@ -73,7 +73,7 @@ class LlamaForRewardModelWithGating(LlamaPreTrainedModel):
         self.reward_transform_matrix = nn.Parameter(eye)
         self.reward_transform_matrix.requires_grad = False
         self.gating = GatingNetwork(
-            config.hidden_size, config.num_labels,
+            config.hidden_size, self.num_objectives,
             temperature=cfg.get("gating_temperature", 10),
             hidden_dim=cfg.get("gating_hidden_dim", 1024),
             n_hidden=cfg.get("gating_n_hidden", 3),
@@ -83,6 +83,8 @@ class LlamaForRewardModelWithGating(LlamaPreTrainedModel):
         out = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids)
         tokens_hidden_states = out[0]
         batch_size = input_ids.shape[0]
+        if self.config.pad_token_id is None and batch_size != 1:
+            raise ValueError("Cannot handle batch sizes > 1 if no padding token is defined.")
         if self.config.pad_token_id is None:
             sequence_lengths = -1
         else:
