@@ -1,0 +1,43 @@
+"""Preference pairs: tokenised once through the chat template, prompt aligned by index,
+replies from the end, unaligned positions reported."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tl_reward.data import PreferencePair
+from tl_reward.data.pairs import align_ids, tokenize_pair, tokenize_pairs
+from tl_reward.errors import TLRewardError
+
+
+def test_align_ids_prompt_by_index_reply_from_end() -> None:
+    tp = align_ids([1, 2, 3, 10, 11, 12, 9], [1, 2, 3, 20, 9], prompt_len=3)
+    assert tp.aligned.tolist() == [[0, 0], [1, 1], [2, 2], [5, 3], [6, 4]]
+    assert tp.unaligned_chosen == [3, 4] and tp.unaligned_rejected == []
+    assert tp.to_rejected(6) == 4 and tp.to_rejected(-1) == 4 and tp.to_rejected(3) is None
+    assert tp.to_chosen(3) == 5
+    with pytest.raises(TLRewardError, match="differ inside the prompt"):
+        align_ids([1, 2, 3], [1, 5, 3], prompt_len=2)
+
+
+def test_tokenize_pair_matches_model_encoding(tiny) -> None:
+    model, _, tok = tiny("llama", 1)
+    pair = PreferencePair.from_prompt("Is the sky blue?", "Yes, the sky is blue today.", "No.")
+    tp = tokenize_pair(model, pair)
+    assert tp.chosen_ids == model.encode(pair.chosen_conversation()).ids
+    assert tp.rejected_ids == model.encode(pair.rejected_conversation()).ids
+    assert tp.prompt_len == model.encode(pair.chosen_conversation()).response_start
+    # every aligned prompt position holds the same token; the last tokens align (pooled tokens)
+    c, r = tp.aligned[:, 0], tp.aligned[:, 1]
+    ids_c, ids_r = torch.tensor(tp.chosen_ids), torch.tensor(tp.rejected_ids)
+    assert torch.equal(ids_c[c[: tp.prompt_len]], ids_r[r[: tp.prompt_len]])
+    assert tp.to_rejected(tp.chosen_len - 1) == tp.rejected_len - 1
+    # aligned + unaligned cover each side exactly once
+    assert sorted(c.tolist() + tp.unaligned_chosen) == list(range(tp.chosen_len))
+    assert sorted(r.tolist() + tp.unaligned_rejected) == list(range(tp.rejected_len))
+    assert len(tp.unaligned_chosen) == tp.chosen_len - tp.rejected_len > 0
+    assert tp.position_labels(tok)[0].startswith("c0/r0")
+    batch = tokenize_pairs(model, [pair, ("hi", "Hello!", "No.")])
+    tokens, mask = batch.padded("rejected", model.pad_token_id)
+    assert tokens.shape[0] == 2 and int(mask[0].sum()) == tp.rejected_len

@@ -1,0 +1,178 @@
+"""The final residual at chosen positions, split into what each component wrote there.
+
+``h_L[t] = embed[t] (+ pos_embed[t]) + sum_l (attn_out_l[t] + mlp_out_l[t])``, and
+``attn_out_l[t] = sum_h z_h[t] W_O[h] + b_O`` (one term per query head; grouped-query models
+share values, not outputs), ``mlp_out_l[t] = sum_n post_n[t] W_out[n] + b_out``.
+
+Gemma-2's sandwich norms apply an RMSNorm after attention and after the MLP
+(``ln1_post``, ``ln2_post``): ``attn_out = w_post * (sum_h ... + b_O) / s_post``. The per-head
+(and per-neuron) split holds exactly only with that post-norm's scale ``s_post`` frozen at its
+value in the run, which is what this module does; the heads then still sum to ``attn_out``.
+
+The names used here (``"embed"``, ``"L3.attn"``, ``"L3.H2"``, ``"L3.mlp"``) are shared by
+attribution, patching and the faithfulness report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from transformer_lens import ActivationCache
+
+#: the cache entries :func:`final_components` reads
+SUBLAYER_LEVELS = ("sublayer", "head")
+
+
+def component_hooks(model: object, per_position: bool = False, neurons: bool = False) -> list[str]:
+    """Names of the hooks a decomposition needs (for ``run_with_cache(names_filter=...)``)."""
+    n_layers = model.cfg.n_layers  # type: ignore[attr-defined]
+    names = ["hook_embed", "hook_pos_embed", f"blocks.{n_layers - 1}.hook_resid_post"]
+    for layer in range(n_layers):
+        names += [f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z",
+                  f"blocks.{layer}.hook_attn_out", f"blocks.{layer}.hook_mlp_out",
+                  f"blocks.{layer}.ln1_post.hook_scale", f"blocks.{layer}.ln2_post.hook_scale"]
+        if per_position:
+            names += [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_v"]
+        if neurons:
+            names.append(f"blocks.{layer}.mlp.hook_post")
+    return names
+
+
+def _post_factor(
+    model: object, cache: ActivationCache, layer: int, which: str, rows: torch.Tensor,
+    positions: torch.Tensor,
+) -> Float[torch.Tensor, "batch d_model"] | None:
+    """``w_post / s_post`` at each row's position for Gemma-2's sandwich norm, else ``None``."""
+    block = model.blocks[layer]  # type: ignore[attr-defined]
+    norm = getattr(block, which, None)
+    if norm is None or not model.cfg.use_normalization_before_and_after:  # type: ignore[attr-defined]
+        return None
+    scale = cache[f"blocks.{layer}.{which}.hook_scale"][rows, positions]  # [batch, 1]
+    w = getattr(norm, "w", None)
+    gain = torch.ones_like(scale) if w is None else w[None]
+    return gain / scale
+
+
+@dataclass
+class FinalComponents:
+    """Vectors each component wrote into the residual stream at one position per row.
+
+    Attributes:
+        embed: ``[batch, E, d_model]`` token embedding (and positional embedding, if any).
+        embed_names: names of the E embedding terms.
+        heads: ``[batch, layer, head, d_model]`` each attention head's output.
+        attn_bias: ``[batch, layer, d_model]`` each attention layer's output bias.
+        mlp: ``[batch, layer, d_model]`` each MLP's whole output (bias included).
+        resid: ``[batch, d_model]`` the final residual at those positions (their sum).
+    """
+
+    embed: Float[torch.Tensor, "batch E d_model"]
+    embed_names: list[str]
+    heads: Float[torch.Tensor, "batch layer head d_model"]
+    attn_bias: Float[torch.Tensor, "batch layer d_model"]
+    mlp: Float[torch.Tensor, "batch layer d_model"]
+    resid: Float[torch.Tensor, "batch d_model"]
+
+    @property
+    def attn(self) -> Float[torch.Tensor, "batch layer d_model"]:
+        """Each attention layer's whole output (heads plus bias)."""
+        return self.heads.sum(2) + self.attn_bias
+
+    def stack(self, level: str = "sublayer") -> tuple[torch.Tensor, list[str]]:
+        """All components as ``[batch, C, d_model]`` with their names; they sum to ``resid``.
+
+        ``level="sublayer"``: embeddings, then each layer's attention and MLP output.
+        ``level="head"``: embeddings, then per layer each head, the attention bias and the MLP.
+        """
+        n_layers, n_heads = self.heads.shape[1], self.heads.shape[2]
+        parts = [self.embed]
+        names = list(self.embed_names)
+        for layer in range(n_layers):
+            if level == "sublayer":
+                parts.append(self.attn[:, layer, None])
+                names.append(f"L{layer}.attn")
+            elif level == "head":
+                parts += [self.heads[:, layer], self.attn_bias[:, layer, None]]
+                names += [f"L{layer}.H{h}" for h in range(n_heads)] + [f"L{layer}.attn_bias"]
+            else:
+                raise ValueError(f"level must be one of {SUBLAYER_LEVELS}, got {level!r}")
+            parts.append(self.mlp[:, layer, None])
+            names.append(f"L{layer}.mlp")
+        return torch.cat(parts, 1), names
+
+
+def final_components(
+    model: object, cache: ActivationCache, positions: Int[torch.Tensor, " batch"]
+) -> FinalComponents:
+    """Split the final residual at ``positions`` (one per row) into component outputs."""
+    cfg = model.cfg  # type: ignore[attr-defined]
+    rows = torch.arange(positions.shape[0], device=positions.device)
+    embed = [cache["hook_embed"][rows, positions]]
+    names = ["embed"]
+    if "hook_pos_embed" in cache.cache_dict:
+        embed.append(cache["hook_pos_embed"][rows, positions])
+        names.append("pos_embed")
+    heads, biases, mlps = [], [], []
+    for layer in range(cfg.n_layers):
+        attn = model.blocks[layer].attn  # type: ignore[attr-defined]
+        z = cache[f"blocks.{layer}.attn.hook_z"][rows, positions]  # [batch, head, d_head]
+        out = torch.einsum("bhe,hed->bhd", z, attn.W_O)
+        bias = attn.b_O[None].expand(z.shape[0], -1)
+        post = _post_factor(model, cache, layer, "ln1_post", rows, positions)
+        if post is not None:
+            out, bias = out * post[:, None], bias * post
+        heads.append(out)
+        biases.append(bias)
+        mlps.append(cache[f"blocks.{layer}.hook_mlp_out"][rows, positions])
+    resid = cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"][rows, positions]
+    return FinalComponents(torch.stack(embed, 1), names, torch.stack(heads, 1),
+                           torch.stack(biases, 1), torch.stack(mlps, 1), resid)
+
+
+def neuron_projections(
+    model: object, cache: ActivationCache, positions: Int[torch.Tensor, " batch"],
+    directions: Float[torch.Tensor, "batch n_obj d_model"],
+) -> tuple[Float[torch.Tensor, "batch layer d_mlp n_obj"],
+           Float[torch.Tensor, "batch layer n_obj"]]:
+    """``(post_n W_out[n] . u, b_out . u)`` per layer: each neuron's and the MLP bias's output
+    projected on ``directions`` (post-norm scale frozen for Gemma-2). Sums to the MLP's."""
+    rows = torch.arange(positions.shape[0], device=positions.device)
+    neurons, biases = [], []
+    for layer in range(model.cfg.n_layers):  # type: ignore[attr-defined]
+        mlp = model.blocks[layer].mlp  # type: ignore[attr-defined]
+        u = directions
+        post = _post_factor(model, cache, layer, "ln2_post", rows, positions)
+        if post is not None:
+            u = u * post[:, None]
+        acts = cache[f"blocks.{layer}.mlp.hook_post"][rows, positions]  # [batch, d_mlp]
+        w_u = torch.einsum("nd,bkd->bnk", mlp.W_out, u)
+        neurons.append(acts[..., None] * w_u)
+        biases.append(torch.einsum("d,bkd->bk", mlp.b_out, u))
+    return torch.stack(neurons, 1), torch.stack(biases, 1)
+
+
+def head_position_projections(
+    model: object, cache: ActivationCache, positions: Int[torch.Tensor, " batch"],
+    directions: Float[torch.Tensor, "batch n_obj d_model"],
+) -> Float[torch.Tensor, "batch layer head src n_obj"]:
+    """Each head's output at ``positions`` split over source positions and projected:
+    ``A[h, t, j] (v_j W_O[h]) . u``. Sums over ``src`` to the head's projected output."""
+    cfg = model.cfg  # type: ignore[attr-defined]
+    rows = torch.arange(positions.shape[0], device=positions.device)
+    out = []
+    for layer in range(cfg.n_layers):
+        attn = model.blocks[layer].attn  # type: ignore[attr-defined]
+        u = directions
+        post = _post_factor(model, cache, layer, "ln1_post", rows, positions)
+        if post is not None:
+            u = u * post[:, None]
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"][rows, :, positions]  # [b, h, src]
+        v = cache[f"blocks.{layer}.attn.hook_v"]  # [b, src, kv, d_head]
+        if v.shape[2] != cfg.n_heads:
+            v = torch.repeat_interleave(v, cfg.n_heads // v.shape[2], dim=2)
+        ou = torch.einsum("hed,bkd->bhek", attn.W_O, u)  # [b, head, d_head, n_obj]
+        vu = torch.einsum("bshe,bhek->bhsk", v, ou)
+        out.append(pattern[..., None] * vu)
+    return torch.stack(out, 1)

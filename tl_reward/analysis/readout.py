@@ -1,0 +1,132 @@
+"""The reward readout at the pooled token: frozen final-norm scale, objective directions, bias.
+
+Every objective is linear in the normed final residual at the pooled position ``t*``:
+``r_k(x) = w_k . N(h_L) + b_k`` with ``N(h) = h / s`` (RMSNorm) or ``(h - mean h) / s``
+(LayerNorm); for ArmoRM's ``"score"`` the direction is the prompt-dependent ``w_eff(x)``.
+Centring ``h`` is the same as centring ``w`` (``w . (h - mean h) = (w - mean w) . h``), so a
+:class:`Readout` stores centred directions for LayerNorm models and projects any vector ``o``
+written into the residual stream as ``w_k . o / s``: the frozen-scale convention under which
+component contributions add up to the reward exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+
+from tl_reward.errors import UnknownObjectiveError
+
+ObjectiveSpec = int | str | Sequence[int | str] | None
+
+
+def is_layernorm(model: object) -> bool:
+    """True when the model's norms centre their input (LayerNorm), False for RMSNorm."""
+    return str(model.cfg.normalization_type).startswith("LN")  # type: ignore[attr-defined]
+
+
+def norm_scale(
+    model: object, h: Float[torch.Tensor, "... d_model"]
+) -> Float[torch.Tensor, "... 1"]:
+    """The final norm's scale ``s`` for residual vectors ``h`` (as ``ln_final.hook_scale``)."""
+    if is_layernorm(model):
+        h = h - h.mean(-1, keepdim=True)
+    return (h.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()  # type: ignore[attr-defined]
+
+
+def normalise(
+    model: object, h: Float[torch.Tensor, "... d_model"]
+) -> Float[torch.Tensor, "... d_model"]:
+    """Apply the final norm afresh (gain already folded into ``W_U``)."""
+    centred = h - h.mean(-1, keepdim=True) if is_layernorm(model) else h
+    return centred / norm_scale(model, h)
+
+
+def default_objectives(model: object) -> list[str]:
+    """The objectives analyses report by default: the single reward for K = 1; otherwise the
+    combined ``"score"`` when the head has one, followed by every objective."""
+    names = list(model.objectives)  # type: ignore[attr-defined]
+    if len(names) == 1:
+        return names
+    probe = torch.zeros(1, 1, dtype=torch.long, device=model.W_U.device)  # type: ignore[attr-defined]
+    normed = torch.zeros(1, 1, model.cfg.d_model, device=model.W_U.device)  # type: ignore[attr-defined]
+    try:
+        has_score = model.reward_head.combination(normed, probe) is not None  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - ArmoRM's gate needs its header pattern: it has a score
+        has_score = True
+    return (["score"] if has_score else []) + names
+
+
+def resolve_objectives(model: object, objectives: ObjectiveSpec) -> list[str]:
+    """Objective names from ``None`` (defaults), one name or index, or a list of them."""
+    if objectives is None:
+        return default_objectives(model)
+    items = [objectives] if isinstance(objectives, (str, int)) else list(objectives)
+    if not items:
+        raise UnknownObjectiveError("objectives is empty; pass None for the defaults")
+    out = []
+    for o in items:
+        if o == "score":
+            out.append("score")
+        else:
+            out.append(model.objectives[model.objective_index(o)])  # type: ignore[attr-defined]
+    return out
+
+
+@dataclass
+class Readout:
+    """How the reward is read from the final residual of a batch.
+
+    Attributes:
+        positions: pooled position ``t*`` of each row.
+        scale: the final norm's scale at ``t*`` (frozen in every decomposition).
+        directions: ``[batch, n_obj, d_model]`` objective directions (centred for LayerNorm).
+        bias: ``[batch, n_obj]`` the head's bias per objective.
+        objectives: the objective names.
+        reward: ``[batch, n_obj]`` the model's rewards, ``directions . h_L / scale + bias``.
+    """
+
+    positions: Int[torch.Tensor, " batch"]
+    scale: Float[torch.Tensor, " batch"]
+    directions: Float[torch.Tensor, "batch n_obj d_model"]
+    bias: Float[torch.Tensor, "batch n_obj"]
+    objectives: list[str]
+    reward: Float[torch.Tensor, "batch n_obj"]
+
+    def project(self, x: Float[torch.Tensor, "batch *rest d_model"]) -> torch.Tensor:
+        """``w_k . x / s`` for vectors written into the residual: ``[batch, *rest, n_obj]``."""
+        flat = x.reshape(x.shape[0], -1, x.shape[-1])
+        out = torch.einsum("bnd,bkd->bnk", flat, self.directions) / self.scale[:, None, None]
+        return out.reshape(*x.shape[:-1], self.directions.shape[1])
+
+
+def reward_readout(
+    model: object,
+    resid_final: Float[torch.Tensor, "batch pos d_model"],
+    tokens: Int[torch.Tensor, "batch pos"],
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    objectives: ObjectiveSpec = None,
+    positions: Int[torch.Tensor, " batch"] | None = None,
+) -> Readout:
+    """The :class:`Readout` of a batch from its final residual stream (``hook_resid_post`` of
+    the last block)."""
+    names = resolve_objectives(model, objectives)
+    if positions is None:
+        positions = model.pool_positions(tokens, attention_mask)  # type: ignore[attr-defined]
+    normed = normalise(model, resid_final)
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+    h = resid_final[rows, positions]
+    scale = norm_scale(model, h)[:, 0]
+    ws, bs = [], []
+    for name in names:
+        w, b = model.reward_direction(name, normed, tokens)  # type: ignore[attr-defined]
+        ws.append(w)
+        bs.append(b)
+    directions = torch.stack(ws, 1)
+    if is_layernorm(model):
+        directions = directions - directions.mean(-1, keepdim=True)
+    bias = torch.stack(bs, 1)
+    reward = torch.einsum("bd,bkd->bk", h, directions) / scale[:, None] + bias
+    return Readout(positions, scale, directions, bias, names, reward)
