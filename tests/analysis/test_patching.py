@@ -1,0 +1,158 @@
+"""Activation patching: agreement with transformer_lens.patching, the final-residual identity,
+ablations against hand-written hooks, direct-path patching against DRA and a hooked run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformer_lens import patching as tl_patching
+
+from tl_reward.analysis.attribution import differential_attribution
+from tl_reward.analysis.direct_path import direct_path_patching
+from tl_reward.analysis.patching import activation_patching, mean_activations
+from tl_reward.data import PreferencePair
+from tl_reward.data.pairs import align_ids, tokenize_pair
+from tl_reward.errors import TLRewardError
+from tl_reward.testing import ARCHITECTURES
+
+PAIR = PreferencePair.from_prompt("Is the sky blue?", "Yes, the sky is blue.", "No, it is red.")
+
+
+def equal_length_pair(model, tok):  # noqa: ANN001, ANN201
+    """Chosen and rejected of equal length differing in the reply (TL's patching needs it)."""
+    tp = tokenize_pair(model, PAIR)
+    ids = list(tp.rejected_ids)
+    gen = torch.Generator().manual_seed(0)
+    specials = set(tok.all_special_ids)
+    for i in range(tp.prompt_len, len(ids) - 2):
+        while (t := int(torch.randint(0, len(tok), (1,), generator=gen))) in specials:
+            pass
+        ids[i] = t
+    chosen = list(tp.rejected_ids)
+    return align_ids(chosen, ids, tp.prompt_len)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_resid_patching_agrees_with_transformer_lens(tiny, arch: str) -> None:
+    model, _, tok = tiny(arch, 3 if arch == "armorm" else 1)
+    obj = model.objectives[0]
+    tp = equal_length_pair(model, tok)
+    ours = activation_patching(model, tp, "resid", "denoising", objective=obj)
+    clean = torch.tensor([tp.chosen_ids])
+    corrupt = torch.tensor([tp.rejected_ids])
+    _, clean_cache = model.run_with_cache(clean)
+    r_c, r_r = ours.clean_chosen, ours.clean_rejected
+    with torch.no_grad():
+        assert float(model(clean)[0, -1, 0]) == pytest.approx(r_c, abs=1e-4)
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return (logits[0, -1, 0] - r_r) / (r_c - r_r)
+
+    theirs = tl_patching.get_act_patch_resid_pre(model, corrupt, clean_cache, metric)
+    torch.testing.assert_close(ours.effect[:-1], theirs, atol=1e-4, rtol=0)
+    if arch == "llama":
+        heads = activation_patching(model, tp, "head", "denoising", positions="all")
+        theirs_h = tl_patching.get_act_patch_attn_head_out_all_pos(model, corrupt, clean_cache,
+                                                                   metric)
+        torch.testing.assert_close(heads.effect, theirs_h, atol=1e-4, rtol=0)
+        attn = activation_patching(model, tp, "attn_out", "denoising")
+        theirs_a = tl_patching.get_act_patch_attn_out(model, corrupt, clean_cache, metric)
+        torch.testing.assert_close(attn.effect, theirs_a, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_final_residual_patch_gives_source_reward(tiny, arch: str) -> None:
+    model, _, _ = tiny(arch, 3 if arch == "armorm" else 1)
+    tp = tokenize_pair(model, PAIR)
+    assert tp.unaligned_rejected  # lengths differ: only aligned positions are written
+    n = model.cfg.n_layers
+    den = activation_patching(model, tp, "resid", "denoising", positions="all", layers=[n])
+    noi = activation_patching(model, tp, "resid", "noising", positions="all", layers=[n])
+    assert float(den.patched[0]) == pytest.approx(den.clean_chosen, abs=1e-4)
+    assert float(noi.patched[0]) == pytest.approx(noi.clean_rejected, abs=1e-4)
+    assert float(den.effect[0]) == pytest.approx(1.0, abs=1e-4)
+    score = model.rewards([PAIR.chosen_conversation(), PAIR.rejected_conversation()]).score
+    assert den.clean_chosen == pytest.approx(float(score[0]), abs=1e-4)
+    # chunking and start_at_layer do not change results
+    a = activation_patching(model, tp, "resid", "noising", layers=[1, n], chunk_size=3)
+    b = activation_patching(model, tp, "resid", "noising", layers=[1, n], chunk_size=64)
+    torch.testing.assert_close(a.effect, b.effect, atol=1e-5, rtol=0)
+    assert a.effect.shape == (2, tp.n_aligned) and a.unaligned == (0, 2)
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_ablations_match_hand_written_hooks(tiny, mode: str) -> None:
+    model, _, _ = tiny("gpt2", 1)
+    tp = tokenize_pair(model, PAIR)
+    reference = [("hi", "Hello there."), ("What is love?", "Love. Friendship. Music.")]
+    res = activation_patching(model, tp, "mlp_out", mode, positions="all", reference=reference)
+    hook = "blocks.1.hook_mlp_out"
+    means = mean_activations(model, reference, [hook])
+    batch = model.make_batch(reference)
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
+    m = batch.attention_mask.bool()
+    torch.testing.assert_close(means[hook], cache[hook][m].mean(0), atol=1e-5, rtol=0)
+    fill = torch.zeros(model.cfg.d_model) if mode == "zero" else means[hook]
+
+    def ablate(act: torch.Tensor, hook: object) -> torch.Tensor:
+        return fill.expand_as(act).clone()
+
+    vals = []
+    for side in ("chosen", "rejected"):
+        toks = tp.tokens(side)
+        logits = model.run_with_hooks(toks, attention_mask=torch.ones_like(toks),
+                                      fwd_hooks=[(hook, ablate)])
+        vals.append(float(logits[0, -1, 0]))
+    assert float(res.patched[0, 1]) == pytest.approx(vals[0], abs=1e-4)
+    assert float(res.patched[1, 1]) == pytest.approx(vals[1], abs=1e-4)
+    expect = (res.delta - (vals[0] - vals[1])) / res.delta
+    assert float(res.effect[1]) == pytest.approx(expect, abs=1e-4)
+    assert res.to_dataframe().shape[0] == model.cfg.n_layers
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2", "armorm"])
+def test_direct_path_patching(tiny, arch: str) -> None:
+    model, _, _ = tiny(arch, 3 if arch == "armorm" else 1)
+    obj = "score"
+    frozen = direct_path_patching(model, PAIR, level="head", scale="frozen", objective=obj)
+    pa = differential_attribution(model, [PAIR], objectives=obj)
+    diff, names = pa.difference("head")
+    n_emb = len(pa.chosen.embed_names)
+    diff = torch.cat([diff[:, :n_emb].sum(1, keepdim=True), diff[:, n_emb:]], 1)[0, :, 0]
+    assert frozen.names == ["embed", *names[n_emb:]]
+    # under the frozen scale, direct-path patching is exactly the DRA difference
+    torch.testing.assert_close(frozen.effect * frozen.delta, diff, atol=1e-4, rtol=0)
+    # recomputed scale: against a hooked run that adds o_src - o_tgt to the final residual
+    rec = direct_path_patching(model, PAIR, level="sublayer", scale="recompute", mode="noising",
+                               objective=obj)
+    tp = tokenize_pair(model, PAIR)
+    n = model.cfg.n_layers
+    caches = {}
+    for side in ("chosen", "rejected"):
+        _, caches[side] = model.run_with_cache(tp.tokens(side))
+    for layer in (0, n - 1):
+        name = f"blocks.{layer}.hook_mlp_out"
+        delta = caches["rejected"][name][0, -1] - caches["chosen"][name][0, -1]
+
+        def add(act: torch.Tensor, hook: object, d: torch.Tensor = delta) -> torch.Tensor:
+            act = act.clone()
+            act[0, -1] += d
+            return act
+
+        toks = tp.tokens("chosen")
+        with model.hooks(fwd_hooks=[(f"blocks.{n - 1}.hook_resid_post", add)]):
+            val = float(model(toks, "score", attention_mask=torch.ones_like(toks))[0])
+        idx = rec.names.index(f"L{layer}.mlp")
+        assert float(rec.patched[idx]) == pytest.approx(val, abs=1e-4)
+
+
+def test_patching_errors(tiny) -> None:
+    model, _, _ = tiny("llama", 1)
+    with pytest.raises(TLRewardError, match="reference="):
+        activation_patching(model, PAIR, "mlp_out", "mean")
+    with pytest.raises(TLRewardError, match="unknown mode"):
+        activation_patching(model, PAIR, "mlp_out", "resample")
+    with pytest.raises(TLRewardError, match="unknown site"):
+        activation_patching(model, PAIR, "attn_scores")
+    with pytest.raises(TLRewardError, match="positions='all'"):
+        activation_patching(model, PAIR, "neuron", positions="each")

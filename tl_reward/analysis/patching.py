@@ -1,0 +1,370 @@
+"""Activation patching on preference pairs: four modes, five kinds of site, batched.
+
+Metric: the reward margin ``Delta = r(chosen) - r(rejected)`` (one objective), and each patch's
+``effect`` is normalised by the clean ``Delta``:
+
+* ``denoising``: run rejected, patch in chosen's activation; ``effect = (r' - r_rej) / Delta``
+  (the fraction of the margin the site restores);
+* ``noising``: run chosen, patch in rejected's activation; ``effect = (r_ch - r') / Delta``
+  (the fraction the site destroys);
+* ``zero`` / ``mean``: replace the activation in both runs by zero or by its mean over a
+  reference set (every real token of it); ``effect = (Delta - Delta') / Delta``.
+
+Sites: ``resid`` (``hook_resid_pre`` of each layer, and the final residual as layer
+``n_layers``), ``attn_out``, ``mlp_out``, ``head`` (one query head's ``hook_z``) and ``neuron``
+(``mlp.hook_post``), per aligned position (``positions="each"``) or on every aligned position at
+once (``positions="all"``). Between chosen and rejected a patch writes only aligned positions
+(prompt by index, reply from the end; see :mod:`tl_reward.data.pairs`); the unaligned first
+tokens of the longer reply keep their own activations, and the result says how many there were.
+Zero and mean ablations with ``positions="all"`` replace every position of both runs.
+
+Speed: each pair's clean runs are cached once; the patched variants of a pair are stacked along
+the batch (``chunk_size`` at a time) and each chunk starts at its earliest patched layer from the
+cached residual (``start_at_layer``), so no layer below a patch is recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+
+from tl_reward.analysis.readout import normalise, resolve_objectives
+from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
+from tl_reward.errors import TLRewardError
+
+MODES = ("denoising", "noising", "zero", "mean")
+SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")
+
+
+@dataclass(frozen=True)
+class Site:
+    """One patch: activation ``hook`` (first computed in block ``layer``), optionally one
+    ``unit`` (head or neuron index) of it, at aligned row ``row`` or every aligned row (None)."""
+
+    hook: str
+    layer: int
+    unit: int | None = None
+    row: int | None = None
+
+
+def site_hook(model: Any, site: str, layer: int) -> tuple[str, int]:
+    """``(hook name, block it is computed in)`` for a site kind at ``layer``."""
+    n = model.cfg.n_layers
+    if site == "resid":
+        if not 0 <= layer <= n:
+            raise TLRewardError(f"resid layer must be in 0..{n} ({n} = final residual)")
+        return (f"blocks.{n - 1}.hook_resid_post", n - 1) if layer == n else (
+            f"blocks.{layer}.hook_resid_pre", layer)
+    if not 0 <= layer < n:
+        raise TLRewardError(f"layer must be in 0..{n - 1}, got {layer}")
+    hooks = {"attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out", "head": "attn.hook_z",
+             "neuron": "mlp.hook_post"}
+    if site not in hooks:
+        raise TLRewardError(f"unknown site {site!r}; choose from {SITES}")
+    return f"blocks.{layer}.{hooks[site]}", layer
+
+
+def component_site(model: Any, name: str) -> Site:
+    """The whole-sequence site of a component name (``"embed"``, ``"L3.attn"``, ``"L3.mlp"``,
+    ``"L3.H2"``) as used by attribution and the faithfulness report."""
+    if name in ("embed", "pos_embed"):
+        return Site("blocks.0.hook_resid_pre", 0)
+    layer_part, _, rest = name.partition(".")
+    layer = int(layer_part[1:])
+    if rest == "attn":
+        return Site(*site_hook(model, "attn_out", layer))
+    if rest == "mlp":
+        return Site(*site_hook(model, "mlp_out", layer))
+    if rest.startswith("H"):
+        return Site(*site_hook(model, "head", layer), unit=int(rest[1:]))
+    raise TLRewardError(f"component {name!r} has no patching site (attention biases are equal "
+                        "in both runs)")
+
+
+@torch.no_grad()
+def _clean_run(model: Any, ids: list[int], hooks: set[str]) -> dict[str, torch.Tensor]:
+    tokens = torch.tensor([ids], device=model.cfg.device)
+    mask = torch.ones_like(tokens)
+    _, cache = model.run_with_cache(tokens, attention_mask=mask, return_type=None,
+                                    names_filter=lambda n: n in hooks)
+    return dict(cache.cache_dict)
+
+
+def objective_value(
+    model: Any, resid: Float[torch.Tensor, "batch pos d_model"],
+    tokens: Int[torch.Tensor, "batch pos"], objective: str,
+) -> Float[torch.Tensor, " batch"]:
+    """One objective read from final residuals of unpadded rows (pooled at the last token)."""
+    normed = normalise(model, resid)
+    w, b = model.reward_direction(objective, normed, tokens)
+    return ((w * normed[:, -1]).sum(-1) + b).detach()
+
+
+@torch.no_grad()
+def run_patched(
+    model: Any,
+    ids: list[int],
+    clean: dict[str, torch.Tensor],
+    sites: Sequence[Site],
+    values: Callable[[Site, torch.Tensor], torch.Tensor],
+    positions: Callable[[Site], torch.Tensor],
+    objective: str,
+    chunk_size: int = 32,
+    fraction: float = 1.0,
+) -> Float[torch.Tensor, " n_sites"]:
+    """The objective of one sequence under each single-site patch, batched.
+
+    ``clean`` holds the clean run's ``hook_resid_pre`` of every block (and
+    ``blocks.{n-1}.hook_resid_post``); ``positions(site)`` gives the target positions a site
+    writes and ``values(site, current)`` the values written there (``current`` is the clean
+    activation at those positions and unit). ``fraction`` moves only that part of the way
+    (``current + fraction * (value - current)``).
+    """
+    n_layers = model.cfg.n_layers
+    order = sorted(range(len(sites)), key=lambda i: sites[i].layer)
+    out = torch.empty(len(sites))
+    tokens_1 = torch.tensor([ids], device=model.cfg.device)
+    for start in range(0, len(order), chunk_size):
+        idx = order[start : start + chunk_size]
+        chunk = [sites[i] for i in idx]
+        first = min(s.layer for s in chunk)
+        resid = clean[f"blocks.{first}.hook_resid_pre"].expand(len(chunk), -1, -1).contiguous()
+        by_hook: dict[str, list[tuple[int, Site]]] = {}
+        for j, s in enumerate(chunk):
+            by_hook.setdefault(s.hook, []).append((j, s))
+
+        def make_hook(items: list[tuple[int, Site]]) -> Callable[..., torch.Tensor]:
+            def hook(act: torch.Tensor, hook: Any) -> torch.Tensor:
+                act = act.clone()
+                for j, s in items:
+                    pos = positions(s)
+                    cur = act[j, pos] if s.unit is None else act[j, pos, s.unit]
+                    new = values(s, cur).to(act.dtype)
+                    if fraction != 1.0:
+                        new = cur + fraction * (new - cur)
+                    if s.unit is None:
+                        act[j, pos] = new
+                    else:
+                        act[j, pos, s.unit] = new
+                return act
+            return hook
+
+        fwd = [(name, make_hook(items)) for name, items in by_hook.items()]
+        tokens = tokens_1.expand(len(chunk), -1)
+        with model.hooks(fwd_hooks=fwd):
+            final = model(resid, start_at_layer=first, stop_at_layer=n_layers, tokens=tokens,
+                          attention_mask=torch.ones_like(tokens))
+        out[idx] = objective_value(model, final, tokens, objective).float().cpu()
+    return out
+
+
+@dataclass
+class PatchingResult:
+    """Effects of patching every site of one kind on one preference pair.
+
+    Attributes:
+        effect: normalised effects, shaped by ``dims`` (e.g. ``["layer", "position"]``).
+        patched: the patched target's objective, same shape; for ``zero``/``mean`` a leading
+            axis of 2 (chosen, rejected).
+        dims: axis names; ``layers`` and ``units`` list the indices along ``layer``/``head``/
+            ``neuron``; ``position_labels`` name the aligned rows along ``position``.
+        clean_chosen, clean_rejected: the clean objective values; ``delta`` their difference.
+        unaligned: number of unaligned (never written) positions in (chosen, rejected).
+    """
+
+    mode: str
+    site: str
+    objective: str
+    effect: torch.Tensor
+    patched: torch.Tensor
+    dims: list[str]
+    clean_chosen: float
+    clean_rejected: float
+    layers: list[int]
+    units: list[int] | None = None
+    position_labels: list[str] | None = None
+    unaligned: tuple[int, int] = (0, 0)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def delta(self) -> float:
+        return self.clean_chosen - self.clean_rejected
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per site: its coordinates, effect and patched value(s)."""
+        coords: dict[str, list[Any]] = {}
+        grids = torch.meshgrid(*[torch.arange(n) for n in self.effect.shape], indexing="ij")
+        for name, g in zip(self.dims, grids, strict=True):
+            flat = g.flatten().tolist()
+            if name == "layer":
+                coords[name] = [self.layers[i] for i in flat]
+            elif name in ("head", "neuron") and self.units is not None:
+                coords[name] = [self.units[i] for i in flat]
+            elif name == "position" and self.position_labels is not None:
+                coords["position"] = flat
+                coords["token"] = [self.position_labels[i] for i in flat]
+            else:
+                coords[name] = flat
+        df = pd.DataFrame(coords)
+        df["effect"] = self.effect.flatten().tolist()
+        if self.patched.shape == self.effect.shape:
+            df["patched"] = self.patched.flatten().tolist()
+        else:
+            df["patched_chosen"] = self.patched[0].flatten().tolist()
+            df["patched_rejected"] = self.patched[1].flatten().tolist()
+        return df
+
+    def plot(self) -> Any:
+        """A plotly heatmap (layer x position / head) or line (per layer) of the effects."""
+        from tl_reward.viz.patching import patching_figure
+
+        return patching_figure(self)
+
+
+def mean_activations(model: Any, reference: Sequence[Any], hooks: Sequence[str],
+                     batch_size: int = 8) -> dict[str, torch.Tensor]:
+    """Mean of each hook's activation over every real token of ``reference`` inputs."""
+    sums: dict[str, torch.Tensor] = {}
+    count = 0
+    encoded = [model.encode(x) for x in reference]
+    with torch.no_grad():
+        for s in range(0, len(encoded), batch_size):
+            batch = model.collate(encoded[s : s + batch_size], "right")
+            _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
+                                            return_type=None, names_filter=lambda n: n in hooks)
+            m = batch.attention_mask.bool()
+            for h in hooks:
+                tot = cache[h][m].sum(0)
+                sums[h] = sums[h] + tot if h in sums else tot
+            count += int(m.sum())
+    if count == 0:
+        raise TLRewardError("the reference set for mean ablation is empty")
+    return {h: v / count for h, v in sums.items()}
+
+
+_Grid = tuple[list[Site], list[int], list[int] | None, list[str], tuple[int, ...]]
+
+
+def _grid(model: Any, site: str, positions: str, layers: Sequence[int] | None,
+          units: Sequence[int] | None, n_rows: int) -> _Grid:
+    n = model.cfg.n_layers
+    if layers is None:
+        layers = list(range(n + 1 if site == "resid" else n))
+    layers = list(layers)
+    if site in ("head", "neuron"):
+        size = model.cfg.n_heads if site == "head" else model.cfg.d_mlp
+        units = list(range(size)) if units is None else list(units)
+    elif units is not None:
+        raise TLRewardError(f"units= applies to 'head' and 'neuron' sites, not {site!r}")
+    if site == "neuron" and positions == "each":
+        raise TLRewardError("neuron sites patch every aligned position (positions='all')")
+    rows: list[int | None] = list(range(n_rows)) if positions == "each" else [None]
+    sites = []
+    for layer in layers:
+        hook, block = site_hook(model, site, layer)
+        for u in units or [None]:
+            for r in rows:
+                sites.append(Site(hook, block, u, r))
+    dims = ["layer"] + ([("head" if site == "head" else "neuron")] if units else [])
+    shape = (len(layers),) + ((len(units),) if units else ())
+    if positions == "each":
+        dims.append("position")
+        shape += (n_rows,)
+    return sites, layers, (list(units) if units else None), dims, shape
+
+
+def activation_patching(
+    model: Any,
+    pair: Any,
+    site: str = "resid",
+    mode: str = "denoising",
+    positions: str = "each",
+    layers: Sequence[int] | None = None,
+    units: Sequence[int] | None = None,
+    objective: int | str | None = None,
+    reference: Sequence[Any] | dict[str, torch.Tensor] | None = None,
+    fraction: float = 1.0,
+    chunk_size: int = 32,
+) -> PatchingResult:
+    """Patch every site of one kind on one preference pair, batched.
+
+    Args:
+        pair: a ``PreferencePair``, ``(prompt, chosen, rejected)`` or ``TokenizedPair``.
+        site: ``"resid"``, ``"attn_out"``, ``"mlp_out"``, ``"head"`` or ``"neuron"``.
+        mode: ``"denoising"``, ``"noising"``, ``"zero"`` or ``"mean"``.
+        positions: ``"each"`` aligned position separately, or ``"all"`` aligned positions at once.
+        layers, units: restrict to these layers / heads / neurons (default: all).
+        objective: which objective (default: the model's first default objective).
+        reference: for ``mode="mean"``, inputs to average over (or :func:`mean_activations`).
+        fraction: patch only this fraction of the way (finite differences; 1 = full patch).
+        chunk_size: patched variants per forward pass.
+    """
+    if mode not in MODES:
+        raise TLRewardError(f"unknown mode {mode!r}; choose from {MODES}")
+    if positions not in ("each", "all"):
+        raise TLRewardError(f"positions must be 'each' or 'all', got {positions!r}")
+    tp: TokenizedPair = as_tokenized_pair(model, pair)
+    obj = resolve_objectives(model, objective)[0]
+    sites, layer_list, unit_list, dims, shape = _grid(model, site, positions, layers, units,
+                                                      tp.n_aligned)
+    final_hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    hooks = {s.hook for s in sites} | {final_hook} | {
+        f"blocks.{i}.hook_resid_pre" for i in range(model.cfg.n_layers)}
+    clean = {side: _clean_run(model, tp.ids(side), hooks) for side in ("chosen", "rejected")}
+    r_c, r_r = (float(objective_value(model, clean[side][final_hook],
+                                      tp.tokens(side).to(model.cfg.device), obj))
+                for side in ("chosen", "rejected"))
+    delta = r_c - r_r
+    means: dict[str, torch.Tensor] = {}
+    if mode == "mean":
+        if reference is None:
+            raise TLRewardError("mode='mean' needs reference= (inputs to average over, or "
+                                "mean_activations(model, inputs, hooks))")
+        hook_names = sorted({s.hook for s in sites})
+        means = reference if isinstance(reference, dict) else mean_activations(
+            model, reference, hook_names)
+
+    def run(target: str) -> torch.Tensor:
+        col = 0 if target == "chosen" else 1
+        tgt_rows = tp.aligned[:, col].to(model.cfg.device)
+        src = clean["rejected" if target == "chosen" else "chosen"]
+        src_rows = tp.aligned[:, 1 - col].to(model.cfg.device)
+
+        every = torch.arange(len(tp.ids(target)), device=model.cfg.device)
+        whole = tgt_rows if mode in ("denoising", "noising") else every
+
+        def pos_of(s: Site) -> torch.Tensor:
+            return whole if s.row is None else tgt_rows[s.row : s.row + 1]
+
+        def value(s: Site, cur: torch.Tensor) -> torch.Tensor:
+            if mode in ("denoising", "noising"):
+                rows = src_rows if s.row is None else src_rows[s.row : s.row + 1]
+                act = src[s.hook][0, rows]
+                return act if s.unit is None else act[:, s.unit]
+            if mode == "zero":
+                return torch.zeros_like(cur)
+            m = means[s.hook]
+            return (m if s.unit is None else m[s.unit]).expand_as(cur)
+
+        return run_patched(model, tp.ids(target), clean[target], sites, value, pos_of, obj,
+                           chunk_size, fraction).reshape(shape)
+
+    if mode == "denoising":
+        patched = run("rejected")
+        effect = (patched - r_r) / delta
+    elif mode == "noising":
+        patched = run("chosen")
+        effect = (r_c - patched) / delta
+    else:
+        pc, pr = run("chosen"), run("rejected")
+        patched = torch.stack([pc, pr])
+        effect = (delta - (pc - pr)) / delta
+    labels = tp.position_labels(model.tokenizer) if positions == "each" else None
+    return PatchingResult(mode, site, obj, effect, patched, dims, r_c, r_r, layer_list,
+                          unit_list, labels, (len(tp.unaligned_chosen), len(tp.unaligned_rejected)),
+                          {"positions": positions, "fraction": fraction})
