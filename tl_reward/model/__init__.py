@@ -9,6 +9,7 @@ __all__ = [
     "ArmoRMHead",
     "EncodedInput",
     "HookedRewardModel",
+    "HookedSAERewardModel",
     "LinearRewardHead",
     "PairScores",
     "RewardBatch",
@@ -16,3 +17,12 @@ __all__ = [
     "RewardResult",
     "score_pairs",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``HookedSAERewardModel`` is imported on first use (SAELens takes a second to import)."""
+    if name == "HookedSAERewardModel":
+        from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
+
+        return HookedSAERewardModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,105 @@
+"""HookedSAERewardModel: SAELens's SAE machinery on a reward model, rewards unchanged with the
+error term, HF parity kept, clear errors for SAEs that do not fit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import hf_rewards
+from sae_lens import HookedSAETransformer
+from sae_lens.saes.sae import SAEMetadata
+from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
+
+from tl_reward import HookedRewardModel
+from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel, SAEHookError
+from tl_reward.testing import tiny_hf_reward_model
+
+INPUTS = [("Is the sky blue?", "Yes, the sky is blue on a clear day."), ("hi", "No.")]
+
+
+def make_sae(d_in: int, hook: str, seed: int = 0, d_sae: int = 96, k: int = 6) -> TopKSAE:
+    torch.manual_seed(seed)
+    cfg = TopKSAEConfig(d_in=d_in, d_sae=d_sae, k=k)
+    cfg.metadata = SAEMetadata(hook_name=hook)
+    sae = TopKSAE(cfg)
+    with torch.no_grad():
+        sae.b_dec.normal_(0, 0.3)
+        sae.b_enc.normal_(0, 0.1)
+    return sae
+
+
+def test_loads_through_reward_loader_and_matches_hf() -> None:
+    hf, tok = tiny_hf_reward_model("llama", num_labels=1, seed=0)
+    model = HookedSAERewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu")
+    mro = type(model).__mro__
+    assert mro.index(HookedRewardModel) < mro.index(HookedSAETransformer)
+    batch = model.make_batch(INPUTS)
+    with torch.no_grad():
+        got = model(batch.tokens, attention_mask=batch.attention_mask, return_type="reward")
+    torch.testing.assert_close(got, hf_rewards(hf, batch.tokens, batch.attention_mask)["reward"],
+                               atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(("arch", "k"), [("llama", 1), ("gpt2", 3), ("armorm", 3)])
+def test_error_term_keeps_rewards(tiny, arch: str, k: int) -> None:
+    base, hf, _ = tiny(arch, k)
+    model = HookedSAERewardModel.from_reward_model(base)
+    batch = model.make_batch(INPUTS)
+    ref = hf_rewards(hf, batch.tokens, batch.attention_mask)
+    for layer in (0, model.cfg.n_layers - 1):
+        sae = make_sae(model.cfg.d_model, f"blocks.{layer}.hook_resid_post", seed=layer)
+        args = (batch.tokens,)
+        kw = dict(attention_mask=batch.attention_mask, saes=[sae])
+        with torch.no_grad():
+            on = model.run_with_saes(*args, use_error_term=True, return_type="reward", **kw)
+            off = model.run_with_saes(*args, use_error_term=False, return_type="reward", **kw)
+        torch.testing.assert_close(on, ref["reward"], atol=1e-4, rtol=0)
+        assert (off - ref["reward"]).abs().max() > 1e-3  # a random SAE reconstructs badly
+        if ref["score"] is not None and arch == "armorm":
+            with torch.no_grad():
+                score = model.run_with_saes(*args, use_error_term=True, return_type="score",
+                                            **kw)
+            torch.testing.assert_close(score, ref["score"], atol=1e-4, rtol=0)
+    assert model.acts_to_saes == {}  # run_with_saes detaches them again
+
+
+def test_cache_and_add_reset(tiny) -> None:
+    base, _, _ = tiny("llama", 1)
+    model = HookedSAERewardModel.from_reward_model(base)
+    hook = "blocks.1.hook_resid_post"
+    sae = make_sae(model.cfg.d_model, hook)
+    batch = model.make_batch(INPUTS)
+    _, cache = model.run_with_cache_with_saes(batch.tokens, attention_mask=batch.attention_mask,
+                                              saes=[sae], use_error_term=True)
+    acts = cache[f"{hook}.hook_sae_acts_post"]
+    assert acts.shape == (2, batch.tokens.shape[1], sae.cfg.d_sae)
+    assert int((acts > 0).sum(-1).max()) <= sae.cfg.k
+    recon = cache[f"{hook}.hook_sae_recons"]
+    err = cache[f"{hook}.hook_sae_error"]
+    torch.testing.assert_close(recon + err, cache[f"{hook}.hook_sae_input"], atol=1e-5, rtol=0)
+    model.add_sae(sae, use_error_term=False)
+    assert list(model.acts_to_saes) == [hook]
+    model.reset_saes()
+    assert model.acts_to_saes == {} and hook in model.hook_dict
+
+
+def test_from_reward_model_shares_weights(tiny) -> None:
+    base, _, _ = tiny("gpt2", 3)
+    model = HookedSAERewardModel.from_reward_model(base)
+    assert model.W_U.data_ptr() == base.W_U.data_ptr()
+    assert model.blocks[0].attn.W_Q.data_ptr() == base.blocks[0].attn.W_Q.data_ptr()
+    assert model.objectives == base.objectives and model.pad_token_id == base.pad_token_id
+    assert HookedSAERewardModel.from_reward_model(model) is model
+
+
+def test_bad_saes_raise(tiny) -> None:
+    base, _, _ = tiny("llama", 1)
+    model = HookedSAERewardModel.from_reward_model(base)
+    with pytest.raises(SAEHookError, match="not a hook of this model"):
+        model.add_sae(make_sae(model.cfg.d_model, "blocks.9.hook_resid_post"))
+    with pytest.raises(SAEHookError, match="another model"):
+        model.add_sae(make_sae(model.cfg.d_model + 3, "blocks.0.hook_resid_post"))
+    sae = make_sae(model.cfg.d_model, "blocks.0.hook_resid_post")
+    sae.cfg.metadata.hook_name = None
+    with pytest.raises(SAEHookError, match="hook_name is empty"):
+        model.add_sae(sae)

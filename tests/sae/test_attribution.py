@@ -1,0 +1,245 @@
+"""SAE feature attribution: the exact final-residual split sums to HF's reward on every
+architecture, the reconstruction gap is the measured reward change, gradient attribution is the
+finite-difference derivative, ablation is the hand-made intervention, save/load is identical."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import hf_rewards
+from sae_lens import SAE
+from sae_lens.saes.sae import SAEMetadata
+from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
+from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
+
+from tl_reward import HookedRewardModel
+from tl_reward.data import PreferencePair
+from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
+from tl_reward.sae import (
+    SAEError,
+    ablation_check,
+    as_sae_model,
+    differential_sae_attribution,
+    sae_attribution,
+)
+from tl_reward.sae.ablation import ablated_objectives
+from tl_reward.sae.splice import decoder_directions
+from tl_reward.testing import ARCHITECTURES, tiny_hf_reward_model
+
+INPUTS = [("Is the sky blue?", "Yes, the sky is blue on a clear day."), ("hi", "No.")]
+PAIRS = [PreferencePair.from_prompt("Is the sky blue?", "Yes, on a clear day.", "No."),
+         PreferencePair.from_prompt("hi", "Hello! How can I help?", "Go away.")]
+CASES = [(a, k) for a in ARCHITECTURES for k in ((3,) if a == "armorm" else (1,))] + [("gpt2", 3)]
+
+
+def make_sae(d_in: int, hook: str, seed: int = 0, rescale: bool = False, d_sae: int = 96,
+             k: int = 6, dtype: str = "float32") -> TopKSAE:
+    torch.manual_seed(seed)
+    cfg = TopKSAEConfig(d_in=d_in, d_sae=d_sae, k=k, rescale_acts_by_decoder_norm=rescale,
+                        dtype=dtype)
+    cfg.metadata = SAEMetadata(hook_name=hook)
+    sae = TopKSAE(cfg)
+    with torch.no_grad():
+        sae.b_dec.normal_(0, 0.3)
+        sae.b_enc.normal_(0, 0.1)
+        sae.W_dec.mul_(torch.rand(d_sae, 1, dtype=sae.W_dec.dtype) + 0.5)  # unequal norms
+    return sae
+
+
+def sae_model(tiny, arch: str, k: int) -> tuple[HookedSAERewardModel, object]:
+    base, hf, _ = tiny(arch, k)
+    return as_sae_model(base), hf
+
+
+@pytest.mark.parametrize(("arch", "k"), CASES, ids=[f"{a}-K{k}" for a, k in CASES])
+def test_exact_split_sums_to_hf_reward(tiny, arch: str, k: int) -> None:
+    model, hf = sae_model(tiny, arch, k)
+    hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    sae = make_sae(model.cfg.d_model, hook, rescale=arch == "llama")
+    attr = sae_attribution(model, sae, INPUTS)
+    assert attr.method == "exact"
+    batch = model.make_batch(INPUTS)
+    ref = hf_rewards(hf, batch.tokens, batch.attention_mask)
+    cols = [attr.objectives.index(o) for o in model.objectives]
+    torch.testing.assert_close(attr.total()[:, cols], ref["reward"], atol=1e-4, rtol=0)
+    if "score" in attr.objectives:  # ArmoRM: features against w_eff(x)
+        torch.testing.assert_close(attr.total()[:, attr.objectives.index("score")],
+                                   ref["score"], atol=1e-4, rtol=0)
+    # only the k active features at t* carry a contribution, and b_dec and error are not zero
+    assert int((attr.features[..., 0] != 0).sum(-1).max()) <= sae.cfg.k
+    assert attr.b_dec.abs().min() > 0 and attr.error.abs().min() > 0
+    # the error term off: the reported gap is the reward change SAELens's splice measures
+    with torch.no_grad():
+        spliced = model.run_with_saes(batch.tokens, attention_mask=batch.attention_mask,
+                                      saes=[sae], use_error_term=False, return_type="reward")
+    torch.testing.assert_close(attr.reconstruction_gap[:, cols], spliced - ref["reward"],
+                               atol=1e-4, rtol=0)
+
+
+def test_exact_feature_terms_by_hand(tiny) -> None:
+    """One feature's term is f_i (d_i . w) / s, computed here from the cache and HF's head."""
+    model, hf = sae_model(tiny, "llama", 1)
+    hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    sae = make_sae(model.cfg.d_model, hook, rescale=True)
+    attr = sae_attribution(model, sae, INPUTS[0])
+    batch = model.make_batch(INPUTS[0])
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
+    t = int(attr.positions[0])
+    x = cache[hook][0, t]
+    s = cache["ln_final.hook_scale"][0, t, 0]
+    gain = hf.model.norm.weight.detach()
+    w = hf.score.weight.detach()[0] * gain  # the folded head, straight from HF
+    f = sae.encode(x).detach()
+    d = sae.W_dec.detach() / sae.W_dec.norm(dim=-1, keepdim=True)
+    for i in f.nonzero().flatten().tolist():
+        assert float(attr.features[0, i, 0]) == pytest.approx(float(f[i] * (d[i] @ w) / s),
+                                                              abs=1e-5)
+    assert float(attr.b_dec[0, 0]) == pytest.approx(float(sae.b_dec @ w / s), abs=1e-5)
+
+
+def test_differential_sums_to_margin(tiny) -> None:
+    model, _ = sae_model(tiny, "qwen2", 1)
+    sae = make_sae(model.cfg.d_model, f"blocks.{model.cfg.n_layers - 1}.hook_resid_post")
+    pa = differential_sae_attribution(model, sae, PAIRS)
+    parts = (pa.difference().sum(1) + (pa.chosen.b_dec - pa.rejected.b_dec)
+             + (pa.chosen.error - pa.rejected.error) + (pa.chosen.bias - pa.rejected.bias))
+    torch.testing.assert_close(parts, pa.margin, atol=1e-4, rtol=0)
+    scores = model.rewards([c for p in PAIRS for c in (p.chosen_conversation(),
+                                                       p.rejected_conversation())]).score
+    torch.testing.assert_close(pa.margin[:, 0], scores[0::2] - scores[1::2], atol=1e-4, rtol=0)
+    top = pa.top_features(5)
+    assert len(top) == 5 and top.mean_abs_difference.is_monotonic_decreasing
+    df = pa.to_dataframe()
+    assert set(df.columns) >= {"pair", "feature", "difference"} and len(df) > 0
+
+
+def _float64_model() -> HookedSAERewardModel:
+    hf, tok = tiny_hf_reward_model("llama", num_labels=1, seed=0)
+    return HookedSAERewardModel.from_pretrained(hf_model=hf.double(), tokenizer=tok,
+                                                device="cpu", dtype=torch.float64)
+
+
+def test_gradient_attribution_is_the_derivative() -> None:
+    """a_i = d r / d alpha with feature i scaled by alpha everywhere (central difference at
+    alpha = 1, float64); the gap with the error term off equals a plain TransformerLens splice."""
+    model = _float64_model()
+    hook = "blocks.0.hook_resid_post"
+    sae = make_sae(model.cfg.d_model, hook, rescale=True, dtype="float64")
+    attr = sae_attribution(model, sae, INPUTS[:1], method="gradient")
+    assert attr.method == "gradient"
+    batch = model.make_batch(INPUTS[:1])
+    feats = attr.features[0, :, 0].abs().argsort(descending=True)[:3].tolist()
+    eps = 1e-4
+
+    def scaled(i: int, factor: float) -> float:
+        def fn(acts: torch.Tensor, hook: object) -> torch.Tensor:
+            acts = acts.clone()
+            acts[..., i] *= factor
+            return acts
+        with torch.no_grad(), model.saes(saes=[sae], use_error_term=True):
+            out = model.run_with_hooks(batch.tokens, attention_mask=batch.attention_mask,
+                                       return_type="reward",
+                                       fwd_hooks=[(f"{hook}.hook_sae_acts_post", fn)])
+        return float(out[0, 0])
+
+    for i in feats:
+        fd = (scaled(i, 1 + eps) - scaled(i, 1 - eps)) / (2 * eps)  # d r / d (scale of f_i)
+        assert float(attr.features[0, i, 0]) == pytest.approx(fd, rel=1e-6, abs=1e-9)
+    # error node + b_dec + features = x . dr/dx: compare with autograd on the plain model
+    store = {}
+
+    def grab(t: torch.Tensor, hook: object) -> torch.Tensor:
+        t.retain_grad()
+        store["x"] = t
+        return t
+    with model.hooks(fwd_hooks=[(hook, grab)]):
+        r = model(batch.tokens, attention_mask=batch.attention_mask, return_type="reward")
+    r.sum().backward()
+    x_dot_g = float((store["x"] * store["x"].grad).sum())
+    assert float(attr.total()[0, 0]) == pytest.approx(x_dot_g, rel=1e-6)  # results are float32
+    # gap: replace x by the reconstruction with a plain TL hook
+    x_hat = {}
+
+    def splice(t: torch.Tensor, hook: object) -> torch.Tensor:
+        x_hat["v"] = sae.decode(sae.encode(t))
+        return x_hat["v"]
+    with torch.no_grad():
+        r0 = model(batch.tokens, attention_mask=batch.attention_mask, return_type="reward")
+        r1 = model.run_with_hooks(batch.tokens, attention_mask=batch.attention_mask,
+                                  return_type="reward", fwd_hooks=[(hook, splice)])
+    assert float(attr.reconstruction_gap[0, 0]) == pytest.approx(float(r1 - r0), rel=1e-6, abs=1e-7)
+
+
+def test_ablation_is_the_hand_made_intervention(tiny) -> None:
+    model, _ = sae_model(tiny, "gemma2", 1)
+    hook = "blocks.1.hook_resid_post"
+    sae = make_sae(model.cfg.d_model, hook, rescale=True)
+    batch = model.make_batch(INPUTS[0])
+    with torch.no_grad():
+        x = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
+                                 names_filter=hook)[1][hook]
+        f = sae.encode(x)
+    feats = f[0].amax(0).argsort(descending=True)[:3].tolist()
+    got = ablated_objectives(model, sae, batch.tokens, batch.attention_mask,
+                             [[feats[0]], feats], ["reward"])
+    d = decoder_directions(sae)
+    for row, fs in enumerate([[feats[0]], feats]):
+        removed = (f[..., fs, None] * d[fs]).sum(-2)
+        with torch.no_grad():
+            want = model.run_with_hooks(batch.tokens, attention_mask=batch.attention_mask,
+                                        return_type="reward",
+                                        fwd_hooks=[(hook, lambda t, hook, r=removed: t - r)])
+        assert float(got[row, 0]) == pytest.approx(float(want[0, 0]), abs=1e-4)
+
+
+def test_ablation_check_reports(tiny) -> None:
+    model, _ = sae_model(tiny, "llama", 1)
+    sae = make_sae(model.cfg.d_model, "blocks.1.hook_resid_post")
+    check = ablation_check(model, sae, INPUTS, top_k=4)
+    assert len(check.predicted) == 8 and check.kind == "input"
+    s = check.summary().iloc[0]
+    assert -1 <= s.pearson <= 1 and 0 <= s.frac_within_tolerance <= 1
+    df = check.to_dataframe()
+    assert (df.abs_error - (df.predicted - df.actual).abs()).abs().max() < 1e-6
+    assert check.plot().data[0].x is not None
+
+
+def test_save_and_reload_identical(tiny, tmp_path) -> None:
+    model, _ = sae_model(tiny, "llama", 1)
+    for hook in (f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", "blocks.0.hook_resid_post"):
+        sae = make_sae(model.cfg.d_model, hook, rescale=True)
+        before = sae_attribution(model, sae, INPUTS)
+        sae.save_model(tmp_path / hook)
+        loaded = SAE.load_from_disk(tmp_path / hook)
+        assert type(loaded) is TopKSAE and loaded.cfg.metadata.hook_name == hook
+        after = sae_attribution(model, loaded, INPUTS)
+        assert torch.equal(before.features, after.features)
+        assert torch.equal(before.error, after.error) and torch.equal(before.b_dec, after.b_dec)
+
+
+def test_standard_sae_and_plain_model(tiny) -> None:
+    """A ReLU SAE works too, and a plain HookedRewardModel is converted on the fly."""
+    base, hf, _ = tiny("mistral", 1)
+    assert type(base) is HookedRewardModel
+    hook = f"blocks.{base.cfg.n_layers - 1}.hook_resid_post"
+    cfg = StandardSAEConfig(d_in=base.cfg.d_model, d_sae=64)
+    cfg.metadata = SAEMetadata(hook_name=hook)
+    torch.manual_seed(1)
+    sae = StandardSAE(cfg)
+    attr = sae_attribution(base, sae, INPUTS)
+    batch = base.make_batch(INPUTS)
+    torch.testing.assert_close(attr.total(), hf_rewards(hf, batch.tokens,
+                                                        batch.attention_mask)["reward"],
+                               atol=1e-4, rtol=0)
+
+
+def test_errors(tiny) -> None:
+    model, _ = sae_model(tiny, "llama", 1)
+    early = make_sae(model.cfg.d_model, "blocks.0.hook_resid_post")
+    with pytest.raises(SAEError, match="method='gradient'"):
+        sae_attribution(model, early, INPUTS, method="exact")
+    with pytest.raises(SAEError, match="method must be"):
+        sae_attribution(model, early, INPUTS, method="fast")
+    early.cfg.normalize_activations = "layer_norm"
+    with pytest.raises(SAEError, match="normalises activations"):
+        sae_attribution(model, early, INPUTS)

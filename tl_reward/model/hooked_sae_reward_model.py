@@ -1,0 +1,90 @@
+"""``HookedSAERewardModel``: a reward model on SAELens's ``HookedSAETransformer``.
+
+The class inherits from both :class:`~tl_reward.model.hooked_reward_model.HookedRewardModel`
+(reward head, pooling, inputs, ``return_type="reward"``/``"score"``) and SAELens's
+``HookedSAETransformer`` (``add_sae``, ``reset_saes``, ``saes()``, ``run_with_saes``,
+``run_with_cache_with_saes``, ``use_error_term``). The method resolution order is
+``HookedSAERewardModel -> HookedRewardModel -> HookedSAETransformer -> HookedTransformer``:
+our ``forward`` pools the head outputs and SAELens's ``forward`` (its special-token masks) runs
+underneath it, so an attached SAE sees every position of the batch.
+
+With ``use_error_term=True`` an attached SAE adds its reconstruction error back, so rewards
+equal the plain model's; with it off, the SAE's reconstruction replaces the activation.
+
+Example:
+    >>> model = HookedSAERewardModel.from_pretrained("tl-reward/smollm2-135m-hh")
+    >>> sae = SAE.load_from_disk("my_sae")          # hook_name in sae.cfg.metadata
+    >>> batch = model.make_batch([("Hi?", "Hello!")])
+    >>> model.run_with_saes(batch.tokens, attention_mask=batch.attention_mask,
+    ...                     saes=[sae], use_error_term=True, return_type="reward")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sae_lens import SAE, HookedSAETransformer
+
+from tl_reward.errors import TLRewardError
+from tl_reward.model.hooked_reward_model import HookedRewardModel
+
+
+class SAEHookError(TLRewardError):
+    """An SAE's hook name is not a hook point of the model."""
+
+
+class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
+    """A :class:`HookedRewardModel` that accepts SAELens SAEs. Build it with
+    :meth:`from_pretrained` (same arguments as ``HookedRewardModel.from_pretrained``)."""
+
+    @classmethod
+    def from_reward_model(cls, model: HookedRewardModel) -> HookedSAERewardModel:
+        """The same reward model as a :class:`HookedSAERewardModel`, sharing its weights (no
+        copy, no re-conversion from HF): parameters are assigned, not cloned."""
+        if isinstance(model, cls):
+            return model
+        new = cls(model.cfg, model.tokenizer, move_to_device=False,
+                  reward_head=model.reward_head, pooling=model.pooling,
+                  pad_token_id=model.pad_token_id)
+        new.load_state_dict(model.state_dict(keep_vars=True), assign=True)
+        new.eval()
+        return new
+
+    def check_sae(self, sae: SAE[Any]) -> str:
+        """The hook name ``sae`` reads, after checking it exists here and that widths match.
+
+        SAELens's ``add_sae`` only logs a warning and skips an SAE whose hook is missing; an
+        analysis must not silently run without it.
+        """
+        hook = sae.cfg.metadata.hook_name
+        if not hook:
+            raise SAEHookError(
+                "the SAE's cfg.metadata.hook_name is empty; set it to the hook it was trained "
+                "on, e.g. sae.cfg.metadata.hook_name = 'blocks.3.hook_resid_post'"
+            )
+        if hook not in self.hook_dict and hook not in self._acts_to_saes:
+            near = [n for n in self.hook_dict if n.split(".")[-1] == hook.split(".")[-1]][:3]
+            raise SAEHookError(
+                f"the SAE reads {hook!r}, which is not a hook of this model "
+                f"({self.cfg.n_layers} layers); hooks of that kind here: {near}"
+            )
+        if sae.cfg.reshape_activations == "none" and sae.cfg.d_in not in (
+            self.cfg.d_model, self.cfg.d_mlp
+        ):
+            raise SAEHookError(
+                f"the SAE's d_in is {sae.cfg.d_in} but this model's d_model is "
+                f"{self.cfg.d_model}: the SAE belongs to another model"
+            )
+        return hook
+
+    def add_sae(
+        self,
+        sae: SAE[Any],
+        use_error_term: bool | None = None,
+        exclude_special_tokens: bool | list[int] = False,
+    ) -> None:
+        """Attach ``sae`` at its hook (see SAELens); raises :class:`SAEHookError` instead of
+        skipping an SAE whose hook does not exist."""
+        self.check_sae(sae)
+        super().add_sae(sae, use_error_term=use_error_term,
+                        exclude_special_tokens=exclude_special_tokens)

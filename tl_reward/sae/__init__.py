@@ -1,0 +1,38 @@
+"""SAE features of reward models, with SAELens SAEs.
+
+* :func:`sae_attribution` / :func:`differential_sae_attribution`: the reward (or a pair's
+  margin) split over SAE features: exact at the final residual (features + ``b_dec`` + error,
+  over the frozen norm scale), gradient-based at earlier hooks.
+* :func:`ablation_check` / :func:`pair_ablation_check`: ablate the top features and compare the
+  predicted with the actual reward change.
+* :func:`top_features`, :func:`feature_view`: the features behind a set of preferences, and one
+  feature's reward alignment, top-activating tokens over a corpus and ablation effect.
+* :func:`collect_activations`, :func:`train_topk_sae`: train a TopK SAE on the RM's own
+  activations with SAELens's trainer, offline.
+
+SAEs are SAELens objects: ``SAE.load_from_disk(path)``, ``SAE.from_pretrained(release, id)``
+(needs the Hugging Face hub), or :func:`train_topk_sae`.
+"""
+
+from tl_reward.sae.ablation import AblationCheck, ablation_check, pair_ablation_check
+from tl_reward.sae.attribution import (
+    PairSAEAttribution,
+    SAEAttribution,
+    differential_sae_attribution,
+    sae_attribution,
+)
+from tl_reward.sae.splice import SAEError, as_sae_model, check_sae, final_hook
+
+__all__ = [
+    "AblationCheck",
+    "PairSAEAttribution",
+    "SAEAttribution",
+    "SAEError",
+    "ablation_check",
+    "as_sae_model",
+    "check_sae",
+    "differential_sae_attribution",
+    "final_hook",
+    "pair_ablation_check",
+    "sae_attribution",
+]

@@ -1,0 +1,141 @@
+"""Running a reward model with a SAELens SAE: checks, decoder directions, objective values.
+
+Shared by :mod:`tl_reward.sae.attribution`, :mod:`tl_reward.sae.ablation` and
+:mod:`tl_reward.sae.features`. SAEs are attached through SAELens's own
+``HookedSAETransformer.saes`` context manager, so the hook names are SAELens's:
+``{hook}.hook_sae_acts_post`` (features ``f``), ``{hook}.hook_sae_error`` (``x - x_hat``),
+``{hook}.hook_sae_output``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+
+from tl_reward.errors import TLRewardError
+
+
+class SAEError(TLRewardError):
+    """An SAE that does not fit the model, or a request the SAE analyses cannot serve."""
+
+
+def final_hook(model: Any) -> str:
+    """The hook whose SAE features decompose the reward exactly: the last block's
+    ``hook_resid_post`` (the residual the final norm and head read)."""
+    return f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+
+
+def as_sae_model(model: Any) -> Any:
+    """``model`` as a :class:`~tl_reward.model.hooked_sae_reward_model.HookedSAERewardModel`.
+
+    A plain ``HookedRewardModel`` is rebuilt around the same parameter tensors (assigned, not
+    copied; no re-conversion from HF). Load with ``HookedSAERewardModel.from_pretrained`` to
+    skip this step.
+    """
+    from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
+
+    if isinstance(model, HookedSAERewardModel):
+        return model
+    new = HookedSAERewardModel(model.cfg, model.tokenizer, move_to_device=False,
+                               reward_head=model.reward_head, pooling=model.pooling,
+                               pad_token_id=model.pad_token_id)
+    new.load_state_dict(model.state_dict(keep_vars=True), assign=True)
+    new.eval()
+    return new
+
+
+def check_sae(model: Any, sae: Any) -> str:
+    """The hook ``sae`` reads, after checking it is a hook of ``model`` with matching width.
+
+    SAELens's ``add_sae`` only logs a warning and skips an SAE whose hook is missing; an
+    analysis must not silently run without it.
+    """
+    from sae_lens import SAE
+
+    if not isinstance(sae, SAE):
+        raise SAEError(
+            f"expected a SAELens SAE (sae_lens.SAE), got {type(sae).__name__}; load one with "
+            "SAE.load_from_disk(path) or train one with tl_reward.sae.train_topk_sae"
+        )
+    hook = sae.cfg.metadata.hook_name
+    if not hook:
+        raise SAEError(
+            "the SAE's cfg.metadata.hook_name is empty; set it to the hook it was trained on, "
+            "e.g. sae.cfg.metadata.hook_name = 'blocks.3.hook_resid_post'"
+        )
+    if hook not in model.hook_dict and hook not in getattr(model, "_acts_to_saes", {}):
+        near = [n for n in model.hook_dict if n.split(".")[-1] == hook.split(".")[-1]][:3]
+        raise SAEError(
+            f"the SAE reads {hook!r}, which is not a hook of this model "
+            f"({model.cfg.n_layers} layers); hooks of that kind here: {near}"
+        )
+    if sae.cfg.reshape_activations == "none" and sae.cfg.d_in not in (
+        model.cfg.d_model, model.cfg.d_mlp
+    ):
+        raise SAEError(
+            f"the SAE's d_in is {sae.cfg.d_in} but this model's d_model is {model.cfg.d_model}: "
+            "the SAE belongs to another model"
+        )
+    return hook
+
+
+def check_affine_sae(sae: Any) -> None:
+    """Raise unless the SAE decodes ``f W_dec' + b_dec`` with fixed weights (an exact split)."""
+    norm = sae.cfg.normalize_activations
+    if norm in ("constant_norm_rescale", "layer_norm"):
+        raise SAEError(
+            f"this SAE normalises activations at run time (normalize_activations={norm!r}), so "
+            "its reconstruction is not a fixed sum of feature directions; use an SAE trained "
+            "with normalize_activations='none' or 'expected_average_only_in' (SAELens folds "
+            "that scale into the weights after training)"
+        )
+    if sae.cfg.reshape_activations != "none":
+        raise SAEError(
+            f"SAEs with reshape_activations={sae.cfg.reshape_activations!r} (hook_z) are not "
+            "supported by the SAE analyses yet; use a residual-stream or MLP-output SAE"
+        )
+
+
+def decoder_directions(sae: Any) -> Float[torch.Tensor, "d_sae d_in"]:
+    """What one unit of each feature writes: ``W_dec`` rows, divided by their norms when the SAE
+    rescales activations by decoder norm (SAELens's TopK ``rescale_acts_by_decoder_norm``)."""
+    w = sae.W_dec
+    if getattr(sae.cfg, "rescale_acts_by_decoder_norm", False):
+        w = w / w.norm(dim=-1, keepdim=True)
+    return w
+
+
+def objective_values(
+    model: Any,
+    logits: Float[torch.Tensor, "batch pos K"],
+    normed: Float[torch.Tensor, "batch pos d_model"],
+    tokens: Int[torch.Tensor, "batch pos"],
+    mask: Int[torch.Tensor, "batch pos"],
+    names: Sequence[str],
+) -> Float[torch.Tensor, "batch n_obj"]:
+    """Each named objective (``"score"`` or an objective name) at the pooled token; stays
+    differentiable (ArmoRM's gate included)."""
+    pos = model.pool_positions(tokens, mask)
+    rewards = logits[torch.arange(tokens.shape[0], device=tokens.device), pos]
+    cols = [(rewards * model.reward_head.objective_weights(n, normed, tokens)).sum(-1)
+            for n in names]
+    return torch.stack(cols, -1)
+
+
+def run_objectives(
+    model: Any, tokens: Int[torch.Tensor, "batch pos"], mask: Int[torch.Tensor, "batch pos"],
+    names: Sequence[str],
+) -> Float[torch.Tensor, "batch n_obj"]:
+    """One forward pass (with whatever SAEs and hooks are attached) giving the objectives."""
+    store: dict[str, torch.Tensor] = {}
+
+    def keep(t: torch.Tensor, hook: Any) -> torch.Tensor:
+        store["normed"] = t
+        return t
+
+    with model.hooks(fwd_hooks=[("ln_final.hook_normalized", keep)]):
+        logits = model(tokens, attention_mask=mask, return_type="logits")
+    return objective_values(model, logits, store["normed"], tokens, mask, names)

@@ -1,0 +1,59 @@
+"""Views of SAE feature results: plotly bars and scatters, circuitsvis feature dashboards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+
+def attribution_bar(df: pd.DataFrame, b_dec: float, error: float, title: str) -> Any:
+    """Horizontal bars: each top feature's contribution, then the ``b_dec`` and error terms."""
+    import plotly.graph_objects as go
+
+    labels = [f"f{f}" for f in df.feature] + ["b_dec", "error"]
+    values = list(df.contribution) + [b_dec, error]
+    colors = ["#1f77b4" if v >= 0 else "#d62728" for v in df.contribution] + ["#7f7f7f"] * 2
+    fig = go.Figure(go.Bar(x=values, y=labels, orientation="h", marker_color=colors))
+    fig.update_layout(title=title, xaxis_title="contribution to the reward",
+                      yaxis={"autorange": "reversed"}, height=max(300, 22 * len(labels)))
+    return fig
+
+
+def pair_difference_bar(df: pd.DataFrame, title: str) -> Any:
+    """Bars of each feature's mean chosen-minus-rejected contribution (sorted by magnitude)."""
+    import plotly.graph_objects as go
+
+    labels = [f"f{f}" for f in df.feature]
+    colors = ["#1f77b4" if v >= 0 else "#d62728" for v in df.mean_difference]
+    hover = [f"favours chosen in {p:.0%} of {n} pairs where active"
+             for p, n in zip(df.frac_favours_chosen, df.n_pairs_active, strict=True)]
+    fig = go.Figure(go.Bar(x=list(df.mean_difference), y=labels, orientation="h",
+                           marker_color=colors, hovertext=hover))
+    fig.update_layout(title=title, xaxis_title="mean contribution, chosen - rejected",
+                      yaxis={"autorange": "reversed"}, height=max(300, 22 * len(labels)))
+    return fig
+
+
+def ablation_scatter(check: Any) -> Any:
+    """Predicted (attribution) against actual (ablation) change, with ``y = x``."""
+    import plotly.graph_objects as go
+
+    pred, act = check.predicted.tolist(), check.actual.tolist()
+    lo, hi = min(pred + act + [0.0]), max(pred + act + [0.0])
+    text = [f"{check.kind} {i}, feature {f}" for i, f in
+            zip(check.item.tolist(), check.feature.tolist(), strict=True)]
+    fig = go.Figure([
+        go.Scatter(x=pred, y=act, mode="markers", text=text, name="single features"),
+        go.Scatter(x=check.joint_predicted.tolist(), y=check.joint_actual.tolist(),
+                   mode="markers", marker_symbol="diamond", name="top features together"),
+        go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dash"}, name="y = x"),
+    ])
+    what = "margin" if check.kind == "pair" else "reward"
+    fig.update_layout(
+        title=(f"Ablation check at {check.hook_name}: Pearson {check.pearson:.3f}, "
+               f"Spearman {check.spearman:.3f}"),
+        xaxis_title=f"predicted {what} change ({check.method} attribution)",
+        yaxis_title=f"actual {what} change (ablation)",
+    )
+    return fig
