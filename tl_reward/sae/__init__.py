@@ -5,7 +5,7 @@
   over the frozen norm scale), gradient-based at earlier hooks.
 * :func:`ablation_check` / :func:`pair_ablation_check`: ablate the top features and compare the
   predicted with the actual reward change.
-* :func:`top_features`, :func:`feature_view`: the features behind a set of preferences, and one
+* :func:`top_features`, :func:`feature_views`: the features behind a set of preferences, and one
   feature's reward alignment, top-activating tokens over a corpus and ablation effect.
 * :func:`collect_activations`, :func:`train_topk_sae`: train a TopK SAE on the RM's own
   activations with SAELens's trainer, offline.
@@ -21,18 +21,34 @@ from tl_reward.sae.attribution import (
     differential_sae_attribution,
     sae_attribution,
 )
+from tl_reward.sae.features import (
+    FeatureView,
+    FeatureViews,
+    TopFeatures,
+    feature_views,
+    top_features,
+)
 from tl_reward.sae.splice import SAEError, as_sae_model, check_sae, final_hook
+from tl_reward.sae.training import TrainedSAE, collect_activations, train_topk_sae
 
 __all__ = [
     "AblationCheck",
+    "FeatureView",
+    "FeatureViews",
+    "TopFeatures",
+    "TrainedSAE",
     "PairSAEAttribution",
     "SAEAttribution",
     "SAEError",
     "ablation_check",
     "as_sae_model",
     "check_sae",
+    "collect_activations",
     "differential_sae_attribution",
+    "feature_views",
     "final_hook",
     "pair_ablation_check",
     "sae_attribution",
+    "top_features",
+    "train_topk_sae",
 ]

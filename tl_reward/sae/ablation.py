@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,29 +126,37 @@ class AblationCheck:
         return ablation_scatter(self)
 
 
+def ablate_rows(
+    model: Any, sae: Any, tokens: torch.Tensor, mask: torch.Tensor,
+    feature_sets: Sequence[Sequence[int]], objectives: Sequence[str],
+) -> Float[torch.Tensor, "batch n_obj"]:
+    """The objectives of a batch with row ``r``'s features ``feature_sets[r]`` zeroed at every
+    position, the SAE's error node on (so the rest of the activation is untouched)."""
+    hook = sae.cfg.metadata.hook_name
+    keep = torch.ones(tokens.shape[0], sae.cfg.d_sae, device=tokens.device, dtype=sae.dtype)
+    for r, feats in enumerate(feature_sets):
+        keep[r, list(feats)] = 0.0
+
+    def zero(acts: torch.Tensor, hook: Any) -> torch.Tensor:
+        return acts * keep[:, None, :]
+
+    with torch.no_grad(), model.saes(saes=[sae], use_error_term=True):
+        with model.hooks(fwd_hooks=[(f"{hook}.hook_sae_acts_post", zero)]):
+            return run_objectives(model, tokens, mask, objectives).float().cpu()
+
+
 def ablated_objectives(
     model: Any, sae: Any, tokens: torch.Tensor, mask: torch.Tensor,
-    feature_sets: list[list[int]], objectives: list[str], batch_size: int = 16,
+    feature_sets: Sequence[Sequence[int]], objectives: Sequence[str], batch_size: int = 16,
 ) -> Float[torch.Tensor, "n_sets n_obj"]:
     """The objectives of one input (``tokens`` ``[1, pos]``) with each set of features zeroed
-    at every position, the SAE's error node on (so the rest of the activation is untouched)."""
-    hook = sae.cfg.metadata.hook_name
+    at every position (see :func:`ablate_rows`), in batches of ``batch_size`` sets."""
     out = []
     for s in range(0, len(feature_sets), batch_size):
         sets = feature_sets[s : s + batch_size]
-        keep = torch.ones(len(sets), sae.cfg.d_sae, device=tokens.device, dtype=sae.dtype)
-        for r, feats in enumerate(sets):
-            keep[r, list(feats)] = 0.0
-
-        def zero(acts: torch.Tensor, hook: Any, keep: torch.Tensor = keep) -> torch.Tensor:
-            return acts * keep[:, None, :]
-
-        toks = tokens.expand(len(sets), -1)
-        msk = mask.expand(len(sets), -1)
-        with torch.no_grad(), model.saes(saes=[sae], use_error_term=True):
-            with model.hooks(fwd_hooks=[(f"{hook}.hook_sae_acts_post", zero)]):
-                out.append(run_objectives(model, toks, msk, objectives))
-    return torch.cat(out).float().cpu()
+        out.append(ablate_rows(model, sae, tokens.expand(len(sets), -1),
+                               mask.expand(len(sets), -1), sets, objectives))
+    return torch.cat(out)
 
 
 def _top(vals: torch.Tensor, k: int) -> list[int]:

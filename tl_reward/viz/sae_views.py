@@ -57,3 +57,50 @@ def ablation_scatter(check: Any) -> Any:
         yaxis_title=f"actual {what} change (ablation)",
     )
     return fig
+
+
+def feature_dashboard(views: list[Any]) -> Any:
+    """circuitsvis ``topk_samples``: each feature's top-activating contexts, coloured by its
+    activation (one tab per feature)."""
+    from circuitsvis.topk_samples import topk_samples
+
+    if not views:
+        raise ValueError("no feature views to show")
+    toks = [[list(v.examples.context_tokens) or [[""]] for v in views]]
+    acts = [[list(v.examples.context_activations) or [[0.0]] for v in views]]
+    labels = [f"{v.feature} (align {v.reward_alignment:+.2f}, ablation "
+              f"{v.mean_ablation_effect:+.3f})" for v in views]
+    return topk_samples(tokens=toks, activations=acts, zeroth_dimension_name="SAE",
+                        first_dimension_name="Feature",
+                        zeroth_dimension_labels=[views[0].hook_name],
+                        first_dimension_labels=labels)
+
+
+def ablation_effect_scatter(view: Any) -> Any:
+    """Reward change when the feature is ablated against its max activation, per item."""
+    import plotly.graph_objects as go
+
+    df = view.ablation
+    fig = go.Figure(go.Scatter(x=list(df.max_activation), y=list(df.reward_change),
+                               mode="markers", text=[f"item {i}" for i in df.item]))
+    fig.update_layout(title=f"Feature {view.feature} at {view.hook_name}: ablation effect "
+                            f"({view.objective})",
+                      xaxis_title="max activation in the item",
+                      yaxis_title="reward change when ablated")
+    return fig
+
+
+def feature_summary_bars(summary: pd.DataFrame) -> Any:
+    """Per feature: reward alignment (cosine), direct effect per unit, mean ablation effect."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    labels = [f"f{f}" for f in summary.feature]
+    cols = [("reward_alignment", "cosine with reward direction"),
+            ("direct_effect_per_unit", "direct effect per unit"),
+            ("mean_ablation_effect", "mean reward change, ablated")]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in cols])
+    for c, (key, _) in enumerate(cols, start=1):
+        fig.add_trace(go.Bar(x=labels, y=list(summary[key]), showlegend=False), row=1, col=c)
+    fig.update_layout(title="SAE features and the reward", height=350)
+    return fig
