@@ -182,6 +182,9 @@ def test_ablation_is_the_hand_made_intervention(tiny) -> None:
     feats = f[0].amax(0).argsort(descending=True)[:3].tolist()
     got = ablated_objectives(model, sae, batch.tokens, batch.attention_mask,
                              [[feats[0]], feats], ["reward"])
+    spliced = ablated_objectives(model, sae, batch.tokens, batch.attention_mask,
+                                 [[feats[0]], feats], ["reward"], fast=False)
+    torch.testing.assert_close(got, spliced, atol=1e-4, rtol=0)  # restart = SAELens splice
     d = decoder_directions(sae)
     for row, fs in enumerate([[feats[0]], feats]):
         removed = (f[..., fs, None] * d[fs]).sum(-2)

@@ -32,7 +32,12 @@ from tqdm.auto import tqdm
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.errors import TLRewardError
 from tl_reward.sae.attribution import differential_sae_attribution, sae_attribution
-from tl_reward.sae.splice import as_sae_model, run_objectives
+from tl_reward.sae.splice import (
+    as_sae_model,
+    decoder_directions,
+    resid_post_layer,
+    run_objectives,
+)
 
 
 @dataclass
@@ -129,33 +134,57 @@ class AblationCheck:
 def ablate_rows(
     model: Any, sae: Any, tokens: torch.Tensor, mask: torch.Tensor,
     feature_sets: Sequence[Sequence[int]], objectives: Sequence[str],
+    resid: torch.Tensor | None = None, fast: bool = True,
 ) -> Float[torch.Tensor, "batch n_obj"]:
     """The objectives of a batch with row ``r``'s features ``feature_sets[r]`` zeroed at every
-    position, the SAE's error node on (so the rest of the activation is untouched)."""
+    position, the SAE's error node on (so the rest of the activation is untouched).
+
+    For a ``blocks.L.hook_resid_post`` SAE (``fast=True``) the run restarts at block ``L + 1``
+    from ``x - sum_i f_i d_i`` (``resid``: the clean activation, computed if not given), which
+    is what SAELens's splice with the error term gives; otherwise the SAE is spliced in with
+    ``model.saes(..., use_error_term=True)`` and a hook zeroes the features.
+    """
     hook = sae.cfg.metadata.hook_name
-    keep = torch.ones(tokens.shape[0], sae.cfg.d_sae, device=tokens.device, dtype=sae.dtype)
+    drop = torch.zeros(tokens.shape[0], sae.cfg.d_sae, device=tokens.device, dtype=sae.dtype)
     for r, feats in enumerate(feature_sets):
-        keep[r, list(feats)] = 0.0
+        drop[r, list(feats)] = 1.0
+    layer = resid_post_layer(hook)
+    with torch.no_grad():
+        if fast and layer is not None:
+            if resid is None:
+                resid = model(tokens, attention_mask=mask, stop_at_layer=layer + 1)
+            f = sae.encode(resid.to(sae.dtype)) * drop[:, None, :]
+            x = resid - (f @ decoder_directions(sae)).to(resid.dtype)
+            return run_objectives(model, tokens, mask, objectives, x, layer + 1).float().cpu()
 
-    def zero(acts: torch.Tensor, hook: Any) -> torch.Tensor:
-        return acts * keep[:, None, :]
+        def zero(acts: torch.Tensor, hook: Any) -> torch.Tensor:
+            return acts * (1 - drop)[:, None, :]
 
-    with torch.no_grad(), model.saes(saes=[sae], use_error_term=True):
-        with model.hooks(fwd_hooks=[(f"{hook}.hook_sae_acts_post", zero)]):
-            return run_objectives(model, tokens, mask, objectives).float().cpu()
+        with model.saes(saes=[sae], use_error_term=True):
+            with model.hooks(fwd_hooks=[(f"{hook}.hook_sae_acts_post", zero)]):
+                return run_objectives(model, tokens, mask, objectives).float().cpu()
 
 
 def ablated_objectives(
     model: Any, sae: Any, tokens: torch.Tensor, mask: torch.Tensor,
     feature_sets: Sequence[Sequence[int]], objectives: Sequence[str], batch_size: int = 16,
+    fast: bool = True,
 ) -> Float[torch.Tensor, "n_sets n_obj"]:
     """The objectives of one input (``tokens`` ``[1, pos]``) with each set of features zeroed
-    at every position (see :func:`ablate_rows`), in batches of ``batch_size`` sets."""
+    at every position (see :func:`ablate_rows`), in batches of ``batch_size`` sets; the blocks
+    before the SAE run once."""
+    layer = resid_post_layer(sae.cfg.metadata.hook_name)
+    resid = None
+    if fast and layer is not None:
+        with torch.no_grad():
+            resid = model(tokens, attention_mask=mask, stop_at_layer=layer + 1)
     out = []
     for s in range(0, len(feature_sets), batch_size):
         sets = feature_sets[s : s + batch_size]
-        out.append(ablate_rows(model, sae, tokens.expand(len(sets), -1),
-                               mask.expand(len(sets), -1), sets, objectives))
+        n = len(sets)
+        out.append(ablate_rows(model, sae, tokens.expand(n, -1), mask.expand(n, -1), sets,
+                               objectives, None if resid is None else resid.expand(n, -1, -1),
+                               fast))
     return torch.cat(out)
 
 

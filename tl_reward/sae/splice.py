@@ -9,6 +9,7 @@ Shared by :mod:`tl_reward.sae.attribution`, :mod:`tl_reward.sae.ablation` and
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -127,9 +128,11 @@ def objective_values(
 
 def run_objectives(
     model: Any, tokens: Int[torch.Tensor, "batch pos"], mask: Int[torch.Tensor, "batch pos"],
-    names: Sequence[str],
+    names: Sequence[str], resid: Float[torch.Tensor, "batch pos d_model"] | None = None,
+    start_at_layer: int | None = None,
 ) -> Float[torch.Tensor, "batch n_obj"]:
-    """One forward pass (with whatever SAEs and hooks are attached) giving the objectives."""
+    """One forward pass (with whatever SAEs and hooks are attached) giving the objectives;
+    from ``resid`` entering block ``start_at_layer`` when given."""
     store: dict[str, torch.Tensor] = {}
 
     def keep(t: torch.Tensor, hook: Any) -> torch.Tensor:
@@ -137,5 +140,15 @@ def run_objectives(
         return t
 
     with model.hooks(fwd_hooks=[("ln_final.hook_normalized", keep)]):
-        logits = model(tokens, attention_mask=mask, return_type="logits")
+        if resid is None:
+            logits = model(tokens, attention_mask=mask, return_type="logits")
+        else:
+            logits = model(resid, start_at_layer=start_at_layer, tokens=tokens,
+                           attention_mask=mask, return_type="logits")
     return objective_values(model, logits, store["normed"], tokens, mask, names)
+
+
+def resid_post_layer(hook: str) -> int | None:
+    """``L`` for ``blocks.L.hook_resid_post`` (a hook a run can restart after), else None."""
+    m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", hook)
+    return int(m.group(1)) if m else None
