@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from jaxtyping import Float, Int
 from torch import nn
 from transformer_lens import HookedTransformerConfig
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 
 _CONVERTERS = {
     "llama": ("transformer_lens.pretrained.weight_conversions.llama", "convert_llama_weights"),
@@ -92,3 +96,202 @@ def process_weights(model: Any, state_dict: dict[str, torch.Tensor]) -> None:
         fold_value_biases=True,
         refactor_factored_attn_matrices=False,
     )
+
+
+# -- shared-prefix key/value caches (vocabulary sweep) ----------------------------------------
+
+
+@dataclass
+class PrefixCache:
+    """A prompt prefix run once at batch 1, so many continuations can reuse it.
+
+    Two methods give the same numbers (tests hold both to naive full-sequence scoring):
+
+    * ``"fast"``: per layer the prefix's keys *after* the rotary embedding and its values,
+      ``[n_kv_heads, pos, d_head]``. Continuations attend to them by broadcasting over the
+      batch: nothing is copied, re-rotated or repeated for grouped-query attention.
+    * ``"stock"``: TransformerLens's own ``TransformerLensKeyValueCache``, frozen and expanded
+      to each batch as views. TransformerLens re-rotates every cached key and repeats K/V
+      heads on every call, so it is slower; it serves configurations ``"fast"`` does not.
+
+    Attributes:
+        tokens: the prefix ids.
+        resid: the final residual stream (before ``ln_final``) at every prefix position.
+        method: ``"fast"`` or ``"stock"``.
+    """
+
+    tokens: Int[torch.Tensor, " pos"]
+    resid: Float[torch.Tensor, "pos d_model"]
+    method: str
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+    stock: TransformerLensKeyValueCache | None = None
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def fast_cache_unsupported(cfg: HookedTransformerConfig) -> str | None:
+    """Why the ``"fast"`` prefix cache cannot serve ``cfg`` (``None`` when it can)."""
+    from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+
+    checks = {
+        "positional embedding other than rotary or standard":
+            cfg.positional_embedding_type not in ("rotary", "standard"),
+        "use_attn_in / use_split_qkv_input / use_attn_result hooks":
+            cfg.use_attn_in or cfg.use_split_qkv_input or cfg.use_attn_result,
+        "query/key norms or clipping": bool(cfg.use_qk_norm) or cfg.clip_qkv is not None
+            or cfg.original_architecture in ("OlmoeForCausalLM", "Olmo2ForCausalLM",
+                                             "Olmo3ForCausalLM"),
+        "log-n attention, sinks or dynamic NTK rotary": bool(cfg.use_logn_attn)
+            or bool(cfg.use_attention_sinks) or bool(cfg.use_dynamic_ntk_rope),
+        "post-norm or parallel blocks": cfg.original_architecture in POST_NORM_ARCHITECTURES
+            or cfg.parallel_attn_mlp or cfg.attn_only,
+        "4-bit weights or several devices": cfg.load_in_4bit or cfg.n_devices != 1,
+        "non-causal attention": cfg.attention_dir != "causal",
+    }
+    reasons = [name for name, bad in checks.items() if bad]
+    return "; ".join(reasons) or None
+
+
+def _key_hook(model: Any, layer: int) -> str:
+    rotary = model.cfg.positional_embedding_type == "rotary"
+    return f"blocks.{layer}.attn.hook_rot_k" if rotary else f"blocks.{layer}.attn.hook_k"
+
+
+@torch.no_grad()
+def build_prefix_cache(
+    model: Any, prefix: Int[torch.Tensor, " pos"], method: str = "auto"
+) -> PrefixCache:
+    """Run ``prefix`` once (batch 1, all-ones mask) and keep what continuations need.
+
+    ``method``: ``"fast"``, ``"stock"`` or ``"auto"`` (``"fast"`` when the configuration
+    allows, see :func:`fast_cache_unsupported`).
+    """
+    if method not in ("auto", "fast", "stock"):
+        raise ValueError(f"method must be 'auto', 'fast' or 'stock', got {method!r}")
+    reason = fast_cache_unsupported(model.cfg)
+    if method == "fast" and reason:
+        raise ValueError(f"the fast prefix cache does not support this model ({reason}); "
+                         "use method='stock' or 'auto'")
+    if method == "auto":
+        method = "stock" if reason else "fast"
+    tokens = prefix.to(model.cfg.device).long()[None]
+    mask = torch.ones_like(tokens)
+    n = model.cfg.n_layers
+    if method == "stock":
+        cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+        resid = model(tokens, attention_mask=mask, past_kv_cache=cache, stop_at_layer=n)
+        cache.freeze()
+        return PrefixCache(prefix.cpu(), resid[0], "stock", stock=cache)
+    store: dict[str, torch.Tensor] = {}
+
+    def keep(act: torch.Tensor, hook: Any) -> None:
+        store[hook.name] = act[0].transpose(0, 1).contiguous()  # [heads, pos, d_head]
+
+    hooks = [(name, keep) for i in range(n)
+             for name in (_key_hook(model, i), f"blocks.{i}.attn.hook_v")]
+    with model.hooks(fwd_hooks=hooks):
+        resid = model(tokens, attention_mask=mask, stop_at_layer=n)
+    return PrefixCache(prefix.cpu(), resid[0], "fast",
+                       keys=[store[_key_hook(model, i)] for i in range(n)],
+                       values=[store[f"blocks.{i}.attn.hook_v"] for i in range(n)])
+
+
+def expand_stock_cache(cache: TransformerLensKeyValueCache, batch: int
+                       ) -> TransformerLensKeyValueCache:
+    """A frozen copy of a batch-1 cache whose entries are ``expand``-ed views at ``batch``."""
+    entries = [TransformerLensKeyValueCacheEntry(e.past_keys.expand(batch, -1, -1, -1),
+                                                 e.past_values.expand(batch, -1, -1, -1),
+                                                 frozen=True) for e in cache.entries]
+    mask = cache.previous_attention_mask.expand(batch, -1)
+    return TransformerLensKeyValueCache(entries, mask, frozen=True)
+
+
+def _suffix_mask(attn: Any, past: int, length: int, device: torch.device) -> torch.Tensor:
+    """``[length, past + length]`` True where a continuation query may attend."""
+    q = torch.arange(past, past + length, device=device)[:, None]
+    k = torch.arange(past + length, device=device)[None, :]
+    ok = k <= q
+    if attn.attn_type == "local":
+        ok = ok & (k > q - attn.cfg.window_size)
+    return ok
+
+
+def _cached_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      past: int) -> torch.Tensor:
+    """One attention layer for continuation positions against the prefix's rotated K/V."""
+    q, k, v = attn.calculate_qkv_matrices(x, x, x)  # fires hook_q, hook_k, hook_v
+    if attn.cfg.positional_embedding_type == "rotary":
+        q = attn.hook_rot_q(attn.apply_rotary(q, past))
+        k = attn.hook_rot_k(attn.apply_rotary(k, past))
+    b, s, h, d = q.shape
+    n_kv = keys.shape[0]
+    qg = q.reshape(b, s, n_kv, h // n_kv, d)
+    scores = torch.cat([torch.einsum("bsngd,npd->bngsp", qg, keys),
+                        torch.einsum("bsngd,btnd->bngst", qg, k)], dim=-1)
+    scores = scores.reshape(b, h, s, past + s) / attn.attn_scale
+    cap = attn.cfg.attn_scores_soft_cap
+    if cap is not None and cap > 0:
+        scores = cap * torch.tanh(scores / cap)
+    allowed = _suffix_mask(attn, past, s, scores.device)
+    scores = attn.hook_attn_scores(scores.masked_fill(~allowed, float("-inf")))
+    pattern = attn.hook_pattern(torch.softmax(scores, dim=-1)).to(values.dtype)
+    pg = pattern.reshape(b, n_kv, h // n_kv, s, past + s)
+    z = (torch.einsum("bngsp,npd->bsngd", pg[..., :past], values)
+         + torch.einsum("bngst,btnd->bsngd", pg[..., past:], v))
+    z = attn.hook_z(z.reshape(b, s, h, d))
+    w = attn.W_O.reshape(h * d, -1).T
+    return torch.nn.functional.linear(z.reshape(b, s, h * d), w, attn.b_O)
+
+
+def _mlp(block: Any, x: torch.Tensor) -> torch.Tensor:
+    """``block.apply_mlp``; a gated MLP runs on its weights in place (TransformerLens copies
+    each transposed weight on every call, a real cost when only a few positions are new)."""
+    from transformer_lens.components.mlps.gated_mlp import GatedMLP
+
+    mlp = block.mlp
+    if type(mlp) is not GatedMLP or mlp.cfg.is_layer_norm_activation():
+        return block.apply_mlp(x)
+    pre = mlp.hook_pre(x @ mlp.W_gate)
+    post = mlp.hook_post(mlp.act_fn(pre) * mlp.hook_pre_linear(x @ mlp.W_in) + mlp.b_in)
+    out = torch.nn.functional.linear(post, mlp.W_out.T, mlp.b_out)
+    if mlp.cfg.use_normalization_before_and_after:
+        out = block.ln2_post(out)
+    return block.hook_mlp_out(out)
+
+
+def _fast_suffix(model: Any, cache: PrefixCache, tokens: torch.Tensor) -> torch.Tensor:
+    past = cache.length
+    embed = model.hook_embed(model.embed(tokens))
+    resid = model.get_residual(embed, past, tokens=tokens, return_shortformer_pos_embed=False)
+    for i, block in enumerate(model.blocks):
+        resid_pre = block.hook_resid_pre(resid)
+        attn_out = _cached_attention(block.attn, block.ln1(resid_pre), cache.keys[i],
+                                     cache.values[i], past)
+        if model.cfg.use_normalization_before_and_after:
+            attn_out = block.ln1_post(attn_out)
+        resid_mid = block.hook_resid_mid(resid_pre + block.hook_attn_out(attn_out))
+        mlp_in = block.hook_mlp_in(resid_mid.clone()) if model.cfg.use_hook_mlp_in else resid_mid
+        resid = block.hook_resid_post(resid_mid + _mlp(block, block.ln2(mlp_in)))
+    return resid
+
+
+@torch.no_grad()
+def run_after_prefix(
+    model: Any, cache: PrefixCache, tokens: Int[torch.Tensor, "batch pos"]
+) -> Float[torch.Tensor, "batch pos d_model"]:
+    """Final residual stream (before ``ln_final``) of ``prefix + tokens[i]`` at the new positions.
+
+    Every row continues the same prefix; no padding. Hooks fire on the new positions as in
+    TransformerLens's own cached forward (``hook_attn_scores`` and ``hook_pattern`` are
+    ``[batch, head, pos, prefix + pos]``).
+    """
+    tokens = tokens.to(model.cfg.device).long()
+    if cache.method == "fast":
+        return _fast_suffix(model, cache, tokens)
+    assert cache.stock is not None
+    stock = expand_stock_cache(cache.stock, tokens.shape[0])
+    return model(tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=stock,
+                 stop_at_layer=model.cfg.n_layers)

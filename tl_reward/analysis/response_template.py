@@ -1,0 +1,123 @@
+"""The token ids around a single-token assistant response, found at the id level.
+
+For a prompt, the chat template puts a response between a fixed ``prefix`` (system turn, user
+turn, assistant header) and a fixed ``suffix`` (end of turn). A vocabulary sweep scores every
+token ``v`` as the whole response, ``prefix + [v] + suffix``, without ever decoding ``v`` to a
+string. Prefix and suffix are found by templating the conversation straight to ids with two
+different placeholder replies and checking that everything but the placeholder agrees.
+
+Example:
+    >>> t = response_template(model.tokenizer, "What, in one word, is the greatest thing ever?")
+    >>> t.ids(1234)  # prefix + [1234] + suffix
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tl_reward.data.conversation import Conversation, Message, as_conversation
+from tl_reward.errors import TLRewardError
+
+Prompt = str | Sequence[Mapping[str, str]]
+
+# Placeholder replies; each must tokenise on its own, as in context, to find the response span.
+_PLACEHOLDERS = ("A", "B", "x", "Z", "Hello", "OK")
+
+
+@dataclass(frozen=True)
+class ResponseTemplate:
+    """``prefix + [v] + suffix``: a prompt with a one-token assistant response ``v``.
+
+    Attributes:
+        conversation: the prompt as messages (ending with a user turn).
+        prefix: ids before the response (BOS, earlier turns, assistant header).
+        suffix: ids after the response (end of turn and whatever the template closes with).
+    """
+
+    conversation: Conversation
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+
+    def ids(self, token_id: int) -> list[int]:
+        """The full sequence with ``token_id`` as the whole assistant response."""
+        return [*self.prefix, int(token_id), *self.suffix]
+
+    @property
+    def response_position(self) -> int:
+        """Index of the response token in :meth:`ids`."""
+        return len(self.prefix)
+
+
+def prompt_conversation(prompt: Prompt) -> Conversation:
+    """A user string or a message list (ending in a user turn) as a conversation."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise TLRewardError("the prompt is empty; pass the question the responses answer")
+        return [Message(role="user", content=prompt)]
+    conv = as_conversation(prompt)
+    if not conv or conv[-1]["role"] == "assistant":
+        raise TLRewardError(
+            "a sweep prompt must end with a user (or system) turn: the swept token is the "
+            "assistant's reply; drop the final assistant message"
+        )
+    return conv
+
+
+def _template(tokenizer: Any, messages: Conversation, add_generation_prompt: bool) -> list[int]:
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise TLRewardError(
+            "this tokenizer has no chat template, so a response cannot be placed after the "
+            "prompt; set tokenizer.chat_template"
+        )
+    out = tokenizer.apply_chat_template(messages, tokenize=True,
+                                        add_generation_prompt=add_generation_prompt,
+                                        return_dict=True)
+    ids = out["input_ids"]
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return [int(t) for t in ids]
+
+
+def _split(full: list[int], placeholder: list[int], prefix_len: int) -> list[int] | None:
+    """The suffix after ``placeholder`` at ``prefix_len``, or None if it is not there."""
+    end = prefix_len + len(placeholder)
+    if full[prefix_len:end] != placeholder:
+        return None
+    return full[end:]
+
+
+def response_template(tokenizer: Any, prompt: Prompt) -> ResponseTemplate:
+    """Find ``prefix`` and ``suffix`` around a one-token assistant reply to ``prompt``.
+
+    The prefix is the template with the generation prompt; the suffix is what follows the
+    placeholder reply. Two placeholders must give the same prefix and suffix, so a template
+    that rewrites the reply (or merges it with its neighbours) is reported, not guessed.
+    """
+    conv = prompt_conversation(prompt)
+    gen = _template(tokenizer, conv, add_generation_prompt=True)
+    fulls = [(text, _template(tokenizer, [*conv, Message(role="assistant", content=text)], False))
+             for text in _PLACEHOLDERS]
+    a, b = fulls[0][1], fulls[1][1]
+    common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                  min(len(a), len(b)))
+    found: list[tuple[list[int], list[int]]] = []
+    for text, full in fulls:
+        ph = [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+        # the generation prompt is the prefix when the template extends it; else the ids
+        # that every templated reply shares
+        prefix = gen if full[: len(gen)] == gen else full[:common]
+        suffix = _split(full, ph, len(prefix))
+        if suffix is not None:
+            found.append((prefix, suffix))
+        if len(found) == 2:
+            break
+    if len(found) < 2 or found[0] != found[1]:
+        raise TLRewardError(
+            "could not isolate a one-token reply in this chat template (the template rewrites "
+            "or merges the reply with its neighbours); build the sequences yourself and score "
+            "them with model.rewards"
+        )
+    prefix, suffix = found[0]
+    return ResponseTemplate(conv, tuple(prefix), tuple(suffix))

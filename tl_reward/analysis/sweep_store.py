@@ -1,0 +1,288 @@
+"""Sweep results on disk: written chunk by chunk, resumable, shardable by id range, mergeable.
+
+While a sweep runs, each finished chunk of candidate ids is written atomically as its own
+parquet file in ``<output>.parts/`` next to a ``manifest.json`` holding the sweep's
+:class:`SweepSpec`. An interrupted sweep resumes from the chunks that are missing; no row is
+lost or written twice. When every chunk is there, the parts become one parquet file sorted by
+token id (the spec in its schema metadata) and the parts folder is removed. Chunks are the same
+whether or not a sweep was interrupted, so a resumed sweep writes the same bytes as an
+uninterrupted one, and shards of ``shard=(i, n)`` merge into the file one run would write.
+
+Example:
+    >>> merge_sweeps(["best.0.parquet", "best.1.parquet"], "best.parquet")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tl_reward.errors import TLRewardError
+
+FORMAT = "tl_reward.vocab_sweep/1"
+METADATA_KEY = b"tl_reward.vocab_sweep"
+ROW_GROUP_SIZE = 65_536
+
+
+class SweepStoreError(TLRewardError):
+    """A sweep file or parts folder that does not fit the requested sweep."""
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """Everything that determines a sweep's rows. Two files belong to one sweep iff their specs
+    agree on every field except ``id_range``.
+
+    Attributes:
+        model_name: the model's name (``cfg.model_name``).
+        model_fingerprint: hash of the head and a sample of the weights (catches a changed model).
+        mode: ``"ids"`` (exact id path) or ``"text"`` (decode, template, re-tokenise).
+        cache: ``"fast"``, ``"stock"`` or ``"none"`` (how continuations were run).
+        dtype: the model's dtype.
+        labels: one label per prompt (column names).
+        prompts: the prompts as conversations.
+        prefixes, suffixes: template ids around the response, per prompt.
+        objectives: the K objective names; ``has_score``: whether a combined score exists.
+        batch_size: candidates per forward pass (chunks on disk have this size).
+        n_candidates, candidates_digest: the whole candidate list, before any id range.
+        id_range: ``[lo, hi)`` of token ids this file covers.
+    """
+
+    model_name: str
+    model_fingerprint: str
+    mode: str
+    cache: str
+    dtype: str
+    labels: tuple[str, ...]
+    prompts: tuple[Any, ...]
+    prefixes: tuple[tuple[int, ...], ...]
+    suffixes: tuple[tuple[int, ...], ...]
+    objectives: tuple[str, ...]
+    has_score: bool
+    batch_size: int
+    n_candidates: int
+    candidates_digest: str
+    id_range: tuple[int, int]
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys), the same bytes for equal specs."""
+        return json.dumps({"format": FORMAT, **asdict(self)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> SweepSpec:
+        raw = json.loads(text)
+        if raw.pop("format", None) != FORMAT:
+            raise SweepStoreError(f"not a tl_reward vocabulary sweep (expected format {FORMAT})")
+        conv = {
+            "labels": tuple, "prompts": lambda v: tuple(v), "objectives": tuple,
+            "prefixes": lambda v: tuple(tuple(x) for x in v),
+            "suffixes": lambda v: tuple(tuple(x) for x in v), "id_range": tuple,
+        }
+        return cls(**{f.name: conv.get(f.name, lambda v: v)(raw[f.name]) for f in fields(cls)})
+
+    def differences(self, other: SweepSpec, ignore: Sequence[str] = ("id_range",)) -> list[str]:
+        """Names of the fields that differ (except ``ignore``)."""
+        return [f.name for f in fields(self)
+                if f.name not in ignore and getattr(self, f.name) != getattr(other, f.name)]
+
+    def columns(self) -> list[str]:
+        """Value columns after ``token_id`` and ``token``."""
+        cols = [score_column(lab) for lab in self.labels] if self.has_score else []
+        if len(self.objectives) > 1 or not self.has_score:
+            cols += [reward_column(lab, o) for lab in self.labels for o in self.objectives]
+        return cols
+
+
+def score_column(label: str) -> str:
+    """Column of the combined score for a prompt label."""
+    return f"score:{label}"
+
+
+def reward_column(label: str, objective: str) -> str:
+    """Column of one objective's reward for a prompt label."""
+    return f"reward:{label}:{objective}"
+
+
+def digest_ids(ids: Sequence[int] | np.ndarray) -> str:
+    """SHA-256 of a list of token ids (identifies a candidate set)."""
+    return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
+
+
+def chunk_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each chunk of ``batch_size`` over ``n`` items."""
+    return [(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+
+
+def _schema(spec: SweepSpec) -> pa.Schema:
+    cols = [pa.field("token_id", pa.int64()), pa.field("token", pa.string())]
+    cols += [pa.field(c, pa.float32()) for c in spec.columns()]
+    return pa.schema(cols, metadata={METADATA_KEY: spec.to_json().encode()})
+
+
+def make_table(spec: SweepSpec, token_ids: Sequence[int], tokens: Sequence[str],
+               values: dict[str, np.ndarray]) -> pa.Table:
+    """A table of rows in ``spec``'s schema (``values``: column -> float array)."""
+    data: dict[str, Any] = {"token_id": np.asarray(token_ids, dtype=np.int64),
+                            "token": list(tokens)}
+    for c in spec.columns():
+        data[c] = np.asarray(values[c], dtype=np.float32)
+    return pa.table(data, schema=_schema(spec))
+
+
+def read_spec(path: str | Path) -> SweepSpec:
+    """The spec stored in a finished sweep file."""
+    meta = pq.read_schema(path).metadata or {}
+    if METADATA_KEY not in meta:
+        raise SweepStoreError(f"{path} is not a tl_reward vocabulary sweep file")
+    return SweepSpec.from_json(meta[METADATA_KEY])
+
+
+def read_table(path: str | Path) -> tuple[pa.Table, SweepSpec]:
+    """A finished sweep file's rows and spec."""
+    path = Path(path)
+    if not path.exists():
+        parts = parts_dir(path)
+        hint = (f"; an unfinished sweep is in {parts}, resume it with resume=True"
+                if parts.exists() else "")
+        raise SweepStoreError(f"no sweep file at {path}{hint}")
+    return pq.read_table(path), read_spec(path)
+
+
+def write_table(table: pa.Table, spec: SweepSpec, path: str | Path) -> Path:
+    """Write rows sorted by token id with ``spec`` as metadata, atomically."""
+    path = Path(path)
+    table = table.sort_by("token_id").replace_schema_metadata(
+        {METADATA_KEY: spec.to_json().encode()})
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp, row_group_size=ROW_GROUP_SIZE)
+    os.replace(tmp, path)
+    return path
+
+
+def parts_dir(path: str | Path) -> Path:
+    """Where the chunks of an unfinished sweep writing to ``path`` live."""
+    path = Path(path)
+    return path.with_name(path.name + ".parts")
+
+
+class SweepWriter:
+    """Writes one sweep's chunks as they finish, and the final file when all are done.
+
+    Args:
+        path: the final parquet file.
+        spec: the sweep being written.
+        n_chunks: how many chunks the sweep has.
+        resume: continue an unfinished sweep at ``path`` (its spec must equal ``spec``).
+        overwrite: discard any previous file or parts at ``path``.
+    """
+
+    def __init__(self, path: str | Path, spec: SweepSpec, n_chunks: int, resume: bool = False,
+                 overwrite: bool = False) -> None:
+        self.path = Path(path)
+        self.spec = spec
+        self.n_chunks = n_chunks
+        self.parts = parts_dir(self.path)
+        self.finished = False
+        if overwrite:
+            shutil.rmtree(self.parts, ignore_errors=True)
+            self.path.unlink(missing_ok=True)
+        if self.path.exists():
+            self._check(read_spec(self.path), f"the finished sweep {self.path}", resume)
+            self.finished = True
+            return
+        if self.parts.exists():
+            manifest = self.parts / "manifest.json"
+            if not manifest.exists():
+                raise SweepStoreError(f"{self.parts} has no manifest.json; remove the folder or "
+                                      "pass overwrite=True")
+            self._check(SweepSpec.from_json(manifest.read_text()),
+                        f"the unfinished sweep in {self.parts}", resume)
+        else:
+            self.parts.mkdir(parents=True)
+            tmp = self.parts / "manifest.json.tmp"
+            tmp.write_text(spec.to_json())
+            os.replace(tmp, self.parts / "manifest.json")
+
+    def _check(self, found: SweepSpec, what: str, resume: bool) -> None:
+        if not resume:
+            raise SweepStoreError(f"{what} already exists; pass resume=True to continue it, or "
+                                  "overwrite=True (--overwrite) to start again")
+        diff = found.differences(self.spec, ignore=())
+        if diff:
+            raise SweepStoreError(
+                f"cannot resume: {what} was made with different settings ({', '.join(diff)}); "
+                "use the same model, prompts, ids, batch size and range, or another output file")
+
+    def _chunk_path(self, index: int) -> Path:
+        return self.parts / f"chunk-{index:07d}.parquet"
+
+    def done(self) -> set[int]:
+        """Indices of chunks already on disk."""
+        if self.finished:
+            return set(range(self.n_chunks))
+        return {int(p.stem.split("-")[1]) for p in self.parts.glob("chunk-*.parquet")}
+
+    def write(self, index: int, table: pa.Table) -> None:
+        """Write chunk ``index`` atomically (a crash leaves it absent, never half-written)."""
+        tmp = self.parts / f"chunk-{index:07d}.tmp"
+        pq.write_table(table, tmp)
+        os.replace(tmp, self._chunk_path(index))
+
+    def finish(self) -> pa.Table:
+        """Join all chunks into the final file (sorted by token id); remove the parts."""
+        if self.finished:
+            return read_table(self.path)[0]
+        missing = sorted(set(range(self.n_chunks)) - self.done())
+        if missing:
+            raise SweepStoreError(f"{len(missing)} chunks are missing (first: {missing[0]}); "
+                                  "run the sweep again with resume=True")
+        tables = [pq.read_table(self._chunk_path(i)) for i in range(self.n_chunks)]
+        table = (pa.concat_tables(tables) if tables
+                 else _schema(self.spec).empty_table())
+        _check_unique(table, str(self.parts))
+        write_table(table, self.spec, self.path)
+        shutil.rmtree(self.parts)
+        self.finished = True
+        return read_table(self.path)[0]
+
+
+def _check_unique(table: pa.Table, where: str) -> None:
+    ids = table.column("token_id").to_numpy()
+    if len(np.unique(ids)) != len(ids):
+        raise SweepStoreError(f"duplicate token ids in {where}")
+
+
+def merge_sweeps(paths: Sequence[str | Path], output: str | Path) -> Path:
+    """Merge finished shards of one sweep into one file (as if run in one go).
+
+    The shards must share every setting but their id ranges, which must not overlap and must
+    join into one range.
+    """
+    if not paths:
+        raise SweepStoreError("no sweep files to merge")
+    loaded = sorted((read_table(p) + (str(p),) for p in paths), key=lambda t: t[1].id_range[0])
+    first = loaded[0][1]
+    for _, spec, name in loaded[1:]:
+        diff = first.differences(spec)
+        if diff:
+            raise SweepStoreError(f"{name} is not a shard of the same sweep as {loaded[0][2]} "
+                                  f"(differs in {', '.join(diff)})")
+    for (_, a, na), (_, b, nb) in zip(loaded, loaded[1:], strict=False):
+        if b.id_range[0] != a.id_range[1]:
+            kind = "overlap" if b.id_range[0] < a.id_range[1] else "leave a gap"
+            raise SweepStoreError(f"the id ranges of {na} {list(a.id_range)} and {nb} "
+                                  f"{list(b.id_range)} {kind}; merge shards that tile one range")
+    table = pa.concat_tables([t.replace_schema_metadata(None) for t, _, _ in loaded])
+    _check_unique(table, "the merged shards")
+    spec = replace(first, id_range=(first.id_range[0], loaded[-1][1].id_range[1]))
+    return write_table(table, spec, output)

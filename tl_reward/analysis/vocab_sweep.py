@@ -1,0 +1,477 @@
+"""Optimal and pessimal tokens: score every vocabulary token as the whole assistant response.
+
+For each prompt, token ``v`` is scored on ``prefix + [v] + suffix`` (ids from the chat template,
+see :mod:`tl_reward.analysis.response_template`), never on a decoded-and-re-tokenised string.
+The prefix runs once; batches of candidates then run only their few new positions against its
+key/value cache (:func:`tl_reward.tl_backend.run_after_prefix`), which equals naive
+full-sequence scoring to float precision and is an order of magnitude faster on ChatML prompts.
+
+Example:
+    >>> sweep = score_vocabulary(model, PAPER_PROMPTS, output="smollm2.parquet", resume=True)
+    >>> sweep.to_dataframe().nlargest(10, "score:greatest")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+from jaxtyping import Float, Int
+from tqdm.auto import tqdm
+
+from tl_reward import tl_backend
+from tl_reward.analysis.response_template import (
+    Prompt,
+    ResponseTemplate,
+    prompt_conversation,
+    response_template,
+)
+from tl_reward.analysis.sweep_store import (
+    SweepSpec,
+    SweepWriter,
+    chunk_bounds,
+    digest_ids,
+    make_table,
+    read_table,
+    reward_column,
+    score_column,
+)
+from tl_reward.data.conversation import Conversation, is_conversation
+from tl_reward.errors import TLRewardError, UnknownObjectiveError
+from tl_reward.model.heads import LinearRewardHead
+
+if TYPE_CHECKING:
+    from tl_reward.model.hooked_reward_model import HookedRewardModel
+
+#: The three prompts of Christian et al. (FAccT 2025), by label.
+PAPER_PROMPTS: dict[str, str] = {
+    "greatest": "What, in one word, is the greatest thing ever?",
+    "best": "What, in one word, is the best thing ever?",
+    "worst": "What, in one word, is the worst thing ever?",
+}
+
+MODES = ("ids", "text")
+CACHES = ("auto", "fast", "stock", "none")
+
+
+@dataclass
+class VocabSweep:
+    """Scores of single-token responses: N candidate tokens x P prompts (x K objectives).
+
+    Attributes:
+        token_ids: ``[N]`` ids, ascending.
+        tokens: the decoded string of each id.
+        scores: ``[N, P]`` combined scores, or ``None`` for a head without one.
+        rewards: ``[N, P, K]`` per-objective rewards.
+        labels: one label per prompt.
+        prompts: the prompts as conversations.
+        objectives: the K objective names.
+        model_name: the model's name.
+        spec: how the sweep was made (see :class:`~tl_reward.analysis.sweep_store.SweepSpec`).
+    """
+
+    token_ids: Int[torch.Tensor, " n"]
+    tokens: list[str]
+    scores: Float[torch.Tensor, "n prompt"] | None
+    rewards: Float[torch.Tensor, "n prompt K"]
+    labels: list[str]
+    prompts: list[Conversation]
+    objectives: list[str]
+    model_name: str
+    spec: SweepSpec | None = None
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    def prompt_index(self, prompt: int | str) -> int:
+        """Index of a prompt given by label or position."""
+        if isinstance(prompt, str):
+            if prompt not in self.labels:
+                raise TLRewardError(f"unknown prompt label {prompt!r}; labels are {self.labels}")
+            return self.labels.index(prompt)
+        if not -len(self.labels) <= prompt < len(self.labels):
+            raise TLRewardError(f"prompt index {prompt} out of range for {len(self.labels)}")
+        return prompt % len(self.labels)
+
+    def values(self, prompt: int | str = 0, objective: int | str = "score"
+               ) -> Float[torch.Tensor, " n"]:
+        """The ``[N]`` values of one prompt: the combined score or one objective's reward."""
+        p = self.prompt_index(prompt)
+        if objective == "score":
+            if self.scores is None:
+                raise UnknownObjectiveError(
+                    f"this model has objectives {self.objectives} and no combined score; pass "
+                    "objective=<name or index>")
+            return self.scores[:, p]
+        if isinstance(objective, str):
+            if objective not in self.objectives:
+                raise UnknownObjectiveError(
+                    f"unknown objective {objective!r}; objectives are {self.objectives} "
+                    "(or 'score')")
+            objective = self.objectives.index(objective)
+        return self.rewards[:, p, objective]
+
+    def to_dataframe(self, long: bool = False) -> pd.DataFrame:
+        """One row per token (``token_id``, ``token``, ``score:<label>``, ``reward:<label>:<obj>``
+        columns), or with ``long=True`` one row per (token, prompt, objective)."""
+        df = self._frame()
+        if not long:
+            return df
+        value_cols = [c for c in df.columns if c not in ("token_id", "token")]
+        out = df.melt(id_vars=["token_id", "token"], value_vars=value_cols, var_name="column",
+                      value_name="value")
+        parts = out["column"].str.split(":", n=2)
+        out["prompt"] = parts.str[1]
+        out["objective"] = np.where(parts.str[0] == "score", "score", parts.str[2])
+        return out[["token_id", "token", "prompt", "objective", "value"]]
+
+    def _frame(self) -> pd.DataFrame:
+        data: dict[str, Any] = {"token_id": self.token_ids.numpy(), "token": self.tokens}
+        for p, lab in enumerate(self.labels):
+            if self.scores is not None:
+                data[score_column(lab)] = self.scores[:, p].numpy()
+            if len(self.objectives) > 1 or self.scores is None:
+                for k, o in enumerate(self.objectives):
+                    data[reward_column(lab, o)] = self.rewards[:, p, k].numpy()
+        return pd.DataFrame(data)
+
+    def to_table(self) -> pa.Table:
+        """The rows as a pyarrow table in the on-disk schema."""
+        if self.spec is None:
+            raise TLRewardError("this sweep has no spec; it was not made by score_vocabulary")
+        df = self._frame()
+        return make_table(self.spec, df["token_id"], df["token"],
+                          {c: df[c].to_numpy() for c in self.spec.columns()})
+
+    def top(self, k: int = 10, prompt: int | str = 0, objective: int | str = "score",
+            largest: bool = True) -> pd.DataFrame:
+        """The ``k`` highest (or lowest) scoring tokens of one prompt."""
+        v = self.values(prompt, objective)
+        idx = torch.topk(v, min(k, len(v)), largest=largest).indices
+        return pd.DataFrame({"token_id": self.token_ids[idx].numpy(),
+                             "token": [self.tokens[i] for i in idx.tolist()],
+                             "value": v[idx].numpy()})
+
+    def plot(self, k: int = 15, objective: int | str = "score") -> Any:
+        """Top and bottom ``k`` tokens of every prompt (plotly)."""
+        from tl_reward.viz.vocab import plot_top_bottom
+
+        return plot_top_bottom(self, k=k, objective=objective)
+
+    def save(self, path: str | Path) -> Path:
+        """Write as a sweep parquet file (readable by :func:`load_sweep`)."""
+        from tl_reward.analysis.sweep_store import write_table
+
+        if self.spec is None:
+            raise TLRewardError("this sweep has no spec; it was not made by score_vocabulary")
+        return write_table(self.to_table(), self.spec, path)
+
+    @classmethod
+    def from_table(cls, table: pa.Table, spec: SweepSpec) -> VocabSweep:
+        """Rebuild a sweep from its table and spec."""
+        table = table.sort_by("token_id")
+        n, labels, objectives = table.num_rows, list(spec.labels), list(spec.objectives)
+        scores = None
+        if spec.has_score:
+            scores = torch.from_numpy(np.stack(
+                [table.column(score_column(lab)).to_numpy() for lab in labels], 1).reshape(
+                    n, len(labels)).astype(np.float32))
+        if len(objectives) > 1 or not spec.has_score:
+            rewards = torch.from_numpy(np.stack(
+                [np.stack([table.column(reward_column(lab, o)).to_numpy() for o in objectives],
+                          -1) for lab in labels], 1).reshape(
+                    n, len(labels), len(objectives)).astype(np.float32))
+        else:
+            assert scores is not None
+            rewards = scores[:, :, None].clone()
+        return cls(torch.from_numpy(table.column("token_id").to_numpy().astype(np.int64)),
+                   table.column("token").to_pylist(), scores, rewards, labels,
+                   [list(p) for p in spec.prompts], objectives, spec.model_name, spec)
+
+
+def load_sweep(path: str | Path) -> VocabSweep:
+    """Read a finished sweep file."""
+    table, spec = read_table(path)
+    return VocabSweep.from_table(table, spec)
+
+
+# -- candidates ----------------------------------------------------------------------------------
+
+
+def special_token_ids(tokenizer: Any) -> set[int]:
+    """Ids of the tokenizer's special tokens (BOS/EOS/PAD and added tokens marked special)."""
+    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", [])}
+    for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(tok, "special", False):
+            ids.add(int(i))
+    return ids
+
+
+def candidate_ids(model: HookedRewardModel, ids: Sequence[int] | torch.Tensor | None = None,
+                  include_special: bool = False) -> list[int]:
+    """The token ids to sweep, ascending: ``ids`` if given (validated), else every id the
+    tokenizer defines, minus special tokens unless ``include_special``."""
+    d_vocab = model.cfg.d_vocab
+    if ids is None:
+        if model.tokenizer is None:
+            raise TLRewardError("sweeping the vocabulary needs the model's tokenizer")
+        pool = set(range(min(len(model.tokenizer), d_vocab)))
+        if not include_special:
+            pool -= special_token_ids(model.tokenizer)
+        return sorted(pool)
+    out = sorted({int(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)})
+    if not out:
+        raise TLRewardError("ids is empty; pass at least one token id (or ids=None for all)")
+    if out[0] < 0 or out[-1] >= d_vocab:
+        raise TLRewardError(f"token ids must lie in [0, {d_vocab}); got {out[0]}..{out[-1]}")
+    return out
+
+
+def shard_range(candidates: Sequence[int], batch_size: int, shard: tuple[int, int],
+                d_vocab: int) -> tuple[int, int]:
+    """The id range of shard ``i`` of ``n``: whole batches of the candidate list, so shards
+    merge into exactly the file one run writes."""
+    i, n = shard
+    if not (n >= 1 and 0 <= i < n):
+        raise TLRewardError(f"shard must be (index, count) with 0 <= index < count; got {shard}")
+    bounds = chunk_bounds(len(candidates), batch_size)
+    lo_c, hi_c = i * len(bounds) // n, (i + 1) * len(bounds) // n
+    lo = 0 if lo_c == 0 else candidates[bounds[lo_c][0]]
+    hi = d_vocab if hi_c == len(bounds) else candidates[bounds[hi_c][0]]
+    return lo, hi
+
+
+# -- scoring one batch ---------------------------------------------------------------------------
+
+
+def _objective_values(model: HookedRewardModel, normed_new: torch.Tensor,
+                      normed_prefix: torch.Tensor, tokens: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rewards ``[b, K]`` and score ``[b]`` read where the model's pooling rule says."""
+    b, past = tokens.shape[0], normed_prefix.shape[0]
+    pos = model.pool_positions(tokens, torch.ones_like(tokens))
+    rows = torch.arange(b, device=tokens.device)
+    pooled = torch.where((pos >= past)[:, None], normed_new[rows, (pos - past).clamp(min=0)],
+                         normed_prefix[pos.clamp(max=past - 1)])
+    rewards = model.unembed(pooled[:, None])[:, 0]
+    head = model.reward_head
+    if isinstance(head, LinearRewardHead):  # its combination does not read the states
+        c = head.combination(normed_new, tokens)
+    else:
+        full = torch.cat([normed_prefix.expand(b, -1, -1), normed_new], 1)
+        c = head.combination(full, tokens)
+    return rewards, None if c is None else (rewards * c).sum(-1)
+
+
+@torch.no_grad()
+def score_candidates(
+    model: HookedRewardModel,
+    template: ResponseTemplate,
+    ids: Int[torch.Tensor, " batch"],
+    cache: tl_backend.PrefixCache | None = None,
+) -> tuple[Float[torch.Tensor, "batch K"], Float[torch.Tensor, " batch"] | None]:
+    """Rewards and scores of ``prefix + [v] + suffix`` for each id ``v`` in one batch.
+
+    With a ``cache`` (from :func:`tl_reward.tl_backend.build_prefix_cache` on the prefix) only
+    the new positions run; without one, each full sequence runs (the naive reference).
+    """
+    device = model.cfg.device
+    ids = ids.to(device).long()
+    prefix = torch.tensor(template.prefix, dtype=torch.long, device=device)
+    suffix = torch.tensor(template.suffix, dtype=torch.long, device=device)
+    b = ids.shape[0]
+    new = torch.cat([ids[:, None], suffix.expand(b, -1)], 1)
+    tokens = torch.cat([prefix.expand(b, -1), new], 1)
+    if cache is None:
+        from tl_reward.model.scoring import score_batch
+
+        rewards, score, _ = score_batch(model, tokens, torch.ones_like(tokens))
+        return rewards, score
+    normed_new = model.ln_final(tl_backend.run_after_prefix(model, cache, new))
+    normed_prefix = model.ln_final(cache.resid[None])[0]
+    return _objective_values(model, normed_new, normed_prefix, tokens)
+
+
+# -- the sweep -----------------------------------------------------------------------------------
+
+
+def _prompts(prompts: Prompt | Sequence[Prompt] | Mapping[str, Prompt],
+             labels: Sequence[str] | None) -> tuple[list[Conversation], list[str]]:
+    if isinstance(prompts, Mapping):
+        labels = list(prompts) if labels is None else labels
+        items: list[Any] = list(prompts.values())
+    elif isinstance(prompts, str) or is_conversation(prompts):
+        items = [prompts]
+    else:
+        items = list(prompts)  # type: ignore[arg-type]
+    if not items:
+        raise TLRewardError("no prompts given; pass a prompt string, a conversation or a list")
+    convs = [prompt_conversation(p) for p in items]
+    labels = [f"prompt_{i}" for i in range(len(convs))] if labels is None else list(labels)
+    if len(labels) != len(convs) or len(set(labels)) != len(labels):
+        raise TLRewardError(f"need one distinct label per prompt; got {labels} for "
+                            f"{len(convs)} prompts")
+    if any(":" in lab for lab in labels):
+        raise TLRewardError(f"prompt labels may not contain ':' (got {labels})")
+    return convs, labels
+
+
+def _fingerprint(model: HookedRewardModel) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in (model.W_U, model.b_U, model.W_E[:: max(1, model.cfg.d_vocab // 64)],
+              model.blocks[-1].ln2.w if hasattr(model.blocks[-1].ln2, "w") else model.W_U):
+        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+    h.update(repr((model.cfg.n_layers, model.cfg.d_model, model.cfg.d_vocab)).encode())
+    return h.hexdigest()[:16]
+
+
+def _has_score(model: HookedRewardModel) -> bool:
+    """Whether the head combines its objectives into a score (a plain multi-column head does
+    not)."""
+    head = model.reward_head
+    return not isinstance(head, LinearRewardHead) or head.weights is not None
+
+
+def _resolve_cache(model: HookedRewardModel, cache: str, mode: str) -> str:
+    if cache not in CACHES:
+        raise TLRewardError(f"cache must be one of {CACHES}, got {cache!r}")
+    if mode == "text":
+        return "none"
+    if cache == "auto":
+        return "stock" if tl_backend.fast_cache_unsupported(model.cfg) else "fast"
+    return cache
+
+
+def score_vocabulary(
+    model: HookedRewardModel,
+    prompts: Prompt | Sequence[Prompt] | Mapping[str, Prompt],
+    ids: Sequence[int] | torch.Tensor | None = None,
+    *,
+    labels: Sequence[str] | None = None,
+    include_special: bool = False,
+    batch_size: int = 128,
+    mode: str = "ids",
+    cache: str = "auto",
+    output: str | Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    shard: tuple[int, int] | None = None,
+    id_range: tuple[int, int] | None = None,
+    progress: bool | None = None,
+    callback: Callable[[int, int], None] | None = None,
+) -> VocabSweep:
+    """Score every candidate token as the whole assistant response to each prompt.
+
+    Args:
+        model: the reward model.
+        prompts: a prompt (string or conversation ending in a user turn), a list of them, or a
+            ``{label: prompt}`` mapping (e.g. :data:`PAPER_PROMPTS`).
+        ids: token ids to score (default: the whole vocabulary).
+        labels: one label per prompt (default: the mapping's keys or ``prompt_<i>``).
+        include_special: also score special tokens (excluded by default).
+        batch_size: candidates per forward pass (64-256 is fastest on CPU).
+        mode: ``"ids"`` (exact: ``prefix + [v] + suffix``) or ``"text"`` (the published
+            decode -> template string -> re-tokenise path, see :mod:`.roundtrip`; for comparison).
+        cache: ``"auto"``, ``"fast"``, ``"stock"`` (TransformerLens's own cache) or ``"none"``
+            (run each full sequence; the naive reference).
+        output: parquet file to write chunk by chunk (resumable); ``None`` keeps it in memory.
+        resume: continue an interrupted sweep at ``output``.
+        overwrite: replace an existing ``output``.
+        shard: ``(i, n)``: score only shard ``i`` of ``n`` (whole batches; merge the files with
+            :func:`~tl_reward.analysis.sweep_store.merge_sweeps`).
+        id_range: ``(lo, hi)``: score only ids in ``[lo, hi)``.
+        progress: show a progress bar (default: when more than four batches).
+        callback: called as ``callback(done_ids, total_ids)`` after each written batch.
+
+    Returns:
+        A :class:`VocabSweep`.
+    """
+    if mode not in MODES:
+        raise TLRewardError(f"mode must be one of {MODES}, got {mode!r}")
+    if batch_size < 1:
+        raise TLRewardError(f"batch_size must be positive, got {batch_size}")
+    if shard is not None and id_range is not None:
+        raise TLRewardError("pass shard or id_range, not both")
+    if model.tokenizer is None:
+        raise TLRewardError("a vocabulary sweep needs the model's tokenizer (pass tokenizer= "
+                            "when loading)")
+    convs, labels = _prompts(prompts, labels)
+    templates = [response_template(model.tokenizer, c) for c in convs]
+    candidates = candidate_ids(model, ids, include_special)
+    d_vocab = model.cfg.d_vocab
+    if shard is not None:
+        id_range = shard_range(candidates, batch_size, shard, d_vocab)
+    lo, hi = id_range if id_range is not None else (0, d_vocab)
+    if not 0 <= lo < hi <= d_vocab:
+        raise TLRewardError(f"id_range must satisfy 0 <= lo < hi <= {d_vocab}; got {(lo, hi)}")
+    todo = [i for i in candidates if lo <= i < hi]
+    method = _resolve_cache(model, cache, mode)
+    spec = SweepSpec(
+        model_name=str(model.cfg.model_name), model_fingerprint=_fingerprint(model), mode=mode,
+        cache=method, dtype=str(model.cfg.dtype).replace("torch.", ""), labels=tuple(labels),
+        prompts=tuple(convs), prefixes=tuple(t.prefix for t in templates),
+        suffixes=tuple(t.suffix for t in templates), objectives=tuple(model.objectives),
+        has_score=_has_score(model), batch_size=batch_size, n_candidates=len(candidates),
+        candidates_digest=digest_ids(candidates), id_range=(lo, hi))
+    bounds = chunk_bounds(len(todo), batch_size)
+    writer = (SweepWriter(output, spec, len(bounds), resume=resume, overwrite=overwrite)
+              if output is not None else None)
+    done = writer.done() if writer is not None else set()
+    results: dict[int, pa.Table] = {}
+    pending = [c for c in range(len(bounds)) if c not in done]
+    if pending:
+        caches = ([tl_backend.build_prefix_cache(model, torch.tensor(t.prefix), method)
+                   for t in templates] if method != "none" else [None] * len(templates))
+        n_done = sum(bounds[c][1] - bounds[c][0] for c in done)
+        show = progress if progress is not None else len(pending) > 4
+        bar = tqdm(total=len(todo), initial=n_done, disable=not show, unit="id", smoothing=0.1,
+                   desc=f"sweep {len(labels)} prompt(s)", dynamic_ncols=True)
+        try:
+            for c in pending:
+                start, stop = bounds[c]
+                chunk_ids = todo[start:stop]
+                table = _score_chunk(model, spec, templates, caches, chunk_ids, mode)
+                if writer is not None:
+                    writer.write(c, table)
+                else:
+                    results[c] = table
+                n_done += len(chunk_ids)
+                bar.update(len(chunk_ids))
+                if callback is not None:
+                    callback(n_done, len(todo))
+        finally:
+            bar.close()
+    if writer is not None:
+        table = writer.finish()
+    else:
+        tables = [results[c] for c in sorted(results)]
+        table = (pa.concat_tables(tables) if tables else
+                 make_table(spec, [], [], {c: np.zeros(0) for c in spec.columns()}))
+    return VocabSweep.from_table(table, spec)
+
+
+def _score_chunk(model: HookedRewardModel, spec: SweepSpec, templates: list[ResponseTemplate],
+                 caches: list[Any], chunk_ids: list[int], mode: str) -> pa.Table:
+    values: dict[str, np.ndarray] = {}
+    ids = torch.tensor(chunk_ids, dtype=torch.long)
+    for template, label, cache in zip(templates, spec.labels, caches, strict=True):
+        if mode == "text":
+            from tl_reward.analysis.roundtrip import score_text_path
+
+            rewards, score = score_text_path(model, template, ids)
+        else:
+            rewards, score = score_candidates(model, template, ids, cache)
+        if score is not None:
+            values[score_column(label)] = score.float().cpu().numpy()
+        for k, o in enumerate(spec.objectives):
+            values[reward_column(label, o)] = rewards[:, k].float().cpu().numpy()
+    tokens = model.tokenizer.batch_decode([[i] for i in chunk_ids])
+    return make_table(spec, chunk_ids, tokens, values)
