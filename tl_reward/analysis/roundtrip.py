@@ -135,6 +135,33 @@ class RoundTripReport:
         return plot_roundtrip(self)
 
 
+def roundtrip_check(
+    tokenizer: Any,
+    prompt: Prompt,
+    ids: Sequence[int],
+    path: str = "paper",
+    progress: bool | None = None,
+) -> RoundTripReport:
+    """Compare the text path with the id path for each token id (no model needed)."""
+    template = response_template(tokenizer, prompt)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    cands = [int(v) for v in ids]
+    texts, identical, dup, survives = [], [], [], []
+    show = progress if progress is not None else len(cands) > 2000
+    for v in tqdm(cands, disable=not show, desc="round trip", unit="id"):
+        ref = template.ids(v)
+        got = text_path_ids(tokenizer, template.conversation, v, path)
+        d = bos is not None and len(got) > 1 and got[0] == got[1] == bos
+        texts.append(got)
+        identical.append(got == ref)
+        dup.append(d)
+        survives.append((got[1:] if d else got) == ref)
+    return RoundTripReport(
+        torch.tensor(cands, dtype=torch.long), tokenizer.batch_decode([[v] for v in cands]),
+        torch.tensor(identical, dtype=torch.bool), torch.tensor(dup, dtype=torch.bool),
+        torch.tensor(survives, dtype=torch.bool), texts, template, path)
+
+
 def roundtrip_report(
     model: HookedRewardModel,
     prompt: Prompt,
@@ -144,37 +171,20 @@ def roundtrip_report(
     batch_size: int = 64,
     progress: bool | None = None,
 ) -> RoundTripReport:
-    """Compare the text path with the id path for each token (default: the whole vocabulary
-    minus special tokens).
+    """:func:`roundtrip_check` over ``ids`` (default: the vocabulary minus special tokens).
 
-    With ``score=True`` both paths are also scored (the text path naively, as published), so
-    the report shows how the round trip changes the ranking.
+    With ``score=True`` both paths are also scored (the text path with full forwards, as
+    published), so the report shows how the round trip changes scores and rankings.
     """
     from tl_reward.analysis.vocab_sweep import candidate_ids, score_vocabulary
 
-    tok = model.tokenizer
-    template = response_template(tok, prompt)
     cands = candidate_ids(model, ids)
-    bos = getattr(tok, "bos_token_id", None)
-    texts, identical, dup, survives = [], [], [], []
-    show = progress if progress is not None else len(cands) > 2000
-    for v in tqdm(cands, disable=not show, desc="round trip", unit="id"):
-        ref = template.ids(v)
-        got = text_path_ids(tok, template.conversation, v, path)
-        d = bos is not None and len(got) > 1 and got[0] == got[1] == bos
-        texts.append(got)
-        identical.append(got == ref)
-        dup.append(d)
-        survives.append((got[1:] if d else got) == ref)
-    report = RoundTripReport(
-        torch.tensor(cands, dtype=torch.long), tok.batch_decode([[v] for v in cands]),
-        torch.tensor(identical), torch.tensor(dup), torch.tensor(survives), texts, template,
-        path)
+    report = roundtrip_check(model.tokenizer, prompt, cands, path, progress)
     if score:
-        kw = dict(batch_size=batch_size, progress=progress)
-        by_id = score_vocabulary(model, [template.conversation], cands, **kw)
+        by_id = score_vocabulary(model, [report.template.conversation], cands,
+                                 batch_size=batch_size, progress=progress)
         report.id_scores = by_id.values(0)
-        report.text_scores = score_text_path(model, template, torch.tensor(cands), path,
+        report.text_scores = score_text_path(model, report.template, torch.tensor(cands), path,
                                              batch_size)[1]
     return report
 
