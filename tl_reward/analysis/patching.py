@@ -32,6 +32,8 @@ from typing import Any
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 
 from tl_reward.analysis.readout import normalise, resolve_objectives
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
@@ -105,6 +107,29 @@ def objective_value(
     return ((w * normed[:, -1]).sum(-1) + b).detach()
 
 
+def clean_hooks(model: Any, sites: Sequence[Site]) -> set[str]:
+    """Hooks a clean run must cache for :func:`run_patched` on ``sites``."""
+    n = model.cfg.n_layers
+    names = {s.hook for s in sites} | {f"blocks.{n - 1}.hook_resid_post"}
+    for i in range(n):
+        names |= {f"blocks.{i}.hook_resid_pre", f"blocks.{i}.attn.hook_k",
+                  f"blocks.{i}.attn.hook_v"}
+    return names
+
+
+def _prefix_cache(model: Any, clean: dict[str, torch.Tensor], prefix_len: int,
+                  batch: int) -> TransformerLensKeyValueCache:
+    """A frozen key/value cache of the first ``prefix_len`` positions, expanded to ``batch``."""
+    entries = []
+    for i in range(model.cfg.n_layers):
+        k = clean[f"blocks.{i}.attn.hook_k"][:, :prefix_len]
+        v = clean[f"blocks.{i}.attn.hook_v"][:, :prefix_len]
+        entries.append(TransformerLensKeyValueCacheEntry(
+            k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), frozen=True))
+    mask = torch.ones((batch, prefix_len), dtype=torch.long, device=model.cfg.device)
+    return TransformerLensKeyValueCache(entries, mask, frozen=True)
+
+
 @torch.no_grad()
 def run_patched(
     model: Any,
@@ -116,24 +141,31 @@ def run_patched(
     objective: str,
     chunk_size: int = 32,
     fraction: float = 1.0,
+    prefix_len: int = 0,
 ) -> Float[torch.Tensor, " n_sites"]:
     """The objective of one sequence under each single-site patch, batched.
 
-    ``clean`` holds the clean run's ``hook_resid_pre`` of every block (and
-    ``blocks.{n-1}.hook_resid_post``); ``positions(site)`` gives the target positions a site
-    writes and ``values(site, current)`` the values written there (``current`` is the clean
-    activation at those positions and unit). ``fraction`` moves only that part of the way
-    (``current + fraction * (value - current)``).
+    ``clean`` holds the clean run's activations named by :func:`clean_hooks`;
+    ``positions(site)`` gives the target positions a site writes and ``values(site, current)``
+    the values written there (``current``: the clean activation at those positions and unit).
+    ``fraction`` moves only that part of the way (``current + fraction * (value - current)``).
+
+    ``prefix_len``: when every patch writes at or after this position, the first
+    ``prefix_len`` positions cannot change (causal attention), so only the rest is recomputed,
+    attending to the clean run's cached keys and values of the prefix.
     """
     n_layers = model.cfg.n_layers
     order = sorted(range(len(sites)), key=lambda i: sites[i].layer)
     out = torch.empty(len(sites))
     tokens_1 = torch.tensor([ids], device=model.cfg.device)
+    final_hook = f"blocks.{n_layers - 1}.hook_resid_post"
+    p = prefix_len
     for start in range(0, len(order), chunk_size):
         idx = order[start : start + chunk_size]
         chunk = [sites[i] for i in idx]
+        b = len(chunk)
         first = min(s.layer for s in chunk)
-        resid = clean[f"blocks.{first}.hook_resid_pre"].expand(len(chunk), -1, -1).contiguous()
+        resid = clean[f"blocks.{first}.hook_resid_pre"][:, p:].expand(b, -1, -1).contiguous()
         by_hook: dict[str, list[tuple[int, Site]]] = {}
         for j, s in enumerate(chunk):
             by_hook.setdefault(s.hook, []).append((j, s))
@@ -142,7 +174,9 @@ def run_patched(
             def hook(act: torch.Tensor, hook: Any) -> torch.Tensor:
                 act = act.clone()
                 for j, s in items:
-                    pos = positions(s)
+                    pos = positions(s) - p
+                    if p and bool((pos < 0).any()):
+                        raise TLRewardError("a patch writes inside the cached prefix")
                     cur = act[j, pos] if s.unit is None else act[j, pos, s.unit]
                     new = values(s, cur).to(act.dtype)
                     if fraction != 1.0:
@@ -155,10 +189,13 @@ def run_patched(
             return hook
 
         fwd = [(name, make_hook(items)) for name, items in by_hook.items()]
-        tokens = tokens_1.expand(len(chunk), -1)
+        tokens = tokens_1.expand(b, -1)
+        kv = _prefix_cache(model, clean, p, b) if p else None
         with model.hooks(fwd_hooks=fwd):
             final = model(resid, start_at_layer=first, stop_at_layer=n_layers, tokens=tokens,
-                          attention_mask=torch.ones_like(tokens))
+                          attention_mask=torch.ones_like(tokens), past_kv_cache=kv)
+        if p:
+            final = torch.cat([clean[final_hook][:, :p].expand(b, -1, -1), final], 1)
         out[idx] = objective_value(model, final, tokens, objective).float().cpu()
     return out
 
@@ -290,6 +327,7 @@ def activation_patching(
     reference: Sequence[Any] | dict[str, torch.Tensor] | None = None,
     fraction: float = 1.0,
     chunk_size: int = 32,
+    reuse_prefix: bool = True,
 ) -> PatchingResult:
     """Patch every site of one kind on one preference pair, batched.
 
@@ -303,6 +341,8 @@ def activation_patching(
         reference: for ``mode="mean"``, inputs to average over (or :func:`mean_activations`).
         fraction: patch only this fraction of the way (finite differences; 1 = full patch).
         chunk_size: patched variants per forward pass.
+        reuse_prefix: for denoising and noising, recompute only the positions after the shared
+            prompt (which no swap can change), attending to its cached keys and values.
     """
     if mode not in MODES:
         raise TLRewardError(f"unknown mode {mode!r}; choose from {MODES}")
@@ -313,8 +353,7 @@ def activation_patching(
     sites, layer_list, unit_list, dims, shape = _grid(model, site, positions, layers, units,
                                                       tp.n_aligned)
     final_hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    hooks = {s.hook for s in sites} | {final_hook} | {
-        f"blocks.{i}.hook_resid_pre" for i in range(model.cfg.n_layers)}
+    hooks = clean_hooks(model, sites)
     clean = {side: _clean_run(model, tp.ids(side), hooks) for side in ("chosen", "rejected")}
     r_c, r_r = (float(objective_value(model, clean[side][final_hook],
                                       tp.tokens(side).to(model.cfg.device), obj))
@@ -329,21 +368,24 @@ def activation_patching(
         means = reference if isinstance(reference, dict) else mean_activations(
             model, reference, hook_names)
 
+    swap = mode in ("denoising", "noising")
+    p = tp.prompt_len if swap and reuse_prefix else 0
+    active = [i for i, st in enumerate(sites) if st.row is None or st.row >= p]
+
     def run(target: str) -> torch.Tensor:
         col = 0 if target == "chosen" else 1
         tgt_rows = tp.aligned[:, col].to(model.cfg.device)
         src = clean["rejected" if target == "chosen" else "chosen"]
         src_rows = tp.aligned[:, 1 - col].to(model.cfg.device)
-
         every = torch.arange(len(tp.ids(target)), device=model.cfg.device)
-        whole = tgt_rows if mode in ("denoising", "noising") else every
+        whole_t, whole_s = (tgt_rows[p:], src_rows[p:]) if swap else (every, every)
 
         def pos_of(s: Site) -> torch.Tensor:
-            return whole if s.row is None else tgt_rows[s.row : s.row + 1]
+            return whole_t if s.row is None else tgt_rows[s.row : s.row + 1]
 
         def value(s: Site, cur: torch.Tensor) -> torch.Tensor:
-            if mode in ("denoising", "noising"):
-                rows = src_rows if s.row is None else src_rows[s.row : s.row + 1]
+            if swap:
+                rows = whole_s if s.row is None else src_rows[s.row : s.row + 1]
                 act = src[s.hook][0, rows]
                 return act if s.unit is None else act[:, s.unit]
             if mode == "zero":
@@ -351,8 +393,12 @@ def activation_patching(
             m = means[s.hook]
             return (m if s.unit is None else m[s.unit]).expand_as(cur)
 
-        return run_patched(model, tp.ids(target), clean[target], sites, value, pos_of, obj,
-                           chunk_size, fraction).reshape(shape)
+        # a swap inside the shared prompt writes the value already there: the clean reward
+        out = torch.full((len(sites),), r_c if target == "chosen" else r_r)
+        out[active] = run_patched(model, tp.ids(target), clean[target],
+                                  [sites[i] for i in active], value, pos_of, obj, chunk_size,
+                                  fraction, prefix_len=p)
+        return out.reshape(shape)
 
     if mode == "denoising":
         patched = run("rejected")
@@ -368,3 +414,47 @@ def activation_patching(
     return PatchingResult(mode, site, obj, effect, patched, dims, r_c, r_r, layer_list,
                           unit_list, labels, (len(tp.unaligned_chosen), len(tp.unaligned_rejected)),
                           {"positions": positions, "fraction": fraction})
+
+
+def patch_components(
+    model: Any,
+    pair: Any,
+    names: Sequence[str],
+    mode: str = "noising",
+    objective: int | str | None = None,
+    chunk_size: int = 32,
+    reuse_prefix: bool = True,
+) -> Float[torch.Tensor, " C"]:
+    """Whole-sequence denoising or noising of named components (``"embed"``, ``"L3.attn"``,
+    ``"L3.mlp"``, ``"L3.H2"``) on the aligned positions, batched; normalised effects ``[C]``.
+    Attention biases (equal in both runs) get 0."""
+    if mode not in ("denoising", "noising"):
+        raise TLRewardError(f"component patching mode must be 'denoising' or 'noising', "
+                            f"got {mode!r}")
+    tp = as_tokenized_pair(model, pair)
+    obj = resolve_objectives(model, objective)[0]
+    keep = [i for i, nm in enumerate(names) if not nm.endswith("attn_bias")]
+    sites = [component_site(model, names[i]) for i in keep]
+    final_hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    hooks = clean_hooks(model, sites)
+    clean = {side: _clean_run(model, tp.ids(side), hooks) for side in ("chosen", "rejected")}
+    r_c, r_r = (float(objective_value(model, clean[side][final_hook],
+                                      tp.tokens(side).to(model.cfg.device), obj))
+                for side in ("chosen", "rejected"))
+    target, source = ("rejected", "chosen") if mode == "denoising" else ("chosen", "rejected")
+    col = 0 if target == "chosen" else 1
+    p = tp.prompt_len if reuse_prefix else 0  # the shared prompt is the same in both runs
+    tgt_rows = tp.aligned[p:, col].to(model.cfg.device)
+    src_rows = tp.aligned[p:, 1 - col].to(model.cfg.device)
+
+    def value(s: Site, cur: torch.Tensor) -> torch.Tensor:
+        act = clean[source][s.hook][0, src_rows]
+        return act if s.unit is None else act[:, s.unit]
+
+    patched = run_patched(model, tp.ids(target), clean[target], sites, value,
+                          lambda s: tgt_rows, obj, chunk_size, prefix_len=p)
+    delta = r_c - r_r
+    eff = (patched - r_r) / delta if mode == "denoising" else (r_c - patched) / delta
+    out = torch.zeros(len(names))
+    out[keep] = eff
+    return out

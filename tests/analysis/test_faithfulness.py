@@ -1,0 +1,59 @@
+"""Faithfulness report: its scores are the patching/attribution results, its rhos are scipy's,
+its cache resumes without recomputing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import tl_reward.analysis.faithfulness as faith
+from tl_reward.analysis.attribution import differential_attribution
+from tl_reward.analysis.patching import activation_patching
+from tl_reward.data import PreferencePair
+
+PAIRS = [PreferencePair.from_prompt("Is the sky blue?", "Yes, the sky is blue.", "No, it is red."),
+         PreferencePair.from_prompt("hi", "Hello! How can I help?", "Go away."),
+         PreferencePair.from_prompt("What is love?", "Love. Friendship. Music.", "Hate. War.")]
+
+
+def test_report_scores_rhos_and_cache(tiny, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, _, _ = tiny("gpt2", 1)
+    rep = faith.faithfulness_report(model, PAIRS, level="sublayer", cache_dir=tmp_path,
+                                    progress=False)
+    n = model.cfg.n_layers
+    assert rep.names == ["embed"] + [f"L{i}.{k}" for i in range(n) for k in ("attn", "mlp")]
+    # causal scores are whole-sublayer patching effects on the aligned positions
+    for mode in ("noising", "denoising"):
+        attn = activation_patching(model, PAIRS[0], "attn_out", mode, positions="all")
+        mlp = activation_patching(model, PAIRS[0], "mlp_out", mode, positions="all")
+        torch.testing.assert_close(rep.scores[mode][0, 1::2], attn.effect, atol=1e-4, rtol=0)
+        torch.testing.assert_close(rep.scores[mode][0, 2::2], mlp.effect, atol=1e-4, rtol=0)
+    # observational: DRA difference / margin, summing (with the head bias, 0 here) to 1
+    pa = differential_attribution(model, PAIRS[:1])
+    diff, names = pa.difference()
+    assert names[:2] == ["embed", "pos_embed"]  # gpt2: merged into one "embed" component
+    torch.testing.assert_close(rep.scores["dra_diff"][0, 1:], diff[0, 2:, 0] / pa.margin[0, 0],
+                               atol=1e-4, rtol=0)
+    assert float(rep.scores["dra_diff"][0].sum()) == pytest.approx(1.0, abs=1e-4)
+    # per-pair rho is scipy's Spearman; the summary mean is their mean
+    rho = rep.rho()
+    for i in range(len(PAIRS)):
+        a, b = rep.scores["dra_diff"][i].numpy(), rep.scores["noising"][i].numpy()
+        assert rho.iloc[i]["dra_diff|noising|signed"] == pytest.approx(
+            stats.spearmanr(a, b).statistic, abs=1e-9)
+        assert rho.iloc[i]["dra_diff|noising|abs"] == pytest.approx(
+            stats.spearmanr(np.abs(a), np.abs(b)).statistic, abs=1e-9)
+    summ = rep.summary(n_resamples=500)
+    row = summ[(summ.observational == "dra_diff") & (summ.causal == "noising")
+               & (summ.kind == "signed")].iloc[0]
+    assert row.mean_rho == pytest.approx(rho["dra_diff|noising|signed"].mean())
+    assert row.ci_low <= row.mean_rho <= row.ci_high and summ.published_anchor.sum() == 1
+    # resuming from the cache recomputes nothing and gives the same report
+    monkeypatch.setattr(faith, "pair_scores", lambda *a, **k: pytest.fail("recomputed"))
+    again = faith.faithfulness_report(model, PAIRS, level="sublayer", cache_dir=tmp_path,
+                                      progress=False)
+    torch.testing.assert_close(again.scores["noising"], rep.scores["noising"])
+    rep.save(tmp_path / "r.json")
+    assert faith.FaithfulnessReport.load(tmp_path / "r.json").names == rep.names
