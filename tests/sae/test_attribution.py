@@ -20,6 +20,7 @@ from tl_reward.sae import (
     ablation_check,
     as_sae_model,
     differential_sae_attribution,
+    pair_ablation_check,
     sae_attribution,
 )
 from tl_reward.sae.ablation import ablated_objectives
@@ -113,10 +114,36 @@ def test_differential_sums_to_margin(tiny) -> None:
     assert set(df.columns) >= {"pair", "feature", "difference"} and len(df) > 0
 
 
-def _float64_model() -> HookedSAERewardModel:
-    hf, tok = tiny_hf_reward_model("llama", num_labels=1, seed=0)
+def _float64_model(arch: str = "llama", k: int = 1) -> HookedSAERewardModel:
+    hf, tok = tiny_hf_reward_model(arch, num_labels=k, seed=0)
     return HookedSAERewardModel.from_pretrained(hf_model=hf.double(), tokenizer=tok,
                                                 device="cpu", dtype=torch.float64)
+
+
+def test_armorm_score_gradient_through_the_gate() -> None:
+    """ArmoRM's score: the gradient includes the gate's dependence on the features (finite
+    differences of the model's own score, float64)."""
+    model = _float64_model("armorm", 3)
+    hook = "blocks.1.hook_resid_post"
+    sae = make_sae(model.cfg.d_model, hook, dtype="float64")
+    attr = sae_attribution(model, sae, INPUTS[:1], objectives="score", method="gradient")
+    batch = model.make_batch(INPUTS[:1])
+    i = int(attr.features[0, :, 0].abs().argmax())
+    eps = 1e-4
+
+    def score(factor: float) -> float:
+        def fn(acts: torch.Tensor, hook: object) -> torch.Tensor:
+            acts = acts.clone()
+            acts[..., i] *= factor
+            return acts
+        with torch.no_grad(), model.saes(saes=[sae], use_error_term=True):
+            out = model.run_with_hooks(batch.tokens, attention_mask=batch.attention_mask,
+                                       return_type="score",
+                                       fwd_hooks=[(f"{hook}.hook_sae_acts_post", fn)])
+        return float(out[0])
+
+    fd = (score(1 + eps) - score(1 - eps)) / (2 * eps)
+    assert float(attr.features[0, i, 0]) == pytest.approx(fd, rel=1e-5, abs=1e-9)
 
 
 def test_gradient_attribution_is_the_derivative() -> None:
@@ -205,6 +232,27 @@ def test_ablation_check_reports(tiny) -> None:
     df = check.to_dataframe()
     assert (df.abs_error - (df.predicted - df.actual).abs()).abs().max() < 1e-6
     assert check.plot().data[0].x is not None
+
+
+def test_pair_ablation_check_measures_the_margin(tiny) -> None:
+    model, _ = sae_model(tiny, "llama", 1)
+    hook = "blocks.1.hook_resid_post"
+    sae = make_sae(model.cfg.d_model, hook)
+    check = pair_ablation_check(model, sae, PAIRS, top_k=3)
+    assert check.kind == "pair" and len(check.joint_actual) == len(PAIRS)
+    row = check.to_dataframe().iloc[0]
+    p, f = int(row["pair"]), int(row.feature)
+    margins = []
+    for removed in ([], [f]):
+        vals = []
+        for conv in (PAIRS[p].chosen_conversation(), PAIRS[p].rejected_conversation()):
+            b = model.make_batch(conv)
+            vals.append(float(ablated_objectives(model, sae, b.tokens, b.attention_mask,
+                                                 [removed], ["reward"], fast=False)[0, 0]))
+        margins.append(vals[0] - vals[1])
+    assert row.actual == pytest.approx(margins[1] - margins[0], abs=1e-4)
+    pa = differential_sae_attribution(model, sae, PAIRS[p], method="gradient")
+    assert row.predicted == pytest.approx(-float(pa.difference()[0, f, 0]), abs=1e-5)
 
 
 def test_save_and_reload_identical(tiny, tmp_path) -> None:
