@@ -1,0 +1,97 @@
+"""Optimal and pessimal tokens: the top and bottom ``k`` of a vocabulary sweep per prompt.
+
+Example:
+    >>> extremes = top_bottom_tokens(sweep, k=10)
+    >>> extremes.to_dataframe()          # prompt, side, rank, token, value, percentile
+    >>> extremes.plot()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+
+from tl_reward.analysis.token_lexicon import percentile_of
+from tl_reward.analysis.vocab_sweep import VocabSweep
+
+
+@dataclass
+class TokenExtremes:
+    """The ``k`` highest and lowest tokens of each prompt.
+
+    Attributes:
+        labels: prompt labels.
+        top_ids, bottom_ids: ``[P, k]`` token ids, best first / worst first.
+        top_values, bottom_values: ``[P, k]`` their values.
+        tokens: id -> decoded string for every listed id.
+        objective: what was ranked (``"score"`` or an objective name).
+        n: tokens ranked per prompt.
+    """
+
+    labels: list[str]
+    top_ids: Int[torch.Tensor, "prompt k"]
+    top_values: Float[torch.Tensor, "prompt k"]
+    bottom_ids: Int[torch.Tensor, "prompt k"]
+    bottom_values: Float[torch.Tensor, "prompt k"]
+    tokens: dict[int, str]
+    objective: str
+    n: int
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per (prompt, side, rank) with token id, string, value and percentile."""
+        rows = []
+        for p, lab in enumerate(self.labels):
+            for side, ids, vals in (("top", self.top_ids, self.top_values),
+                                    ("bottom", self.bottom_ids, self.bottom_values)):
+                for r, (i, v) in enumerate(zip(ids[p].tolist(), vals[p].tolist(), strict=True)):
+                    rows.append({"prompt": lab, "side": side, "rank": r + 1, "token_id": i,
+                                 "token": self.tokens[i], "value": v})
+        return pd.DataFrame(rows)
+
+    def side_by_side(self, side: str = "top") -> pd.DataFrame:
+        """Rank x prompt table of the decoded tokens (as the paper prints them)."""
+        ids = self.top_ids if side == "top" else self.bottom_ids
+        return pd.DataFrame({lab: [self.tokens[i] for i in ids[p].tolist()]
+                             for p, lab in enumerate(self.labels)},
+                            index=pd.RangeIndex(1, ids.shape[1] + 1, name="rank"))
+
+    def plot(self) -> Any:
+        """Horizontal bars of the top and bottom tokens per prompt (plotly)."""
+        from tl_reward.viz.vocab import plot_extremes
+
+        return plot_extremes(self)
+
+
+def top_bottom_tokens(sweep: VocabSweep, k: int = 10, objective: int | str = "score",
+                      prompts: list[int | str] | None = None) -> TokenExtremes:
+    """The ``k`` best and worst tokens of each prompt (ties broken by lower token id)."""
+    idx = [sweep.prompt_index(p) for p in (prompts or range(len(sweep.labels)))]
+    k = min(k, len(sweep))
+    tops, tvals, bots, bvals = [], [], [], []
+    ids = sweep.token_ids.numpy()
+    for p in idx:
+        v = sweep.values(p, objective).double().numpy()
+        order = np.lexsort((ids, -v))  # value descending, then id ascending
+        worst = np.lexsort((ids, v))
+        tops.append(ids[order[:k]])
+        tvals.append(v[order[:k]])
+        bots.append(ids[worst[:k]])
+        bvals.append(v[worst[:k]])
+    listed = set(np.concatenate(tops + bots).tolist()) if idx else set()
+    pos = {int(t): i for i, t in enumerate(ids.tolist()) if int(t) in listed}
+    return TokenExtremes([sweep.labels[p] for p in idx],
+                         torch.tensor(np.stack(tops)), torch.tensor(np.stack(tvals)),
+                         torch.tensor(np.stack(bots)), torch.tensor(np.stack(bvals)),
+                         {t: sweep.tokens[i] for t, i in pos.items()}, str(objective), len(sweep))
+
+
+def percentiles(sweep: VocabSweep, prompt: int | str = 0, objective: int | str = "score"
+                ) -> Float[torch.Tensor, " n"]:
+    """Percentile rank (0-100) of every token within its prompt's distribution."""
+    v = sweep.values(prompt, objective).double().numpy()
+    return torch.from_numpy(percentile_of(v, v))
