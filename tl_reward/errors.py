@@ -32,3 +32,7 @@ class UnknownObjectiveError(TLRewardError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class SAEError(TLRewardError):
+    """An SAE that does not fit the model, or a request the SAE analyses cannot serve."""

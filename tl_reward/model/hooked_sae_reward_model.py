@@ -25,12 +25,12 @@ from typing import Any
 
 from sae_lens import SAE, HookedSAETransformer
 
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import SAEError
 from tl_reward.model.hooked_reward_model import HookedRewardModel
 
 
-class SAEHookError(TLRewardError):
-    """An SAE's hook name is not a hook point of the model."""
+class SAEHookError(SAEError):
+    """An SAE that does not fit this model: not a SAELens SAE, no or unknown hook, wrong width."""
 
 
 class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
@@ -56,6 +56,11 @@ class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
         SAELens's ``add_sae`` only logs a warning and skips an SAE whose hook is missing; an
         analysis must not silently run without it.
         """
+        if not isinstance(sae, SAE):
+            raise SAEHookError(
+                f"expected a SAELens SAE (sae_lens.SAE), got {type(sae).__name__}; load one with "
+                "SAE.load_from_disk(path) or train one with tl_reward.sae.train_topk_sae"
+            )
         hook = sae.cfg.metadata.hook_name
         if not hook:
             raise SAEHookError(

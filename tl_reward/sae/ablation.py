@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -67,7 +67,6 @@ class AblationCheck:
     joint_actual: Float[torch.Tensor, " n"]
     atol: float = 1e-2
     rtol: float = 0.2
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def pearson(self) -> float:

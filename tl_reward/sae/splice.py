@@ -16,11 +16,7 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
-from tl_reward.errors import TLRewardError
-
-
-class SAEError(TLRewardError):
-    """An SAE that does not fit the model, or a request the SAE analyses cannot serve."""
+from tl_reward.errors import SAEError
 
 
 def final_hook(model: Any) -> str:
@@ -30,57 +26,17 @@ def final_hook(model: Any) -> str:
 
 
 def as_sae_model(model: Any) -> Any:
-    """``model`` as a :class:`~tl_reward.model.hooked_sae_reward_model.HookedSAERewardModel`.
-
-    A plain ``HookedRewardModel`` is rebuilt around the same parameter tensors (assigned, not
-    copied; no re-conversion from HF). Load with ``HookedSAERewardModel.from_pretrained`` to
-    skip this step.
-    """
+    """``model`` as a :class:`~tl_reward.model.hooked_sae_reward_model.HookedSAERewardModel`
+    (a plain ``HookedRewardModel`` is rebuilt around the same parameter tensors, no copy)."""
     from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
 
-    if isinstance(model, HookedSAERewardModel):
-        return model
-    new = HookedSAERewardModel(model.cfg, model.tokenizer, move_to_device=False,
-                               reward_head=model.reward_head, pooling=model.pooling,
-                               pad_token_id=model.pad_token_id)
-    new.load_state_dict(model.state_dict(keep_vars=True), assign=True)
-    new.eval()
-    return new
+    return HookedSAERewardModel.from_reward_model(model)
 
 
 def check_sae(model: Any, sae: Any) -> str:
-    """The hook ``sae`` reads, after checking it is a hook of ``model`` with matching width.
-
-    SAELens's ``add_sae`` only logs a warning and skips an SAE whose hook is missing; an
-    analysis must not silently run without it.
-    """
-    from sae_lens import SAE
-
-    if not isinstance(sae, SAE):
-        raise SAEError(
-            f"expected a SAELens SAE (sae_lens.SAE), got {type(sae).__name__}; load one with "
-            "SAE.load_from_disk(path) or train one with tl_reward.sae.train_topk_sae"
-        )
-    hook = sae.cfg.metadata.hook_name
-    if not hook:
-        raise SAEError(
-            "the SAE's cfg.metadata.hook_name is empty; set it to the hook it was trained on, "
-            "e.g. sae.cfg.metadata.hook_name = 'blocks.3.hook_resid_post'"
-        )
-    if hook not in model.hook_dict and hook not in getattr(model, "_acts_to_saes", {}):
-        near = [n for n in model.hook_dict if n.split(".")[-1] == hook.split(".")[-1]][:3]
-        raise SAEError(
-            f"the SAE reads {hook!r}, which is not a hook of this model "
-            f"({model.cfg.n_layers} layers); hooks of that kind here: {near}"
-        )
-    if sae.cfg.reshape_activations == "none" and sae.cfg.d_in not in (
-        model.cfg.d_model, model.cfg.d_mlp
-    ):
-        raise SAEError(
-            f"the SAE's d_in is {sae.cfg.d_in} but this model's d_model is {model.cfg.d_model}: "
-            "the SAE belongs to another model"
-        )
-    return hook
+    """The hook ``sae`` reads, after checking that it fits ``model`` (see
+    ``HookedSAERewardModel.check_sae``)."""
+    return as_sae_model(model).check_sae(sae)
 
 
 def check_affine_sae(sae: Any) -> None:
