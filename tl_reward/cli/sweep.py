@@ -1,0 +1,113 @@
+"""``tl-reward sweep``: score every vocabulary token as the response to one or more prompts.
+
+Writes a resumable parquet file; ``--shard i/n`` splits the vocabulary across processes or
+machines and ``--merge`` joins the finished shards into the file one run would have written.
+
+    tl-reward sweep --output best.parquet                      # the paper's three prompts
+    tl-reward sweep --prompt "Name one good thing." --output good.parquet --shard 0/4
+    tl-reward sweep --merge good.0.parquet good.1.parquet ... --output good.parquet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from tl_reward.cli.common import add_model_options, load_model
+from tl_reward.errors import TLRewardError
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "sweep", help="score every vocabulary token as the response to prompts",
+        description="Score every vocabulary token v as the whole assistant response "
+                    "(prefix + [v] + suffix from the chat template, special tokens excluded) "
+                    "and write a resumable parquet file. Default prompts: the paper's "
+                    "'greatest', 'best' and 'worst' questions.")
+    add_model_options(p)
+    p.add_argument("--prompt", action="append", default=[], help="a user prompt (repeatable)")
+    p.add_argument("--label", action="append", default=[],
+                   help="a label per --prompt (column names; default prompt_<i>)")
+    p.add_argument("--prompts-file", type=Path,
+                   help="JSONL with 'prompt' (string) or 'messages' (conversation) and an "
+                        "optional 'label' per line")
+    p.add_argument("--output", type=Path, required=True, help="parquet file to write")
+    p.add_argument("--shard", help="i/n: score shard i of n (0-based), e.g. 0/4")
+    p.add_argument("--id-range", help="lo:hi: score token ids in [lo, hi)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--include-special", action="store_true", help="also score special tokens")
+    p.add_argument("--mode", choices=["ids", "text"], default="ids",
+                   help="ids: exact id path (default); text: the published decode/re-tokenise "
+                        "path, for comparison")
+    p.add_argument("--cache", choices=["auto", "fast", "stock", "none"], default="auto")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--top", type=int, default=10, help="print the top and bottom K (0: none)")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="SHARD",
+                   help="merge finished shard files into --output instead of sweeping")
+    p.set_defaults(run=run)
+
+
+def _span(text: str, sep: str, what: str) -> tuple[int, int]:
+    try:
+        a, b = (int(x) for x in text.split(sep))
+    except ValueError as exc:
+        raise TLRewardError(f"--{what} must look like N{sep}M, got {text!r}") from exc
+    return a, b
+
+
+def _prompts(args: argparse.Namespace) -> Any:
+    from tl_reward.analysis.vocab_sweep import PAPER_PROMPTS
+
+    if args.prompts_file:
+        items, labels = [], []
+        for i, line in enumerate(args.prompts_file.read_text().splitlines()):
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if "messages" not in rec and "prompt" not in rec:
+                raise TLRewardError(f"{args.prompts_file}:{i + 1}: need 'prompt' or 'messages'")
+            items.append(rec.get("messages", rec.get("prompt")))
+            labels.append(str(rec.get("label", f"prompt_{len(labels)}")))
+        return items, labels
+    if args.prompt:
+        if args.label and len(args.label) != len(args.prompt):
+            raise TLRewardError("give one --label per --prompt (or none)")
+        return list(args.prompt), list(args.label) or None
+    if args.label:
+        raise TLRewardError("--label needs --prompt")
+    return dict(PAPER_PROMPTS), None
+
+
+def run(args: argparse.Namespace) -> int:
+    from tl_reward.analysis.sweep_store import merge_sweeps
+    from tl_reward.analysis.token_extremes import top_bottom_tokens
+    from tl_reward.analysis.vocab_sweep import load_sweep, score_vocabulary
+
+    if args.merge:
+        path = merge_sweeps(args.merge, args.output)
+        print(f"merged {len(args.merge)} shards into {path} ({len(load_sweep(path))} tokens)")
+        return 0
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    shard = _span(args.shard, "/", "shard") if args.shard else None
+    id_range = _span(args.id_range, ":", "id-range") if args.id_range else None
+    prompts, labels = _prompts(args)
+    model = load_model(args)
+    sweep = score_vocabulary(
+        model, prompts, labels=labels, include_special=args.include_special,
+        batch_size=args.batch_size, mode=args.mode, cache=args.cache, output=args.output,
+        resume=args.resume, overwrite=args.overwrite, shard=shard, id_range=id_range,
+        progress=True)
+    print(f"{len(sweep)} tokens x {len(sweep.labels)} prompts -> {args.output}")
+    if args.top and len(sweep) and sweep.scores is not None:
+        ext = top_bottom_tokens(sweep, k=args.top)
+        for side in ("top", "bottom"):
+            table = ext.side_by_side(side).map(repr)
+            print(f"\n{side} {args.top}:\n{table.to_string()}")
+    return 0
