@@ -140,7 +140,7 @@ def attribution_patching(
         diff = act[0, rows_c] - act[1, rows_r]
         out = {}
         for mode, g in (("denoising", grad[hook][1, rows_r]), ("noising", grad[hook][0, rows_c])):
-            prod = (diff * g).float().cpu() / delta
+            prod = (diff * g).cpu() / delta
             out[mode] = prod.sum(-1) if reduce else prod
         return out
 

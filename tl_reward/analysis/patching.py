@@ -156,7 +156,7 @@ def run_patched(
     """
     n_layers = model.cfg.n_layers
     order = sorted(range(len(sites)), key=lambda i: sites[i].layer)
-    out = torch.empty(len(sites))
+    out = torch.empty(len(sites), dtype=model.cfg.dtype)
     tokens_1 = torch.tensor([ids], device=model.cfg.device)
     final_hook = f"blocks.{n_layers - 1}.hook_resid_post"
     p = prefix_len
@@ -196,7 +196,7 @@ def run_patched(
                           attention_mask=torch.ones_like(tokens), past_kv_cache=kv)
         if p:
             final = torch.cat([clean[final_hook][:, :p].expand(b, -1, -1), final], 1)
-        out[idx] = objective_value(model, final, tokens, objective).float().cpu()
+        out[idx] = objective_value(model, final, tokens, objective).cpu()
     return out
 
 
@@ -394,7 +394,8 @@ def activation_patching(
             return (m if s.unit is None else m[s.unit]).expand_as(cur)
 
         # a swap inside the shared prompt writes the value already there: the clean reward
-        out = torch.full((len(sites),), r_c if target == "chosen" else r_r)
+        out = torch.full((len(sites),), r_c if target == "chosen" else r_r,
+                         dtype=model.cfg.dtype)
         out[active] = run_patched(model, tp.ids(target), clean[target],
                                   [sites[i] for i in active], value, pos_of, obj, chunk_size,
                                   fraction, prefix_len=p)
@@ -455,6 +456,6 @@ def patch_components(
                           lambda s: tgt_rows, obj, chunk_size, prefix_len=p)
     delta = r_c - r_r
     eff = (patched - r_r) / delta if mode == "denoising" else (r_c - patched) / delta
-    out = torch.zeros(len(names))
+    out = torch.zeros(len(names), dtype=eff.dtype)
     out[keep] = eff
     return out
