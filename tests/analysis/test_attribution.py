@@ -43,9 +43,9 @@ def test_components_sum_to_hf_reward(tiny, arch: str, k: int) -> None:
     assert tm.contribution.sum() == pytest.approx(float(dra.reward[0, 0]), abs=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_heads_sum_to_attention_output(tiny, arch: str) -> None:
-    model, _, _ = tiny(arch, 1)
+    model, _, _ = tiny(arch, 3 if arch == "armorm" else 1)
     batch = model.make_batch(INPUTS)
     _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
     pos = model.pool_positions(batch.tokens, batch.attention_mask)

@@ -110,7 +110,7 @@ def test_ablations_match_hand_written_hooks(tiny, mode: str) -> None:
     assert res.to_dataframe().shape[0] == model.cfg.n_layers
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2", "armorm"])
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_direct_path_patching(tiny, arch: str) -> None:
     model, _, _ = tiny(arch, 3 if arch == "armorm" else 1)
     obj = "score"
