@@ -141,7 +141,7 @@ def test_direct_path_patching(tiny, arch: str) -> None:
 
         toks = tp.tokens("chosen")
         with model.hooks(fwd_hooks=[(f"blocks.{n - 1}.hook_resid_post", add)]):
-            val = float(model(toks, "score", attention_mask=torch.ones_like(toks))[0])
+            val = float(model(toks, "score", attention_mask=torch.ones_like(toks))[0].detach())
         idx = rec.names.index(f"L{layer}.mlp")
         assert float(rec.patched[idx]) == pytest.approx(val, abs=1e-4)
 
