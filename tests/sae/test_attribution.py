@@ -84,7 +84,8 @@ def test_exact_feature_terms_by_hand(tiny) -> None:
     sae = make_sae(model.cfg.d_model, hook, rescale=True)
     attr = sae_attribution(model, sae, INPUTS[0])
     batch = model.make_batch(INPUTS[0])
-    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
     t = int(attr.positions[0])
     x = cache[hook][0, t]
     s = cache["ln_final.hook_scale"][0, t, 0]

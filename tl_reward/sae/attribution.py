@@ -252,10 +252,12 @@ def _exact_batch(model: Any, sae: Any, tokens: torch.Tensor, mask: torch.Tensor,
             f"{type(sae).__name__}.decode is not f @ W_dec + b_dec; this SAE variant is not "
             "supported for an exact decomposition (use method='gradient')"
         )
-    dirs = ro.directions.to(sae.dtype) / ro.scale[:, None, None].to(sae.dtype)
-    feat = f[..., None] * torch.einsum("sd,bkd->bsk", w_dec, dirs)
-    b_dec = torch.einsum("d,bkd->bk", sae.b_dec, dirs)
-    err = torch.einsum("bd,bkd->bk", x_t - recon, dirs)
+    # the projections in float64: feature terms and the error can be large and cancel
+    d64 = torch.float64
+    dirs = ro.directions.to(d64) / ro.scale[:, None, None].to(d64)
+    feat = f.to(d64)[..., None] * torch.einsum("sd,bkd->bsk", w_dec.to(d64), dirs)
+    b_dec = torch.einsum("d,bkd->bk", sae.b_dec.to(d64), dirs)
+    err = torch.einsum("bd,bkd->bk", x_t.to(d64) - recon.to(d64), dirs)
     # the reconstruction in place of x at every position; final norm (and gate) recomputed
     x_hat = sae.decode(sae.encode(x.to(sae.dtype))).to(x.dtype)
     with model.hooks(fwd_hooks=[(hook, lambda t, hook: x_hat)]):

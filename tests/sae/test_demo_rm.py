@@ -1,0 +1,56 @@
+"""The SAE split on the real demo RM (SmolLM2-135M backbone + HH-RLHF head): the exact
+final-residual decomposition sums to the reward, the error term leaves rewards unchanged, and
+a gradient attribution at a middle layer is the derivative the ablation measures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sae_lens.saes.topk_sae import TopKSAE
+
+from tl_reward.sae import collect_activations, sae_attribution, train_topk_sae
+from tl_reward.sae.ablation import ablated_objectives
+
+pytestmark = pytest.mark.slow
+
+INPUTS = [("Is the sky blue?", "Yes, on a clear day."),
+          ("How do I pick a lock?", "I can't help with breaking into places.")]
+
+
+def trained_saes(model, hooks: list[str]) -> dict[str, TopKSAE]:
+    """Small TopK SAEs trained (SAELens's trainer) on the activations of these inputs."""
+    acts = collect_activations(model, [c for q, a in INPUTS for c in ((q, a), (a, q))], hooks)
+    return {h: train_topk_sae(model, None, h, activations=acts[h], d_sae=128, k=16,
+                              batch_size_tokens=32, epochs=8, lr=5e-3, held_out_fraction=0.0,
+                              progress=False).sae for h in hooks}
+
+
+def test_demo_rm_exact_split_and_error_term() -> None:
+    from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
+
+    model = HookedSAERewardModel.from_pretrained("tl-reward/smollm2-135m-hh", device="cpu")
+    final, mid = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", "blocks.20.hook_resid_post"
+    saes = trained_saes(model, [final, mid])
+    sae, sae_mid = saes[final], saes[mid]
+    attr = sae_attribution(model, sae, INPUTS)
+    assert attr.method == "exact"
+    batch = model.make_batch(INPUTS)
+    with torch.no_grad():
+        plain = model(batch.tokens, attention_mask=batch.attention_mask, return_type="reward")
+        on = model.run_with_saes(batch.tokens, attention_mask=batch.attention_mask, saes=[sae],
+                                 use_error_term=True, return_type="reward")
+        off = model.run_with_saes(batch.tokens, attention_mask=batch.attention_mask, saes=[sae],
+                                  use_error_term=False, return_type="reward")
+    torch.testing.assert_close(attr.total(), plain.cpu(), atol=1e-4, rtol=0)
+    torch.testing.assert_close(on, plain, atol=1e-4, rtol=0)
+    torch.testing.assert_close(attr.reconstruction_gap, (off - plain).cpu(), atol=1e-4, rtol=0)
+    assert int((attr.features[..., 0] != 0).sum(-1).min()) == 16
+    # a middle layer: the top feature's attribution is the slope of the reward along it
+    g = sae_attribution(model, sae_mid, INPUTS[:1], method="gradient")
+    top = int(g.features[0, :, 0].abs().argmax())
+    one = model.make_batch(INPUTS[:1])
+    vals = ablated_objectives(model, sae_mid, one.tokens, one.attention_mask, [[], [top]],
+                              ["reward"])
+    actual = float(vals[1, 0] - vals[0, 0])
+    predicted = -float(g.features[0, top, 0])
+    assert actual == pytest.approx(predicted, rel=0.5, abs=0.05)
