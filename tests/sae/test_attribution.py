@@ -92,11 +92,11 @@ def test_exact_feature_terms_by_hand(tiny) -> None:
     gain = hf.model.norm.weight.detach()
     w = hf.score.weight.detach()[0] * gain  # the folded head, straight from HF
     f = sae.encode(x).detach()
-    d = sae.W_dec.detach() / sae.W_dec.norm(dim=-1, keepdim=True)
+    d = (sae.W_dec / sae.W_dec.norm(dim=-1, keepdim=True)).detach()
     for i in f.nonzero().flatten().tolist():
         assert float(attr.features[0, i, 0]) == pytest.approx(float(f[i] * (d[i] @ w) / s),
                                                               abs=1e-5)
-    assert float(attr.b_dec[0, 0]) == pytest.approx(float(sae.b_dec @ w / s), abs=1e-5)
+    assert float(attr.b_dec[0, 0]) == pytest.approx(float(sae.b_dec.detach() @ w / s), abs=1e-5)
 
 
 def test_differential_sums_to_margin(tiny) -> None:
