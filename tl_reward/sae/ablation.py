@@ -29,6 +29,7 @@ from jaxtyping import Float
 from scipy import stats
 from tqdm.auto import tqdm
 
+from tl_reward.analysis.readout import resolve_objectives
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.errors import TLRewardError
 from tl_reward.sae.attribution import differential_sae_attribution, sae_attribution
@@ -209,8 +210,8 @@ def ablation_check(
 
     model = as_sae_model(model)
     items = [inputs] if _is_single(inputs) else list(inputs)
-    attr = sae_attribution(model, sae, items, objectives=objective, method=method,
-                           progress=progress)
+    attr = sae_attribution(model, sae, items, objectives=resolve_objectives(model, objective)[:1],
+                           method=method, progress=progress)
     j = 0
     name = attr.objectives[j]
     rows: list[tuple[int, int, float, float]] = []
@@ -238,8 +239,9 @@ def pair_ablation_check(
     replies."""
     model = as_sae_model(model)
     batch = as_pair_batch(model, pairs)
-    pa = differential_sae_attribution(model, sae, batch, objectives=objective, method=method,
-                                      progress=progress)
+    pa = differential_sae_attribution(model, sae, batch,
+                                      objectives=resolve_objectives(model, objective)[:1],
+                                      method=method, progress=progress)
     name = pa.objectives[0]
     diff = pa.difference()[..., 0]
     rows: list[tuple[int, int, float, float]] = []
