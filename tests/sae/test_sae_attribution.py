@@ -183,7 +183,7 @@ def test_gradient_attribution_is_the_derivative() -> None:
     with model.hooks(fwd_hooks=[(hook, grab)]):
         r = model(batch.tokens, attention_mask=batch.attention_mask, return_type="reward")
     r.sum().backward()
-    x_dot_g = float((store["x"] * store["x"].grad).sum())
+    x_dot_g = float((store["x"] * store["x"].grad).sum().detach())
     assert float(attr.total()[0, 0]) == pytest.approx(x_dot_g, rel=1e-6)  # results are float32
     # gap: replace x by the reconstruction with a plain TL hook
     x_hat = {}
