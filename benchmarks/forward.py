@@ -11,16 +11,15 @@ the resident-set high-water mark above the post-load baseline (reset through
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import multiprocessing as mp
-import resource
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from memory import proc_status_mb, reset_peak_rss
 
 ROOT = Path(__file__).resolve().parents[1]
 HH = ROOT.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
@@ -36,23 +35,6 @@ def _conversations(n: int, max_tokens: int, tok: Any) -> list[list[dict[str, str
                                                             return_dict=True)["input_ids"])
             <= max_tokens]
     return keep[:n]
-
-
-def _proc_status_mb(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _reset_peak_rss() -> float:
-    """Release freed heap to the OS, reset the RSS high-water mark, return current RSS (MB)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-    return _proc_status_mb("VmRSS")
 
 
 def _worker(side: str, args: dict[str, Any], out: Any) -> None:
@@ -94,7 +76,7 @@ def _worker(side: str, args: dict[str, Any], out: Any) -> None:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() / 2**20
     else:
-        base = _reset_peak_rss()
+        base = reset_peak_rss()
     times, scores = [], []
     with torch.inference_mode():
         step(batches[0])  # warm-up
@@ -105,7 +87,7 @@ def _worker(side: str, args: dict[str, Any], out: Any) -> None:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
     peak = (torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda")
-            else _proc_status_mb("VmHWM"))
+            else proc_status_mb("VmHWM"))
     out.put({"side": side, "seconds": statistics.median(times), "peak_mb": peak - base,
              "n_seqs": len(convs), "n_tokens": int(sum(b.lengths.sum() for b in batches)),
              "scores": torch.cat(scores).tolist()})
