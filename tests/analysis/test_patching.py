@@ -102,7 +102,7 @@ def test_ablations_match_hand_written_hooks(tiny, mode: str) -> None:
         toks = tp.tokens(side)
         logits = model.run_with_hooks(toks, attention_mask=torch.ones_like(toks),
                                       fwd_hooks=[(hook, ablate)])
-        vals.append(float(logits[0, -1, 0]))
+        vals.append(float(logits[0, -1, 0].detach()))
     assert float(res.patched[0, 1]) == pytest.approx(vals[0], abs=1e-4)
     assert float(res.patched[1, 1]) == pytest.approx(vals[1], abs=1e-4)
     expect = (res.delta - (vals[0] - vals[1])) / res.delta
