@@ -31,6 +31,7 @@ from tl_reward.analysis.components import (
     final_components,
     head_position_projections,
     neuron_projections,
+    stack_components,
 )
 from tl_reward.analysis.readout import ObjectiveSpec, reward_readout
 from tl_reward.data.pairs import PairBatch, as_pair_batch
@@ -96,20 +97,7 @@ class DirectAttribution:
     def components(self, level: str = "sublayer") -> tuple[torch.Tensor, list[str]]:
         """``([N, C, n_obj], names)`` at ``level`` ``"sublayer"`` (embeddings, each attention
         layer and MLP) or ``"head"`` (embeddings, each head, attention bias, MLP)."""
-        n_layers, n_heads = self.heads.shape[1], self.heads.shape[2]
-        parts, names = [self.embed], list(self.embed_names)
-        for layer in range(n_layers):
-            if level == "sublayer":
-                parts.append(self.attn[:, layer, None])
-                names.append(f"L{layer}.attn")
-            elif level == "head":
-                parts += [self.heads[:, layer], self.attn_bias[:, layer, None]]
-                names += [f"L{layer}.H{h}" for h in range(n_heads)] + [f"L{layer}.attn_bias"]
-            else:
-                raise ValueError(f"level must be 'sublayer' or 'head', got {level!r}")
-            parts.append(self.mlp[:, layer, None])
-            names.append(f"L{layer}.mlp")
-        return torch.cat(parts, 1), names
+        return stack_components(self, level)
 
     def token_map(self, index: int = 0, objective: int | str = 0) -> pd.DataFrame:
         """Per source token of input ``index``: the summed direct contribution of every head

@@ -16,6 +16,7 @@ attribution, patching and the faithfulness report.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -86,21 +87,27 @@ class FinalComponents:
         ``level="sublayer"``: embeddings, then each layer's attention and MLP output.
         ``level="head"``: embeddings, then per layer each head, the attention bias and the MLP.
         """
-        n_layers, n_heads = self.heads.shape[1], self.heads.shape[2]
-        parts = [self.embed]
-        names = list(self.embed_names)
-        for layer in range(n_layers):
-            if level == "sublayer":
-                parts.append(self.attn[:, layer, None])
-                names.append(f"L{layer}.attn")
-            elif level == "head":
-                parts += [self.heads[:, layer], self.attn_bias[:, layer, None]]
-                names += [f"L{layer}.H{h}" for h in range(n_heads)] + [f"L{layer}.attn_bias"]
-            else:
-                raise ValueError(f"level must be one of {SUBLAYER_LEVELS}, got {level!r}")
-            parts.append(self.mlp[:, layer, None])
-            names.append(f"L{layer}.mlp")
-        return torch.cat(parts, 1), names
+        return stack_components(self, level)
+
+
+def stack_components(parts: object, level: str = "sublayer") -> tuple[torch.Tensor, list[str]]:
+    """Concatenate ``parts.embed``, ``.heads``/``.attn``, ``.attn_bias`` and ``.mlp`` (any
+    trailing shape) along dim 1 in layer order, with their names, at ``level``."""
+    if level not in SUBLAYER_LEVELS:
+        raise ValueError(f"level must be one of {SUBLAYER_LEVELS}, got {level!r}")
+    p: Any = parts
+    n_layers, n_heads = p.heads.shape[1], p.heads.shape[2]
+    tensors, names = [p.embed], list(p.embed_names)
+    for layer in range(n_layers):
+        if level == "sublayer":
+            tensors.append(p.attn[:, layer, None])
+            names.append(f"L{layer}.attn")
+        else:
+            tensors += [p.heads[:, layer], p.attn_bias[:, layer, None]]
+            names += [f"L{layer}.H{h}" for h in range(n_heads)] + [f"L{layer}.attn_bias"]
+        tensors.append(p.mlp[:, layer, None])
+        names.append(f"L{layer}.mlp")
+    return torch.cat(tensors, 1), names
 
 
 def final_components(
