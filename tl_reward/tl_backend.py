@@ -199,14 +199,21 @@ def build_prefix_cache(
                        values=[store[f"blocks.{i}.attn.hook_v"] for i in range(n)])
 
 
+def frozen_kv_cache(keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor
+                    ) -> TransformerLensKeyValueCache:
+    """A frozen TransformerLens cache from per-layer ``[batch, pos, head, d_head]`` keys and
+    values (views are fine: a frozen cache never writes to them) and a ``[batch, pos]`` mask."""
+    entries = [TransformerLensKeyValueCacheEntry(k, v, frozen=True)
+               for k, v in zip(keys, values, strict=True)]
+    return TransformerLensKeyValueCache(entries, mask, frozen=True)
+
+
 def expand_stock_cache(cache: TransformerLensKeyValueCache, batch: int
                        ) -> TransformerLensKeyValueCache:
     """A frozen copy of a batch-1 cache whose entries are ``expand``-ed views at ``batch``."""
-    entries = [TransformerLensKeyValueCacheEntry(e.past_keys.expand(batch, -1, -1, -1),
-                                                 e.past_values.expand(batch, -1, -1, -1),
-                                                 frozen=True) for e in cache.entries]
-    mask = cache.previous_attention_mask.expand(batch, -1)
-    return TransformerLensKeyValueCache(entries, mask, frozen=True)
+    return frozen_kv_cache([e.past_keys.expand(batch, -1, -1, -1) for e in cache.entries],
+                           [e.past_values.expand(batch, -1, -1, -1) for e in cache.entries],
+                           cache.previous_attention_mask.expand(batch, -1))
 
 
 def _suffix_mask(attn: Any, past: int, length: int, device: torch.device) -> torch.Tensor:

@@ -32,12 +32,11 @@ from typing import Any
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 
 from tl_reward.analysis.readout import normalise, resolve_objectives
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
 from tl_reward.errors import TLRewardError
+from tl_reward.tl_backend import frozen_kv_cache
 
 MODES = ("denoising", "noising", "zero", "mean")
 SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")
@@ -118,16 +117,14 @@ def clean_hooks(model: Any, sites: Sequence[Site]) -> set[str]:
 
 
 def _prefix_cache(model: Any, clean: dict[str, torch.Tensor], prefix_len: int,
-                  batch: int) -> TransformerLensKeyValueCache:
+                  batch: int) -> Any:
     """A frozen key/value cache of the first ``prefix_len`` positions, expanded to ``batch``."""
-    entries = []
+    keys, values = [], []
     for i in range(model.cfg.n_layers):
-        k = clean[f"blocks.{i}.attn.hook_k"][:, :prefix_len]
-        v = clean[f"blocks.{i}.attn.hook_v"][:, :prefix_len]
-        entries.append(TransformerLensKeyValueCacheEntry(
-            k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), frozen=True))
+        for out, name in ((keys, "hook_k"), (values, "hook_v")):
+            out.append(clean[f"blocks.{i}.attn.{name}"][:, :prefix_len].expand(batch, -1, -1, -1))
     mask = torch.ones((batch, prefix_len), dtype=torch.long, device=model.cfg.device)
-    return TransformerLensKeyValueCache(entries, mask, frozen=True)
+    return frozen_kv_cache(keys, values, mask)
 
 
 @torch.no_grad()
