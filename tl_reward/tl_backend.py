@@ -2,12 +2,13 @@
 backend can replace this one module.
 
 What it does: builds ``HookedTransformerConfig`` objects, calls TransformerLens's weight
-converters with the reward head standing in for ``lm_head``, and exposes the key/value cache
-classes used by the vocabulary sweep.
+converters with the reward head standing in for ``lm_head``, processes and loads the weights a
+block at a time, and exposes the key/value cache classes used by patching and the sweep.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from torch import nn
 from transformer_lens import HookedTransformerConfig
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+from transformer_lens.components import LayerNormPre, RMSNormPre
+from transformer_lens.weight_processing import ProcessWeights
 
 _CONVERTERS = {
     "llama": ("transformer_lens.pretrained.weight_conversions.llama", "convert_llama_weights"),
@@ -81,21 +84,68 @@ def convert_state_dict(
     return state_dict
 
 
-def process_weights(model: Any, state_dict: dict[str, torch.Tensor]) -> None:
-    """Load ``state_dict`` with the folds tl_reward uses; never ``center_unembed``.
+PROCESSING = dict(fold_ln=True, center_writing_weights=True, center_unembed=False,
+                  fold_value_biases=True, refactor_factored_attn_matrices=False)
+"""The folds tl_reward uses: ``fold_ln`` puts the final norm's gain into the head,
+``center_writing_weights`` and ``fold_value_biases`` keep TransformerLens's usual conventions.
+Centring the unembedding would zero a one-column reward head, so it stays off."""
 
-    ``fold_ln`` puts the final norm's gain into the head, ``center_writing_weights`` and
-    ``fold_value_biases`` keep TransformerLens's usual conventions. Centring the unembedding
-    would zero a one-column reward head, so it stays off.
+
+def process_weights_stock(model: Any, state_dict: dict[str, torch.Tensor]) -> None:
+    """TransformerLens's own ``load_and_process_state_dict`` with :data:`PROCESSING`.
+
+    It upcasts the whole state dict to float32 and clones all of it at every step: the reference
+    that :func:`process_weights` is tested against, bit for bit.
     """
-    model.load_and_process_state_dict(
-        state_dict,
-        fold_ln=True,
-        center_writing_weights=True,
-        center_unembed=False,
-        fold_value_biases=True,
-        refactor_factored_attn_matrices=False,
-    )
+    model.load_and_process_state_dict(state_dict, **PROCESSING)
+
+
+def _use_pre_norms(model: Any) -> None:
+    """Swap the folded norms for their weightless ``*Pre`` forms, as ``fold_ln`` does."""
+    cfg = model.cfg
+    kinds = {"LN": (LayerNormPre, "LNPre"), "RMS": (RMSNormPre, "RMSPre")}
+    if cfg.normalization_type not in kinds:
+        return
+    norm, cfg.normalization_type = kinds[cfg.normalization_type]
+    model.ln_final = norm(cfg)
+    for block in model.blocks:
+        block.ln1, block.ln2 = norm(cfg), norm(cfg)
+        if cfg.is_layer_norm_activation():
+            block.mlp.ln = norm(cfg)
+
+
+def process_weights(model: Any, state_dict: dict[str, torch.Tensor]) -> None:
+    """Load ``state_dict`` into ``model`` with :data:`PROCESSING`, one block at a time.
+
+    The same result as :func:`process_weights_stock`, bit for bit, but each block's weights are
+    processed (TransformerLens's ``ProcessWeights`` on a one-layer view) and loaded before the
+    next, so peak memory is the model plus one block (or the embeddings) in float32 instead of
+    several float32 copies of the whole model. Entries are popped from ``state_dict``.
+    """
+    cfg = model.cfg
+    state_dict = model.fill_missing_keys(state_dict)
+    _use_pre_norms(model)
+    one_layer = copy.copy(cfg)
+    one_layer.n_layers = 1
+    shared = {k: v for k, v in state_dict.items() if not k.startswith("blocks.")}
+    embeddings = {k: v for k, v in shared.items() if k.startswith(("embed.", "pos_embed."))}
+    for layer in range(cfg.n_layers):
+        prefix = f"blocks.{layer}."
+        group = {"blocks.0." + k[len(prefix):]: state_dict.pop(k)
+                 for k in [k for k in state_dict if k.startswith(prefix)]}
+        # block 0 carries the embeddings and head; later blocks see the embeddings only because
+        # centring the writing weights reads them (their outputs are dropped)
+        group.update(shared if layer == 0 else embeddings)
+        processed = ProcessWeights.process_weights(group, one_layer, **PROCESSING)
+        del group
+        block = {k[len("blocks.0."):]: processed.pop(k) for k in list(processed)
+                 if k.startswith("blocks.0.")}
+        # as in TransformerLens, folded norm weights (now ones) have no parameter and are skipped
+        model.blocks[layer].load_state_dict(block, strict=False)
+        if layer == 0:
+            model.load_state_dict(processed, strict=False)
+        del block, processed
+    model.setup()
 
 
 # -- shared-prefix key/value caches (vocabulary sweep) ----------------------------------------
