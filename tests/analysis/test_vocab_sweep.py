@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformer_lens import utils
+from transformer_lens import utilities as utils
 
 from tl_reward.analysis.response_template import response_template
 from tl_reward.analysis.vocab_sweep import (
