@@ -121,6 +121,20 @@ def _float64_model(arch: str = "llama", k: int = 1) -> HookedSAERewardModel:
                                                 device="cpu", dtype=torch.float64)
 
 
+def _with_feature_scaled(model: HookedSAERewardModel, sae: SAE, hook: str, batch: object,
+                         feature: int, factor: float, return_type: str) -> torch.Tensor:
+    """The model's output for input 0 with SAE feature ``feature`` scaled by ``factor``."""
+    def fn(acts: torch.Tensor, hook: object) -> torch.Tensor:
+        acts = acts.clone()
+        acts[..., feature] *= factor
+        return acts
+    with torch.no_grad(), model.saes(saes=[sae], use_error_term=True):
+        out = model.run_with_hooks(batch.tokens, attention_mask=batch.attention_mask,
+                                   return_type=return_type,
+                                   fwd_hooks=[(f"{hook}.hook_sae_acts_post", fn)])
+    return out[0]
+
+
 def test_armorm_score_gradient_through_the_gate() -> None:
     """ArmoRM's score: the gradient includes the gate's dependence on the features (finite
     differences of the model's own score, float64)."""
@@ -133,15 +147,7 @@ def test_armorm_score_gradient_through_the_gate() -> None:
     eps = 1e-4
 
     def score(factor: float) -> float:
-        def fn(acts: torch.Tensor, hook: object) -> torch.Tensor:
-            acts = acts.clone()
-            acts[..., i] *= factor
-            return acts
-        with torch.no_grad(), model.saes(saes=[sae], use_error_term=True):
-            out = model.run_with_hooks(batch.tokens, attention_mask=batch.attention_mask,
-                                       return_type="score",
-                                       fwd_hooks=[(f"{hook}.hook_sae_acts_post", fn)])
-        return float(out[0])
+        return float(_with_feature_scaled(model, sae, hook, batch, i, factor, "score"))
 
     fd = (score(1 + eps) - score(1 - eps)) / (2 * eps)
     assert float(attr.features[0, i, 0]) == pytest.approx(fd, rel=1e-5, abs=1e-9)
@@ -160,15 +166,7 @@ def test_gradient_attribution_is_the_derivative() -> None:
     eps = 1e-4
 
     def scaled(i: int, factor: float) -> float:
-        def fn(acts: torch.Tensor, hook: object) -> torch.Tensor:
-            acts = acts.clone()
-            acts[..., i] *= factor
-            return acts
-        with torch.no_grad(), model.saes(saes=[sae], use_error_term=True):
-            out = model.run_with_hooks(batch.tokens, attention_mask=batch.attention_mask,
-                                       return_type="reward",
-                                       fwd_hooks=[(f"{hook}.hook_sae_acts_post", fn)])
-        return float(out[0, 0])
+        return float(_with_feature_scaled(model, sae, hook, batch, i, factor, "reward")[0])
 
     for i in feats:
         fd = (scaled(i, 1 + eps) - scaled(i, 1 - eps)) / (2 * eps)  # d r / d (scale of f_i)
