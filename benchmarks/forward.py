@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from memory import proc_status_mb, reset_peak_rss
+from memory import peak_mb, start_peak
 
 ROOT = Path(__file__).resolve().parents[1]
 HH = ROOT.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
@@ -68,15 +68,7 @@ def _worker(side: str, args: dict[str, Any], out: Any) -> None:
 
         def step(b: Any) -> torch.Tensor:
             return runner(b.tokens, attention_mask=b.attention_mask, return_type="score")
-    import gc
-
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated() / 2**20
-    else:
-        base = reset_peak_rss()
+    base = start_peak(device)
     times, scores = [], []
     with torch.inference_mode():
         step(batches[0])  # warm-up
@@ -86,8 +78,7 @@ def _worker(side: str, args: dict[str, Any], out: Any) -> None:
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-    peak = (torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda")
-            else proc_status_mb("VmHWM"))
+    peak = peak_mb(device)
     out.put({"side": side, "seconds": statistics.median(times), "peak_mb": peak - base,
              "n_seqs": len(convs), "n_tokens": int(sum(b.lengths.sum() for b in batches)),
              "scores": torch.cat(scores).tolist()})

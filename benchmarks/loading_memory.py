@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from memory import proc_status_mb, reset_peak_rss
+from memory import peak_mb, start_peak
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -59,12 +59,12 @@ def _worker(way: str, args: dict[str, Any], out: Any) -> None:
 
     if way == "stock":
         backend.process_weights = backend.process_weights_stock
-    base = reset_peak_rss()
+    base = start_peak("cpu")
     t0 = time.perf_counter()
     model = HookedRewardModel.from_pretrained(args["model"], device="cpu",
                                               dtype=getattr(torch, args["dtype"]))
     seconds = time.perf_counter() - t0
-    peak = proc_status_mb("VmHWM") - base
+    peak = peak_mb("cpu") - base
     weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     gen = torch.Generator().manual_seed(0)
     probe = {k: v.flatten()[torch.randint(v.numel(), (64,), generator=gen)].float().tolist()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import resource
 from pathlib import Path
+
+import torch
 
 
 def proc_status_mb(field: str) -> float:
@@ -23,3 +26,22 @@ def reset_peak_rss() -> float:
     except OSError:
         pass
     return proc_status_mb("VmRSS")
+
+
+def start_peak(device: str) -> float:
+    """Collect garbage and reset the peak counter of ``device``; return the baseline (MB):
+    ``memory_allocated`` on CUDA, resident set size on CPU."""
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated() / 2**20
+    return reset_peak_rss()
+
+
+def peak_mb(device: str) -> float:
+    """The peak since :func:`start_peak` (MB, same measure as its baseline)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() / 2**20
+    return proc_status_mb("VmHWM")

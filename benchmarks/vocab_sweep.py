@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from memory import proc_status_mb, reset_peak_rss
+from memory import peak_mb, start_peak
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -58,23 +58,14 @@ def _worker(method: str, args: dict[str, Any], out: Any) -> None:
     kw = dict(batch_size=args["batch_size"], cache="none" if method == "naive" else method,
               progress=False)
     score_vocabulary(model, PAPER_PROMPTS["best"], ids[: min(8, len(ids))], **kw)  # warm-up
-    import gc
-
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated() / 2**20
-    else:
-        base = reset_peak_rss()
+    base = start_peak(device)
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     sweep = score_vocabulary(model, PAPER_PROMPTS, ids, **kw)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    peak = (torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda")
-            else proc_status_mb("VmHWM"))
+    peak = peak_mb(device)
     out.put({"method": method, "seconds": seconds, "peak_mb": peak - base,
              "n_ids": len(ids), "n_prompts": len(sweep.labels),
              "load_before": load0, "load_after": os.getloadavg()[0],
