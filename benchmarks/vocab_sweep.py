@@ -41,7 +41,7 @@ def _load(name: str, device: str) -> Any:
 
 
 def _sample_ids(model: Any, n: int, seed: int) -> list[int]:
-    from tl_reward.analysis.vocab_sweep import candidate_ids
+    from tl_reward.sweep.vocab_sweep import candidate_ids
 
     pool = candidate_ids(model)
     gen = torch.Generator().manual_seed(seed)
@@ -50,7 +50,7 @@ def _sample_ids(model: Any, n: int, seed: int) -> list[int]:
 
 def _worker(method: str, args: dict[str, Any], out: Any) -> None:
     torch.set_num_threads(args["threads"])
-    from tl_reward.analysis.vocab_sweep import PAPER_PROMPTS, score_vocabulary
+    from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, score_vocabulary
 
     device = args["device"]
     model = _load(args["model"], device)
@@ -106,8 +106,8 @@ def compare(args: argparse.Namespace) -> None:
 
 def full(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    from tl_reward.analysis.token_extremes import top_bottom_tokens
-    from tl_reward.analysis.vocab_sweep import PAPER_PROMPTS, score_vocabulary
+    from tl_reward.sweep.extremes import top_bottom_tokens
+    from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, score_vocabulary
 
     output = Path(args.output)
     timing_path = output.with_name(output.name + ".timing.json")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tl_reward.analysis.sweep_store import parts_dir
-from tl_reward.analysis.vocab_sweep import PAPER_PROMPTS, load_sweep, score_vocabulary
 from tl_reward.cli import main
+from tl_reward.sweep.store import parts_dir
+from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, load_sweep, score_vocabulary
 from tl_reward.testing.tiny import save_tiny_reward_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def test_killed_sweep_resumes_to_the_same_file(saved, tmp_path) -> None:
     script = textwrap.dedent(f"""
         import os, signal
         from tl_reward import HookedRewardModel
-        from tl_reward.analysis.vocab_sweep import PAPER_PROMPTS, score_vocabulary
+        from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, score_vocabulary
         model = HookedRewardModel.from_pretrained({str(path)!r}, device="cpu")
         def die(done, total):
             if done >= 90:

@@ -60,7 +60,7 @@ def _span(text: str, sep: str, what: str) -> tuple[int, int]:
 
 
 def _prompts(args: argparse.Namespace) -> Any:
-    from tl_reward.analysis.vocab_sweep import PAPER_PROMPTS
+    from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS
 
     if args.prompts_file:
         items, labels = [], []
@@ -83,9 +83,9 @@ def _prompts(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tl_reward.analysis.sweep_store import merge_sweeps
-    from tl_reward.analysis.token_extremes import top_bottom_tokens
-    from tl_reward.analysis.vocab_sweep import load_sweep, score_vocabulary
+    from tl_reward.sweep.extremes import top_bottom_tokens
+    from tl_reward.sweep.store import merge_sweeps
+    from tl_reward.sweep.vocab_sweep import load_sweep, score_vocabulary
 
     if args.merge:
         path = merge_sweeps(args.merge, args.output)

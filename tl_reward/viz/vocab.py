@@ -8,15 +8,14 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from tl_reward.analysis.roundtrip import RoundTripReport
-    from tl_reward.analysis.token_agreement import ModelAgreement
-    from tl_reward.analysis.token_distribution import ScoreDistribution
-    from tl_reward.analysis.token_extremes import TokenExtremes
-    from tl_reward.analysis.token_framing import PromptFraming
-    from tl_reward.analysis.token_frequency import FrequencyBias
-    from tl_reward.analysis.token_identity import IdentityAudit
-    from tl_reward.analysis.token_valence import ValenceAsymmetry
-    from tl_reward.analysis.vocab_sweep import VocabSweep
+    from tl_reward.sweep.agreement import ModelAgreement
+    from tl_reward.sweep.distribution import ScoreDistribution
+    from tl_reward.sweep.extremes import TokenExtremes
+    from tl_reward.sweep.framing import PromptFraming
+    from tl_reward.sweep.frequency import FrequencyBias
+    from tl_reward.sweep.identity import IdentityAudit
+    from tl_reward.sweep.roundtrip import RoundTripReport
+    from tl_reward.sweep.valence import ValenceAsymmetry
 
 
 def _shown(token: str) -> str:
@@ -44,13 +43,6 @@ def plot_extremes(extremes: TokenExtremes) -> Any:
     fig.update_layout(title=f"Top and bottom {k} of {extremes.n} tokens ({extremes.objective})",
                       height=max(400, 28 * 2 * k), barmode="overlay")
     return fig
-
-
-def plot_top_bottom(sweep: VocabSweep, k: int = 15, objective: int | str = "score") -> Any:
-    """:func:`plot_extremes` of a sweep's top and bottom ``k``."""
-    from tl_reward.analysis.token_extremes import top_bottom_tokens
-
-    return plot_extremes(top_bottom_tokens(sweep, k, objective))
 
 
 def plot_distribution(dist: ScoreDistribution, bins: int = 80) -> Any:

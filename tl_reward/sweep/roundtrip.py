@@ -31,9 +31,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from tqdm.auto import tqdm
 
-from tl_reward.analysis.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.data.conversation import Conversation, Message
 from tl_reward.errors import TLRewardError
+from tl_reward.sweep.response_template import Prompt, ResponseTemplate, response_template
 
 if TYPE_CHECKING:
     from tl_reward.model.hooked_reward_model import HookedRewardModel
@@ -176,7 +176,7 @@ def roundtrip_report(
     With ``score=True`` both paths are also scored (the text path with full forwards, as
     published), so the report shows how the round trip changes scores and rankings.
     """
-    from tl_reward.analysis.vocab_sweep import candidate_ids, score_vocabulary
+    from tl_reward.sweep.vocab_sweep import candidate_ids, score_vocabulary
 
     cands = candidate_ids(model, ids)
     report = roundtrip_check(model.tokenizer, prompt, cands, path, progress)

@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
-from tl_reward.analysis.token_lexicon import afinn_lexicon, per_word, scale_values, word_table
-from tl_reward.analysis.vocab_sweep import VocabSweep
 from tl_reward.errors import TLRewardError
 from tl_reward.stats.regression import OLSFit, ols
+from tl_reward.sweep.lexicon import afinn_lexicon, per_word, scale_values, word_table
+from tl_reward.sweep.vocab_sweep import VocabSweep
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Optimal and pessimal tokens: score every vocabulary token as the whole assistant response.
 
 For each prompt, token ``v`` is scored on ``prefix + [v] + suffix`` (ids from the chat template,
-see :mod:`tl_reward.analysis.response_template`), never on a decoded-and-re-tokenised string.
+see :mod:`tl_reward.sweep.response_template`), never on a decoded-and-re-tokenised string.
 The prefix runs once; batches of candidates then run only their few new positions against its
 key/value cache (:func:`tl_reward.tl_backend.run_after_prefix`), which equals naive
 full-sequence scoring to float precision and is an order of magnitude faster on ChatML prompts.
@@ -26,13 +26,16 @@ from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
 from tl_reward import tl_backend
-from tl_reward.analysis.response_template import (
+from tl_reward.data.conversation import Conversation, is_conversation
+from tl_reward.errors import TLRewardError, UnknownObjectiveError
+from tl_reward.model.heads import LinearRewardHead
+from tl_reward.sweep.response_template import (
     Prompt,
     ResponseTemplate,
     prompt_conversation,
     response_template,
 )
-from tl_reward.analysis.sweep_store import (
+from tl_reward.sweep.store import (
     SweepSpec,
     SweepWriter,
     chunk_bounds,
@@ -42,9 +45,6 @@ from tl_reward.analysis.sweep_store import (
     reward_column,
     score_column,
 )
-from tl_reward.data.conversation import Conversation, is_conversation
-from tl_reward.errors import TLRewardError, UnknownObjectiveError
-from tl_reward.model.heads import LinearRewardHead
 
 if TYPE_CHECKING:
     from tl_reward.model.hooked_reward_model import HookedRewardModel
@@ -73,7 +73,7 @@ class VocabSweep:
         prompts: the prompts as conversations.
         objectives: the K objective names.
         model_name: the model's name.
-        spec: how the sweep was made (see :class:`~tl_reward.analysis.sweep_store.SweepSpec`).
+        spec: how the sweep was made (see :class:`~tl_reward.sweep.store.SweepSpec`).
     """
 
     token_ids: Int[torch.Tensor, " n"]
@@ -160,13 +160,14 @@ class VocabSweep:
 
     def plot(self, k: int = 15, objective: int | str = "score") -> Any:
         """Top and bottom ``k`` tokens of every prompt (plotly)."""
-        from tl_reward.viz.vocab import plot_top_bottom
+        from tl_reward.sweep.extremes import top_bottom_tokens
+        from tl_reward.viz.vocab import plot_extremes
 
-        return plot_top_bottom(self, k=k, objective=objective)
+        return plot_extremes(top_bottom_tokens(self, k, objective))
 
     def save(self, path: str | Path) -> Path:
         """Write as a sweep parquet file (readable by :func:`load_sweep`)."""
-        from tl_reward.analysis.sweep_store import write_table
+        from tl_reward.sweep.store import write_table
 
         if self.spec is None:
             raise TLRewardError("this sweep has no spec; it was not made by score_vocabulary")
@@ -386,7 +387,7 @@ def score_vocabulary(
         resume: continue an interrupted sweep at ``output``.
         overwrite: replace an existing ``output``.
         shard: ``(i, n)``: score only shard ``i`` of ``n`` (whole batches; merge the files with
-            :func:`~tl_reward.analysis.sweep_store.merge_sweeps`).
+            :func:`~tl_reward.sweep.store.merge_sweeps`).
         id_range: ``(lo, hi)``: score only ids in ``[lo, hi)``.
         progress: show a progress bar (default: when more than four batches).
         callback: called as ``callback(done_ids, total_ids)`` after each written batch.
@@ -464,7 +465,7 @@ def _score_chunk(model: HookedRewardModel, spec: SweepSpec, templates: list[Resp
     ids = torch.tensor(chunk_ids, dtype=torch.long)
     for template, label, cache in zip(templates, spec.labels, caches, strict=True):
         if mode == "text":
-            from tl_reward.analysis.roundtrip import score_text_path
+            from tl_reward.sweep.roundtrip import score_text_path
 
             rewards, score = score_text_path(model, template, ids)
         else:

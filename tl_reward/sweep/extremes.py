@@ -16,8 +16,8 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
-from tl_reward.analysis.token_lexicon import percentile_of
-from tl_reward.analysis.vocab_sweep import VocabSweep
+from tl_reward.sweep.lexicon import percentile_of
+from tl_reward.sweep.vocab_sweep import VocabSweep
 
 
 @dataclass

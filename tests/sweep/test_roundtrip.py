@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tl_reward.analysis.roundtrip import roundtrip_check, roundtrip_report, text_path_ids
-from tl_reward.analysis.vocab_sweep import PAPER_PROMPTS, candidate_ids, score_vocabulary
 from tl_reward.errors import TLRewardError
 from tl_reward.model.inputs import encode
+from tl_reward.sweep.roundtrip import roundtrip_check, roundtrip_report, text_path_ids
+from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, candidate_ids, score_vocabulary
 
 PROMPT = PAPER_PROMPTS["best"]
 
@@ -55,8 +55,8 @@ def test_demo_tokenizer_round_trip() -> None:
     the template's newline) fail to come back."""
     from transformers import AutoTokenizer
 
-    from tl_reward.analysis.vocab_sweep import special_token_ids
     from tl_reward.model.demo import smollm2_local_dir
+    from tl_reward.sweep.vocab_sweep import special_token_ids
 
     tok = AutoTokenizer.from_pretrained(smollm2_local_dir())
     ids = [i for i in range(0, len(tok), 23) if i not in special_token_ids(tok)]

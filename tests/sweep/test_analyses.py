@@ -9,16 +9,16 @@ import pytest
 import torch
 from scipy import stats
 
-from tl_reward.analysis.token_agreement import model_agreement
-from tl_reward.analysis.token_distribution import score_distribution
-from tl_reward.analysis.token_extremes import percentiles, top_bottom_tokens
-from tl_reward.analysis.token_framing import prompt_framing
-from tl_reward.analysis.token_frequency import frequency_bias
-from tl_reward.analysis.token_identity import identity_percentiles
-from tl_reward.analysis.token_valence import valence_asymmetry
-from tl_reward.analysis.vocab_sweep import VocabSweep
 from tl_reward.errors import TLRewardError
 from tl_reward.stats.ranks import rank_biased_overlap
+from tl_reward.sweep.agreement import model_agreement
+from tl_reward.sweep.distribution import score_distribution
+from tl_reward.sweep.extremes import percentiles, top_bottom_tokens
+from tl_reward.sweep.framing import prompt_framing
+from tl_reward.sweep.frequency import frequency_bias
+from tl_reward.sweep.identity import identity_percentiles
+from tl_reward.sweep.valence import valence_asymmetry
+from tl_reward.sweep.vocab_sweep import VocabSweep
 
 
 def make_sweep(tokens: list[str], scores: np.ndarray, labels: list[str], name: str = "m",

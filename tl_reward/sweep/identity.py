@@ -19,9 +19,9 @@ from typing import Any
 
 import pandas as pd
 
-from tl_reward.analysis.token_lexicon import percentile_of, token_word
-from tl_reward.analysis.vocab_sweep import VocabSweep
 from tl_reward.errors import TLRewardError
+from tl_reward.sweep.lexicon import percentile_of, token_word
+from tl_reward.sweep.vocab_sweep import VocabSweep
 
 
 @dataclass

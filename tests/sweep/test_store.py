@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tl_reward.analysis.sweep_store import SweepStoreError, merge_sweeps, parts_dir, read_spec
-from tl_reward.analysis.vocab_sweep import PAPER_PROMPTS, load_sweep, score_vocabulary
+from tl_reward.sweep.store import SweepStoreError, merge_sweeps, parts_dir, read_spec
+from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, load_sweep, score_vocabulary
 
 
 class Interrupt(Exception):

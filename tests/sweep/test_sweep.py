@@ -6,15 +6,15 @@ import pytest
 import torch
 from transformer_lens import utilities as utils
 
-from tl_reward.analysis.response_template import response_template
-from tl_reward.analysis.vocab_sweep import (
+from tl_reward.errors import TLRewardError, UnknownObjectiveError
+from tl_reward.model.inputs import encode
+from tl_reward.sweep.response_template import response_template
+from tl_reward.sweep.vocab_sweep import (
     PAPER_PROMPTS,
     candidate_ids,
     score_vocabulary,
     special_token_ids,
 )
-from tl_reward.errors import TLRewardError, UnknownObjectiveError
-from tl_reward.model.inputs import encode
 from tl_reward.testing import ARCHITECTURES
 
 CONVERSATION = [{"role": "system", "content": "Answer in one word."},

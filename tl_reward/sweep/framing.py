@@ -21,11 +21,11 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from tl_reward.analysis.token_agreement import METRICS
-from tl_reward.analysis.token_extremes import percentiles
-from tl_reward.analysis.vocab_sweep import VocabSweep
 from tl_reward.errors import TLRewardError
 from tl_reward.stats.ranks import kendall_tau_b, rank_biased_overlap, spearman_rho, top_ranking
+from tl_reward.sweep.agreement import METRICS
+from tl_reward.sweep.extremes import percentiles
+from tl_reward.sweep.vocab_sweep import VocabSweep
 
 
 @dataclass

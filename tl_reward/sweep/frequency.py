@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tl_reward.analysis.token_lexicon import afinn_lexicon, zipf_frequency
-from tl_reward.analysis.token_valence import lexicon_words
-from tl_reward.analysis.vocab_sweep import VocabSweep
 from tl_reward.errors import TLRewardError
 from tl_reward.stats.regression import OLSFit, ols
+from tl_reward.sweep.lexicon import afinn_lexicon, zipf_frequency
+from tl_reward.sweep.valence import lexicon_words
+from tl_reward.sweep.vocab_sweep import VocabSweep
 
 
 @dataclass

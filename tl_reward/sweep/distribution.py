@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from tl_reward.analysis.vocab_sweep import VocabSweep
+from tl_reward.sweep.vocab_sweep import VocabSweep
 
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
