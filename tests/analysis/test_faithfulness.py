@@ -57,3 +57,33 @@ def test_report_scores_rhos_and_cache(tiny, tmp_path, monkeypatch: pytest.Monkey
     torch.testing.assert_close(again.scores["noising"], rep.scores["noising"])
     rep.save(tmp_path / "r.json")
     assert faith.FaithfulnessReport.load(tmp_path / "r.json").names == rep.names
+
+
+def _tiny(pooling: str = "hf"):
+    from tl_reward import HookedRewardModel
+    from tl_reward.testing import tiny_hf_reward_model
+
+    hf, tok = tiny_hf_reward_model("gpt2", num_labels=1, seed=0)
+    return HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
+                                             pooling=pooling)
+
+
+def test_cache_never_mixes_models(tmp_path) -> None:
+    """Two in-memory models with the same name and depth, differing in one body weight (then
+    only in the pooling rule), must not read each other's cached pairs."""
+    a, b = _tiny(), _tiny()
+    with torch.no_grad():
+        b.blocks[0].mlp.W_in[:, 3] *= 5.0  # a body weight: the head and embeddings unchanged
+    assert a.cfg.model_name == b.cfg.model_name and a.cfg.n_layers == b.cfg.n_layers
+    ra = faith.faithfulness_report(a, PAIRS[:1], cache_dir=tmp_path, progress=False)
+    rb = faith.faithfulness_report(b, PAIRS[:1], cache_dir=tmp_path, progress=False)
+    rb_fresh = faith.faithfulness_report(b, PAIRS[:1], progress=False)
+    assert len(list(tmp_path.glob("*.json"))) == 2  # one entry per model
+    assert ra.pair_ids != rb.pair_ids
+    assert not torch.allclose(ra.deltas, rb_fresh.deltas, atol=1e-3)  # the models differ
+    torch.testing.assert_close(rb.deltas, rb_fresh.deltas)  # B's own values, not A's
+    torch.testing.assert_close(rb.scores["noising"], rb_fresh.scores["noising"])
+    rc = faith.faithfulness_report(_tiny(pooling="mask"), PAIRS[:1], cache_dir=tmp_path,
+                                   progress=False)
+    assert rc.pair_ids[0] not in (ra.pair_ids[0], rb.pair_ids[0])
+    assert len(list(tmp_path.glob("*.json"))) == 3

@@ -43,6 +43,7 @@ from tl_reward.analysis.patching import patch_components
 from tl_reward.analysis.readout import resolve_objectives
 from tl_reward.data.pairs import TokenizedPair, as_pair_batch
 from tl_reward.errors import TLRewardError
+from tl_reward.model.fingerprint import model_fingerprint
 from tl_reward.stats.resampling import spearman, summarise_mean
 
 OBSERVATIONAL = ("dra_diff", "dra_chosen", "attr_patch_denoising", "attr_patch_noising")
@@ -160,8 +161,10 @@ class FaithfulnessReport:
 
 
 def _key(model: Any, tp: TokenizedPair, level: str, obj: str) -> str:
+    """Cache key: the pair's ids, the level, the objective and the model's fingerprint (weights,
+    dtype, pooling rule, head, library version), never its name."""
     h = hashlib.sha1(json.dumps([tp.chosen_ids, tp.rejected_ids, level, obj,
-                                 model.cfg.model_name, model.cfg.n_layers]).encode())
+                                 model_fingerprint(model)]).encode())
     return h.hexdigest()[:16]
 
 
