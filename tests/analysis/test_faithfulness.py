@@ -87,3 +87,20 @@ def test_cache_never_mixes_models(tmp_path) -> None:
                                    progress=False)
     assert rc.pair_ids[0] not in (ra.pair_ids[0], rb.pair_ids[0])
     assert len(list(tmp_path.glob("*.json"))) == 3
+
+
+def test_only_zero_margins_are_skipped_and_every_other_error_is_raised() -> None:
+    """The report used to catch every library error and count the pair as skipped."""
+    from tl_reward.errors import ContextLengthError, TLRewardError
+
+    model = _tiny()
+    good = PreferencePair.from_prompt("hi", "Hello! How can I help?", "Go away.")
+    same = PreferencePair.from_prompt("hi", "Same.", "Same.")  # margin exactly 0
+    too_long = PreferencePair.from_prompt("hi", "Yes. " * 200, "No.")  # > n_ctx = 256 tokens
+    rep = faith.faithfulness_report(model, [good, same], progress=False)
+    assert len(rep) == 1 and [s["pair"] for s in rep.meta["skipped"]] == [1]
+    assert "margin is exactly 0" in rep.meta["skipped"][0]["reason"]
+    with pytest.raises(ContextLengthError, match="context"):
+        faith.faithfulness_report(model, [good, too_long], progress=False)
+    with pytest.raises(TLRewardError, match="all 1 pairs have a reward margin of exactly 0"):
+        faith.faithfulness_report(model, [same], progress=False)
