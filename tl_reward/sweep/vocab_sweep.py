@@ -29,7 +29,7 @@ from tl_reward import tl_backend
 from tl_reward.data.conversation import Conversation, is_conversation
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.model.fingerprint import model_fingerprint
-from tl_reward.model.heads import LinearRewardHead
+from tl_reward.model.heads import LinearRewardHead, objective_slot
 from tl_reward.sweep.response_template import (
     Prompt,
     ResponseTemplate,
@@ -110,13 +110,7 @@ class VocabSweep:
                     f"this model has objectives {self.objectives} and no combined score; pass "
                     "objective=<name or index>")
             return self.scores[:, p]
-        if isinstance(objective, str):
-            if objective not in self.objectives:
-                raise UnknownObjectiveError(
-                    f"unknown objective {objective!r}; objectives are {self.objectives} "
-                    "(or 'score')")
-            objective = self.objectives.index(objective)
-        return self.rewards[:, p, objective]
+        return self.rewards[:, p, objective_slot(self.objectives, objective)]
 
     def to_dataframe(self, long: bool = False) -> pd.DataFrame:
         """One row per token (``token_id``, ``token``, ``score:<label>``, ``reward:<label>:<obj>``
