@@ -40,3 +40,18 @@ def hf_rewards(hf: Any, tokens: torch.Tensor, mask: torch.Tensor) -> dict[str, t
     if hasattr(out, "gating_output"):
         return {"reward": out.rewards, "score": out.score, "gating": out.gating_output}
     return {"reward": out.logits, "score": out.logits[:, 0] if out.logits.shape[1] == 1 else None}
+
+
+def parity_atol(ref: torch.Tensor, n_layers: int, dtype: torch.dtype = torch.float32) -> float:
+    """Tolerance for our forward against an independent implementation of the same model (HF's).
+
+    Both round every block's output at the dtype's precision ``eps`` (float32: 1.2e-7) and sum
+    in kernel-dependent orders, so the reward differs by about ``eps x depth x its magnitude``.
+    Measured: 3.6e-5 relative (300 eps, 10 eps per layer) on SmolLM2's 30 layers under one CPU,
+    about 1e-6 on the 3-layer tiny models. 256 eps per layer leaves 25x headroom over the worst
+    measured case; a real bug (a wrong pooled token, an unfolded final norm) moves the reward by
+    about its own magnitude, over 100x this tolerance (``test_parity`` and ``test_smollm2`` show
+    it).
+    """
+    eps = torch.finfo(dtype).eps
+    return float(256 * eps * n_layers * max(1.0, float(ref.abs().max())))
