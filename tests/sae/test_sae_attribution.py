@@ -77,26 +77,65 @@ def test_exact_split_sums_to_hf_reward(tiny, arch: str, k: int) -> None:
                                atol=1e-4, rtol=0)
 
 
-def test_exact_feature_terms_by_hand(tiny) -> None:
-    """One feature's term is f_i (d_i . w) / s, computed here from the cache and HF's head."""
-    model, hf = sae_model(tiny, "llama", 1)
+def _hf_readout(hf: object, arch: str) -> tuple[torch.Tensor, torch.Tensor, bool, float]:
+    """From HF's own modules, by hand: the head rows with the final norm's gain folded in
+    ``[K, d]``, the head's bias ``[K]``, whether the norm centres (LayerNorm) and its eps."""
+    if arch == "gpt2":
+        ln, head = hf.transformer.ln_f, hf.score.weight
+        return head * ln.weight, head @ ln.bias, True, hf.config.layer_norm_epsilon
+    gain = hf.model.norm.weight + (1.0 if arch == "gemma2" else 0.0)  # Gemma scales by 1 + w
+    head = hf.regression_layer.weight if arch == "armorm" else hf.score.weight
+    return head * gain, torch.zeros(head.shape[0]), False, hf.config.rms_norm_eps
+
+
+@pytest.mark.parametrize(("arch", "k"), CASES, ids=[f"{a}-K{k}" for a, k in CASES])
+def test_exact_feature_terms_by_hand(tiny, arch: str, k: int) -> None:
+    """Every term of the exact split, recomputed independently (the error term cannot absorb a
+    mistake here): feature i's term is ``(v_i . w_k) / s`` where ``v_i = decode(f_i e_i) -
+    decode(0)`` is what SAELens's own decoder writes for that feature alone, ``w_k`` HF's head
+    row times HF's final-norm gain, ``s`` the norm's scale computed by hand from the residual
+    (``v`` centred first for LayerNorm); likewise the ``b_dec``, error and bias terms."""
+    model, hf = sae_model(tiny, arch, k)
     hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    sae = make_sae(model.cfg.d_model, hook, rescale=True)
-    attr = sae_attribution(model, sae, INPUTS[0])
-    batch = model.make_batch(INPUTS[0])
-    with torch.no_grad():
-        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
-    t = int(attr.positions[0])
-    x = cache[hook][0, t]
-    s = cache["ln_final.hook_scale"][0, t, 0]
-    gain = hf.model.norm.weight.detach()
-    w = hf.score.weight.detach()[0] * gain  # the folded head, straight from HF
-    f = sae.encode(x).detach()
-    d = (sae.W_dec / sae.W_dec.norm(dim=-1, keepdim=True)).detach()
-    for i in f.nonzero().flatten().tolist():
-        assert float(attr.features[0, i, 0]) == pytest.approx(float(f[i] * (d[i] @ w) / s),
-                                                              abs=1e-5)
-    assert float(attr.b_dec[0, 0]) == pytest.approx(float(sae.b_dec.detach() @ w / s), abs=1e-5)
+    sae = make_sae(model.cfg.d_model, hook, rescale=arch in ("llama", "gpt2"))
+    w, bias, centre, eps = (t.detach() if isinstance(t, torch.Tensor) else t
+                            for t in _hf_readout(hf, arch))
+    cols = list(range(len(model.objectives)))
+
+    def c(v: torch.Tensor) -> torch.Tensor:
+        return v - v.mean(-1, keepdim=True) if centre else v
+
+    n_checked = 0
+    for item in INPUTS:
+        attr = sae_attribution(model, sae, [item])
+        slot = [attr.objectives.index(o) for o in model.objectives]
+        ids = torch.tensor([model.encode(item).ids])
+        t = ids.shape[1] - 1  # unpadded: the reward is read at the last token
+        assert int(attr.positions[0]) == t
+        with torch.no_grad():
+            _, cache = model.run_with_cache(ids, names_filter=hook)
+            x = cache[hook][0, t]
+            s = (c(x).pow(2).mean() + eps).sqrt()  # RMSNorm / LayerNorm scale, by hand
+            f = sae.encode(x[None])[0]
+            zero = sae.decode(torch.zeros_like(f)[None])[0]
+            active = f.nonzero().flatten().tolist()
+            assert 0 < len(active) <= sae.cfg.k
+            for i in active:
+                v = sae.decode((f * (torch.arange(len(f)) == i))[None])[0] - zero
+                want = c(v) @ w.T / s  # [K]
+                torch.testing.assert_close(attr.features[0, i, slot], want[cols],
+                                           atol=2e-5, rtol=1e-5)
+                n_checked += 1
+            inactive = torch.ones(len(f), dtype=torch.bool)
+            inactive[active] = False
+            assert not attr.features[0, inactive].any()
+            torch.testing.assert_close(attr.b_dec[0, slot], (c(sae.b_dec) @ w.T / s)[cols],
+                                       atol=2e-5, rtol=1e-5)
+            err = x - sae.decode(f[None])[0]
+            torch.testing.assert_close(attr.error[0, slot], (c(err) @ w.T / s)[cols],
+                                       atol=2e-5, rtol=1e-5)
+            torch.testing.assert_close(attr.bias[0, slot], bias[cols], atol=2e-5, rtol=1e-5)
+    assert n_checked >= 2 * sae.cfg.k - 2
 
 
 def test_differential_sums_to_margin(tiny) -> None:
