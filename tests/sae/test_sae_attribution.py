@@ -260,15 +260,40 @@ def test_ablation_is_the_hand_made_intervention(tiny) -> None:
         assert float(got[row, 0]) == pytest.approx(float(want[0, 0]), abs=1e-4)
 
 
-def test_ablation_check_reports(tiny) -> None:
-    model, _ = sae_model(tiny, "llama", 1)
-    sae = make_sae(model.cfg.d_model, "blocks.1.hook_resid_post")
+def test_ablation_check_reports() -> None:
+    """Every row against independent measurements (float64): ``actual`` is the reward change
+    when SAELens's own feature activation is zeroed (error term kept), ``predicted`` minus the
+    central finite difference of the reward in that feature's scale; the summary's Pearson r is
+    scipy's and its tolerance share is recounted."""
+    from scipy import stats
+
+    model = _float64_model()
+    hook = "blocks.1.hook_resid_post"
+    sae = make_sae(model.cfg.d_model, hook, dtype="float64")
     check = ablation_check(model, sae, INPUTS, top_k=4)
     assert len(check.predicted) == 8 and check.kind == "input"
+    eps = 1e-4
+    pred, act = [], []
+    for i, f in zip(check.item.tolist(), check.feature.tolist(), strict=True):
+        batch = model.make_batch(INPUTS[i])
+
+        def r(factor: float, b: object = batch, f: int = f) -> float:
+            return float(_with_feature_scaled(model, sae, hook, b, f, factor, "reward")[0])
+
+        act.append(r(0.0) - r(1.0))
+        pred.append(-(r(1 + eps) - r(1 - eps)) / (2 * eps))
+    # results are stored in float32 (a relative 6e-8 rounding); the central difference adds an
+    # O(eps^2) error
+    torch.testing.assert_close(check.actual, torch.tensor(act, dtype=check.actual.dtype),
+                               atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(check.predicted, torch.tensor(pred, dtype=check.predicted.dtype),
+                               atol=1e-6, rtol=1e-5)
+    assert any(abs(a) > 1e-3 for a in act)  # the ablations move the reward
     s = check.summary().iloc[0]
-    assert -1 <= s.pearson <= 1 and 0 <= s.frac_within_tolerance <= 1
-    df = check.to_dataframe()
-    assert (df.abs_error - (df.predicted - df.actual).abs()).abs().max() < 1e-6
+    assert s.pearson == pytest.approx(stats.pearsonr(pred, act)[0], abs=1e-6)
+    within = [abs(p - a) <= check.atol + check.rtol * abs(a) for p, a in zip(pred, act,
+                                                                              strict=True)]
+    assert s.frac_within_tolerance == pytest.approx(sum(within) / len(within))
     assert check.plot().data[0].x is not None
 
 
