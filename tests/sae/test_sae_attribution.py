@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import hf_rewards
+from helpers import hf_rewards, sae_terms_by_hand
 from sae_lens import SAE
 from sae_lens.saes.sae import SAEMetadata
 from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
@@ -77,64 +77,28 @@ def test_exact_split_sums_to_hf_reward(tiny, arch: str, k: int) -> None:
                                atol=1e-4, rtol=0)
 
 
-def _hf_readout(hf: object, arch: str) -> tuple[torch.Tensor, torch.Tensor, bool, float]:
-    """From HF's own modules, by hand: the head rows with the final norm's gain folded in
-    ``[K, d]``, the head's bias ``[K]``, whether the norm centres (LayerNorm) and its eps."""
-    if arch == "gpt2":
-        ln, head = hf.transformer.ln_f, hf.score.weight
-        return head * ln.weight, head @ ln.bias, True, hf.config.layer_norm_epsilon
-    gain = hf.model.norm.weight + (1.0 if arch == "gemma2" else 0.0)  # Gemma scales by 1 + w
-    head = hf.regression_layer.weight if arch == "armorm" else hf.score.weight
-    return head * gain, torch.zeros(head.shape[0]), False, hf.config.rms_norm_eps
-
-
 @pytest.mark.parametrize(("arch", "k"), CASES, ids=[f"{a}-K{k}" for a, k in CASES])
 def test_exact_feature_terms_by_hand(tiny, arch: str, k: int) -> None:
-    """Every term of the exact split, recomputed independently (the error term cannot absorb a
-    mistake here): feature i's term is ``(v_i . w_k) / s`` where ``v_i = decode(f_i e_i) -
-    decode(0)`` is what SAELens's own decoder writes for that feature alone, ``w_k`` HF's head
-    row times HF's final-norm gain, ``s`` the norm's scale computed by hand from the residual
-    (``v`` centred first for LayerNorm); likewise the ``b_dec``, error and bias terms."""
+    """Every term of the exact split, recomputed independently by ``sae_terms_by_hand`` (SAELens's
+    decoder, HF's head and gain, a hand-computed norm scale), so the error term cannot absorb a
+    mistake: a decoder-norm bug in the feature terms, balanced in the error, fails here while
+    the sum still matches HF's reward."""
     model, hf = sae_model(tiny, arch, k)
     hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     sae = make_sae(model.cfg.d_model, hook, rescale=arch in ("llama", "gpt2"))
-    w, bias, centre, eps = (t.detach() if isinstance(t, torch.Tensor) else t
-                            for t in _hf_readout(hf, arch))
-    cols = list(range(len(model.objectives)))
-
-    def c(v: torch.Tensor) -> torch.Tensor:
-        return v - v.mean(-1, keepdim=True) if centre else v
-
     n_checked = 0
     for item in INPUTS:
         attr = sae_attribution(model, sae, [item])
         slot = [attr.objectives.index(o) for o in model.objectives]
-        ids = torch.tensor([model.encode(item).ids])
-        t = ids.shape[1] - 1  # unpadded: the reward is read at the last token
-        assert int(attr.positions[0]) == t
-        with torch.no_grad():
-            _, cache = model.run_with_cache(ids, names_filter=hook)
-            x = cache[hook][0, t]
-            s = (c(x).pow(2).mean() + eps).sqrt()  # RMSNorm / LayerNorm scale, by hand
-            f = sae.encode(x[None])[0]
-            zero = sae.decode(torch.zeros_like(f)[None])[0]
-            active = f.nonzero().flatten().tolist()
-            assert 0 < len(active) <= sae.cfg.k
-            for i in active:
-                v = sae.decode((f * (torch.arange(len(f)) == i))[None])[0] - zero
-                want = c(v) @ w.T / s  # [K]
-                torch.testing.assert_close(attr.features[0, i, slot], want[cols],
-                                           atol=2e-5, rtol=1e-5)
-                n_checked += 1
-            inactive = torch.ones(len(f), dtype=torch.bool)
-            inactive[active] = False
-            assert not attr.features[0, inactive].any()
-            torch.testing.assert_close(attr.b_dec[0, slot], (c(sae.b_dec) @ w.T / s)[cols],
-                                       atol=2e-5, rtol=1e-5)
-            err = x - sae.decode(f[None])[0]
-            torch.testing.assert_close(attr.error[0, slot], (c(err) @ w.T / s)[cols],
-                                       atol=2e-5, rtol=1e-5)
-            torch.testing.assert_close(attr.bias[0, slot], bias[cols], atol=2e-5, rtol=1e-5)
+        ref = sae_terms_by_hand(model, hf, arch, sae, item)
+        assert int(attr.positions[0]) == ref["t"] and 0 < len(ref["active"]) <= sae.cfg.k
+        # float32 terms of order 1: 2e-5 is ~100 float32 steps
+        torch.testing.assert_close(attr.features[0][:, slot], ref["features"], atol=2e-5,
+                                   rtol=1e-5)
+        for term in ("b_dec", "error", "bias"):
+            torch.testing.assert_close(getattr(attr, term)[0, slot], ref[term], atol=2e-5,
+                                       rtol=1e-5)
+        n_checked += len(ref["active"])
     assert n_checked >= 2 * sae.cfg.k - 2
 
 
