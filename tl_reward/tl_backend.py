@@ -31,6 +31,7 @@ _CONVERTERS = {
     ),
     "gemma": ("transformer_lens.pretrained.weight_conversions.gemma", "convert_gemma_weights"),
     "qwen2": ("transformer_lens.pretrained.weight_conversions.qwen2", "convert_qwen2_weights"),
+    "qwen3": ("transformer_lens.pretrained.weight_conversions.qwen3", "convert_qwen3_weights"),
     "gpt2": ("transformer_lens.pretrained.weight_conversions.gpt2", "convert_gpt2_weights"),
 }
 
@@ -191,7 +192,9 @@ def fast_cache_unsupported(cfg: HookedTransformerConfig) -> str | None:
             cfg.positional_embedding_type not in ("rotary", "standard"),
         "use_attn_in / use_split_qkv_input / use_attn_result hooks":
             cfg.use_attn_in or cfg.use_split_qkv_input or cfg.use_attn_result,
-        "query/key norms or clipping": bool(cfg.use_qk_norm) or cfg.clip_qkv is not None
+        # per-head q/k norms (Qwen3, ``use_qk_norm``) run inside ``calculate_qkv_matrices``,
+        # which the fast path calls; OLMo's whole-vector norms and clipping run outside it
+        "OLMo query/key norms or clipping": cfg.clip_qkv is not None
             or cfg.original_architecture in ("OlmoeForCausalLM", "Olmo2ForCausalLM",
                                              "Olmo3ForCausalLM"),
         "log-n attention, sinks or dynamic NTK rotary": bool(cfg.use_logn_attn)

@@ -13,7 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-ARCHITECTURES: tuple[str, ...] = ("llama", "llama3", "mistral", "gemma2", "qwen2", "gpt2", "armorm")
+ARCHITECTURES: tuple[str, ...] = (
+    "llama", "llama3", "mistral", "gemma2", "qwen2", "qwen3", "gpt2", "armorm"
+)
 
 SPECIAL_TOKENS = {
     "bos_token": "<|begin_of_text|>",
@@ -84,6 +86,8 @@ def _config(arch: str, vocab: int, num_labels: int, tokenizer: Any) -> Any:
         return tf.MistralConfig(**llama_like, sliding_window=6)
     if arch == "qwen2":
         return tf.Qwen2Config(**llama_like)
+    if arch == "qwen3":  # head_dim != hidden / heads, as in every real Qwen3
+        return tf.Qwen3Config(**llama_like, head_dim=24, tie_word_embeddings=False)
     if arch == "gemma2":
         return tf.Gemma2Config(**{**llama_like, "intermediate_size": 96}, head_dim=16,
                                query_pre_attn_scalar=24, sliding_window=6,
@@ -144,6 +148,7 @@ def tiny_hf_reward_model(
                "llama3": tf.LlamaForSequenceClassification,
                "mistral": tf.MistralForSequenceClassification,
                "qwen2": tf.Qwen2ForSequenceClassification,
+               "qwen3": tf.Qwen3ForSequenceClassification,
                "gemma2": tf.Gemma2ForSequenceClassification,
                "gpt2": tf.GPT2ForSequenceClassification}[arch]
         kwargs = {"attn_implementation": "eager"}
