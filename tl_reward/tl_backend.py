@@ -252,6 +252,18 @@ def build_prefix_cache(
                        values=[store[f"blocks.{i}.attn.hook_v"] for i in range(n)])
 
 
+def cache_keys(model: Any, layer: int, keys: torch.Tensor) -> torch.Tensor:
+    """Keys as TransformerLens's cache stores them, from ``attn.hook_k`` activations.
+
+    ``hook_k`` fires inside ``calculate_qkv_matrices`` *before* a per-head key norm
+    (``use_qk_norm``, Qwen3), while the cache holds the normed keys; apply it here.
+    """
+    attn = model.blocks[layer].attn
+    if getattr(model.cfg, "use_qk_norm", False) and getattr(attn, "k_norm", None) is not None:
+        return attn._apply_qk_norm(keys, attn.k_norm)
+    return keys
+
+
 def frozen_kv_cache(keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor
                     ) -> TransformerLensKeyValueCache:
     """A frozen TransformerLens cache from per-layer ``[batch, pos, head, d_head]`` keys and

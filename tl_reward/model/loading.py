@@ -38,10 +38,11 @@ BUILTIN_MODELS: dict[str, BuiltinLoader] = {
 
 def load_hf_reward_model(
     name_or_path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False,
-    **hf_kwargs: Any,
+    lm_head_rows: Sequence[int] | None = None, **hf_kwargs: Any,
 ) -> Any:
-    """The HF reward model behind a hub name or local directory (architecture checked first)."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    """The HF reward model behind a hub name or local directory (architecture checked first);
+    with ``lm_head_rows`` a causal LM whose LM-head rows are the reward."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
     if looks_local and not Path(name_or_path).expanduser().is_dir():
@@ -60,15 +61,26 @@ def load_hf_reward_model(
             f"{name_or_path}'s config names no architecture; load the model yourself and pass "
             "hf_model="
         )
-    arch = get_architecture(names[0])
+    auto_cls: Any = AutoModelForSequenceClassification
+    if lm_head_rows is not None:
+        from tl_reward.architectures.lm_head import sequence_classification_name
+
+        seq = sequence_classification_name(names[0])
+        if seq is None:
+            raise TLRewardError(f"lm_head_rows= needs a causal LM checkpoint; {name_or_path} "
+                                f"is a {names[0]}")
+        arch = get_architecture(seq)
+        auto_cls = AutoModelForCausalLM
+    else:
+        arch = get_architecture(names[0])
     auto_map = getattr(config, "auto_map", None) or {}
-    if "AutoModelForSequenceClassification" in auto_map and not trust_remote_code:
+    if auto_cls.__name__ in auto_map and not trust_remote_code:
         raise TLRewardError(
             f"{name_or_path} ships custom modeling code ({names[0]}); pass "
             "trust_remote_code=True if you trust it"
         )
     kwargs = {**arch.hf_load_kwargs, **hf_kwargs}
-    return AutoModelForSequenceClassification.from_pretrained(
+    return auto_cls.from_pretrained(
         name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
     )
 
@@ -104,11 +116,21 @@ def from_hf_model(
     objective_names: Sequence[str] | None = None,
     n_ctx: int | None = None,
     model_name: str | None = None,
+    lm_head_rows: Sequence[int] | None = None,
 ) -> HookedRewardModel:
-    """Convert an in-memory HF reward model (registered architecture) to ``cls``."""
-    arch = architecture_of(hf_model)
+    """Convert an in-memory HF reward model (registered architecture) to ``cls``; with
+    ``lm_head_rows`` a causal LM whose LM-head rows become ``W_U``."""
     hf_config = hf_model.config
-    head_layer = arch.head(hf_model)
+    if lm_head_rows is not None:
+        from tl_reward.architectures.lm_head import causal_lm_architecture, lm_head_rows_layer
+
+        arch = causal_lm_architecture(hf_model)
+        head_layer = lm_head_rows_layer(hf_model, lm_head_rows)
+        if objective_names is None and len(lm_head_rows) > 1:
+            objective_names = [f"lm_head_row_{int(r)}" for r in lm_head_rows]
+    else:
+        arch = architecture_of(hf_model)
+        head_layer = arch.head(hf_model)
     k = int(head_layer.weight.shape[0])
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     fields = arch.config(hf_config)
@@ -139,6 +161,10 @@ def from_hf_model(
         else LinearRewardHead(objectives)
     )
     model.reward_head = head.to(dtype)
+    if head.nonlinear:  # no fixed direction exists: make any use of W_U fail loudly
+        with torch.no_grad():
+            model.unembed.W_U.fill_(float("nan"))
+            model.unembed.b_U.fill_(float("nan"))
     model.setup()
     model.move_model_modules_to_device()
     model.reward_head.to(cfg.device)
@@ -158,6 +184,7 @@ def load_reward_model(
     objective_names: Sequence[str] | None = None,
     n_ctx: int | None = None,
     trust_remote_code: bool = False,
+    lm_head_rows: Sequence[int] | None = None,
     **hf_kwargs: Any,
 ) -> HookedRewardModel:
     """Resolve ``name_or_path``/``hf_model``/``tokenizer`` and convert (see ``from_pretrained``)."""
@@ -168,7 +195,8 @@ def load_reward_model(
             hf_model, builtin_tok = BUILTIN_MODELS[name_or_path](dtype)
             tokenizer = tokenizer or builtin_tok
         else:
-            hf_model = load_hf_reward_model(name_or_path, dtype, trust_remote_code, **hf_kwargs)
+            hf_model = load_hf_reward_model(name_or_path, dtype, trust_remote_code,
+                                            lm_head_rows, **hf_kwargs)
     if tokenizer is None:
         source = name_or_path or getattr(hf_model, "name_or_path", None)
         if not source or not (Path(source).exists() or name_or_path):
@@ -182,4 +210,4 @@ def load_reward_model(
     hf_model.eval()
     return from_hf_model(cls, hf_model, tokenizer, device=device, dtype=dtype, pooling=pooling,
                          objective_names=objective_names, n_ctx=n_ctx,
-                         model_name=name_or_path)
+                         model_name=name_or_path, lm_head_rows=lm_head_rows)

@@ -16,6 +16,13 @@ from torch import nn
 ARCHITECTURES: tuple[str, ...] = (
     "llama", "llama3", "mistral", "gemma2", "qwen2", "qwen3", "gpt2", "armorm"
 )
+#: Tiny models of custom-code reward models beyond plain linear heads (reference modules in
+#: ``tl_reward.testing``), saved with their modeling code like the real checkpoints.
+CUSTOM_ARCHITECTURES: tuple[str, ...] = ("inform", "nemotron", "qrm")
+#: Custom-code architecture -> its reference class (saved with ``trust_remote_code``).
+_CUSTOM_CLASSES = {"armorm": "LlamaForRewardModelWithGating",
+                   "inform": "INFORMForSequenceClassification",
+                   "qrm": "LlamaForRewardModelWithGating31"}
 
 SPECIAL_TOKENS = {
     "bos_token": "<|begin_of_text|>",
@@ -96,6 +103,17 @@ def _config(arch: str, vocab: int, num_labels: int, tokenizer: Any) -> Any:
     if arch == "gpt2":
         return tf.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=3, n_head=4, n_positions=256,
                              **ids)
+    if arch in ("inform", "nemotron"):
+        return tf.LlamaConfig(**llama_like)
+    if arch == "qrm":
+        cfg = tf.LlamaConfig(**{**llama_like, "num_labels": num_labels})
+        cfg.num_objectives = num_labels
+        cfg.num_quantiles = num_labels  # the published reward_quantiles broadcast needs q = K
+        cfg.gating_hidden_dim = 32
+        cfg.gating_n_hidden = 2
+        cfg.gating_temperature = 0.5  # a gate that visibly depends on the prompt
+        cfg.gating_token_pattern = assistant_pattern(tokenizer)
+        return cfg
     if arch == "armorm":
         cfg = tf.LlamaConfig(**{**llama_like, "num_labels": num_labels})
         cfg.num_objectives = num_labels
@@ -104,7 +122,8 @@ def _config(arch: str, vocab: int, num_labels: int, tokenizer: Any) -> Any:
         cfg.gating_temperature = 10
         cfg.gating_token_pattern = assistant_pattern(tokenizer)
         return cfg
-    raise ValueError(f"unknown tiny architecture {arch!r}; choose from {ARCHITECTURES}")
+    raise ValueError(f"unknown tiny architecture {arch!r}; choose from "
+                     f"{ARCHITECTURES + CUSTOM_ARCHITECTURES}")
 
 
 def randomize_(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -143,6 +162,16 @@ def tiny_hf_reward_model(
         from tl_reward.testing.armorm_reference import LlamaForRewardModelWithGating
 
         model = LlamaForRewardModelWithGating(cfg)
+    elif arch == "nemotron":  # a causal LM read through LM-head rows (``lm_head_rows=``)
+        model = tf.LlamaForCausalLM._from_config(cfg, attn_implementation="eager")
+    elif arch == "qrm":
+        from tl_reward.testing.qrm_reference import LlamaForRewardModelWithGating31
+
+        model = LlamaForRewardModelWithGating31(cfg)
+    elif arch == "inform":
+        from tl_reward.testing.inform_reference import INFORMForSequenceClassification
+
+        model = INFORMForSequenceClassification(cfg)
     else:
         cls = {"llama": tf.LlamaForSequenceClassification,
                "llama3": tf.LlamaForSequenceClassification,
@@ -154,6 +183,11 @@ def tiny_hf_reward_model(
         kwargs = {"attn_implementation": "eager"}
         model = cls._from_config(cfg, **kwargs)
     randomize_(model, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for m in model.modules():  # inference statistics that matter (QRM's gating BatchNorm)
+        if isinstance(m, nn.BatchNorm1d):
+            m.running_mean.copy_(0.3 * torch.randn(m.num_features, generator=gen))
+            m.running_var.copy_(0.5 + torch.rand(m.num_features, generator=gen))
     return model.eval(), tokenizer
 
 
@@ -162,8 +196,8 @@ def save_tiny_reward_model(path: str | Path, arch: str = "llama", num_labels: in
     """Build a tiny model and save it (with tokenizer, and custom code for ArmoRM) to ``path``."""
     model, tok = tiny_hf_reward_model(arch, num_labels, seed)
     path = Path(path)
-    if arch == "armorm":
-        model.config.architectures = ["LlamaForRewardModelWithGating"]
+    if arch in _CUSTOM_CLASSES:
+        model.config.architectures = [_CUSTOM_CLASSES[arch]]
         type(model).register_for_auto_class("AutoModelForSequenceClassification")
     model.save_pretrained(path)
     tok.save_pretrained(path)
