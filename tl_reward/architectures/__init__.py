@@ -5,6 +5,7 @@ from tl_reward.architectures import (  # noqa: F401
     gemma2,
     gpt2,
     inform,
+    internlm2,
     llama,
     mistral,
     qrm,

@@ -47,6 +47,9 @@ class HookedRewardModel(HookedTransformer):
     """
 
     reward_head: RewardHead
+    #: ids appended after every text or conversation input (InternLM2's reward token); token-id
+    #: inputs are taken as given.
+    suffix_ids: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -135,7 +138,13 @@ class HookedRewardModel(HookedTransformer):
     # -- inputs ------------------------------------------------------------------------------
     def encode(self, item: RewardInput) -> EncodedInput:
         """Token ids of one input (string, conversation, (prompt, response) or ids)."""
-        return encode(self.tokenizer, item)
+        out = encode(self.tokenizer, item)
+        is_ids = isinstance(item, torch.Tensor) or (
+            isinstance(item, Sequence) and not isinstance(item, (str, tuple)) and bool(item)
+            and all(isinstance(t, int) for t in item))
+        if self.suffix_ids and not is_ids:
+            return EncodedInput([*out.ids, *self.suffix_ids], out.response_start)
+        return out
 
     def make_batch(
         self, inputs: RewardInput | Sequence[RewardInput], padding_side: str = "right"

@@ -18,11 +18,12 @@ ARCHITECTURES: tuple[str, ...] = (
 )
 #: Tiny models of custom-code reward models beyond plain linear heads (reference modules in
 #: ``tl_reward.testing``), saved with their modeling code like the real checkpoints.
-CUSTOM_ARCHITECTURES: tuple[str, ...] = ("inform", "nemotron", "qrm")
+CUSTOM_ARCHITECTURES: tuple[str, ...] = ("inform", "nemotron", "qrm", "internlm2")
 #: Custom-code architecture -> its reference class (saved with ``trust_remote_code``).
 _CUSTOM_CLASSES = {"armorm": "LlamaForRewardModelWithGating",
                    "inform": "INFORMForSequenceClassification",
-                   "qrm": "LlamaForRewardModelWithGating31"}
+                   "qrm": "LlamaForRewardModelWithGating31",
+                   "internlm2": "InternLM2ForRewardModel"}
 
 SPECIAL_TOKENS = {
     "bos_token": "<|begin_of_text|>",
@@ -105,6 +106,13 @@ def _config(arch: str, vocab: int, num_labels: int, tokenizer: Any) -> Any:
                              **ids)
     if arch in ("inform", "nemotron"):
         return tf.LlamaConfig(**llama_like)
+    if arch == "internlm2":
+        from tl_reward.testing.internlm2_reference import InternLM2Config
+
+        keep = {k: v for k, v in llama_like.items() if k != "num_labels"}
+        # the reward token: the first id past the tokenizer (real ones use an unused token)
+        return InternLM2Config(**keep, rope_theta=1000000.0, reward_token_id=len(tokenizer),
+                               rope_scaling={"type": "dynamic", "factor": 2.0})
     if arch == "qrm":
         cfg = tf.LlamaConfig(**{**llama_like, "num_labels": num_labels})
         cfg.num_objectives = num_labels
@@ -168,6 +176,10 @@ def tiny_hf_reward_model(
         from tl_reward.testing.qrm_reference import LlamaForRewardModelWithGating31
 
         model = LlamaForRewardModelWithGating31(cfg)
+    elif arch == "internlm2":
+        from tl_reward.testing.internlm2_reference import InternLM2ForRewardModel
+
+        model = InternLM2ForRewardModel(cfg)
     elif arch == "inform":
         from tl_reward.testing.inform_reference import INFORMForSequenceClassification
 
@@ -199,6 +211,8 @@ def save_tiny_reward_model(path: str | Path, arch: str = "llama", num_labels: in
     if arch in _CUSTOM_CLASSES:
         model.config.architectures = [_CUSTOM_CLASSES[arch]]
         type(model).register_for_auto_class("AutoModelForSequenceClassification")
+        if arch == "internlm2":  # its config class is custom code too
+            type(model.config).register_for_auto_class("AutoConfig")
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
