@@ -6,6 +6,7 @@ is (and only when a hub is reachable).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,6 +106,25 @@ def _check_tokenizer(tokenizer: Any, d_vocab: int) -> None:
         )
 
 
+_BODY_LAYER = re.compile(r"^(?:model\.layers|transformer\.h|model\.model\.layers)\.(\d+)\.")
+
+
+def layer_releaser(hf_model: Any) -> Callable[[int], None]:
+    """``release(i)`` empties the parameters of the HF body's layer ``i`` (for a model the
+    loader owns: it is unusable afterwards, and host memory holds one copy of each block)."""
+    by_layer: dict[int, list[torch.nn.Parameter]] = {}
+    for name, p in hf_model.named_parameters():
+        m = _BODY_LAYER.match(name)
+        if m:
+            by_layer.setdefault(int(m.group(1)), []).append(p)
+
+    def release(layer: int) -> None:
+        for p in by_layer.pop(layer, []):
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    return release
+
+
 def from_hf_model(
     cls: type[HookedRewardModel],
     hf_model: Any,
@@ -117,9 +137,15 @@ def from_hf_model(
     n_ctx: int | None = None,
     model_name: str | None = None,
     lm_head_rows: Sequence[int] | None = None,
+    release_hf: bool = False,
 ) -> HookedRewardModel:
     """Convert an in-memory HF reward model (registered architecture) to ``cls``; with
-    ``lm_head_rows`` a causal LM whose LM-head rows become ``W_U``."""
+    ``lm_head_rows`` a causal LM whose LM-head rows become ``W_U``.
+
+    Conversion streams block by block: each block is converted and processed on the CPU, loaded,
+    moved to ``device`` and (``release_hf=True``, for an HF model the loader owns) its HF
+    weights are freed, so host memory holds the checkpoint plus one block in float32 beside the
+    model (nothing of the converted model when ``device`` is a GPU)."""
     hf_config = hf_model.config
     if lm_head_rows is not None:
         from tl_reward.architectures.lm_head import causal_lm_architecture, lm_head_rows_layer
@@ -146,7 +172,8 @@ def from_hf_model(
     cfg = tl_backend.make_config(**fields)
     _check_tokenizer(tokenizer, cfg.d_vocab)
     with torch.no_grad():
-        state_dict = tl_backend.convert_state_dict(arch.convert, hf_model, head_layer, cfg)
+        state_dict = tl_backend.convert_state_dict(arch.convert, hf_model, head_layer,
+                                                   tl_backend.cpu_config(cfg))
         gain = state_dict["ln_final.w"].detach().float().clone()
     objectives = _objective_names(hf_config, k, objective_names or arch.objective_names)
     pad = getattr(hf_config, "pad_token_id", None)
@@ -154,7 +181,10 @@ def from_hf_model(
         pad = tokenizer.pad_token_id
     model = cls(cfg, tokenizer, move_to_device=False, pooling=check_rule(pooling or arch.pooling),
                 pad_token_id=pad)
-    tl_backend.process_weights(model, state_dict)
+    tl_backend.process_weights(model, state_dict,
+                               release=layer_releaser(hf_model) if release_hf else None,
+                               device=cfg.device)
+    del state_dict
     head = (
         arch.reward_head(hf_model, gain, objectives)
         if arch.reward_head is not None
@@ -189,6 +219,7 @@ def load_reward_model(
     **hf_kwargs: Any,
 ) -> HookedRewardModel:
     """Resolve ``name_or_path``/``hf_model``/``tokenizer`` and convert (see ``from_pretrained``)."""
+    owned = hf_model is None  # loaded here: its weights may be freed as they convert
     if hf_model is None:
         if name_or_path is None:
             raise TLRewardError("pass a model name or path, or hf_model=")
@@ -211,4 +242,5 @@ def load_reward_model(
     hf_model.eval()
     return from_hf_model(cls, hf_model, tokenizer, device=device, dtype=dtype, pooling=pooling,
                          objective_names=objective_names, n_ctx=n_ctx,
-                         model_name=name_or_path, lm_head_rows=lm_head_rows)
+                         model_name=name_or_path, lm_head_rows=lm_head_rows,
+                         release_hf=owned)
