@@ -9,6 +9,7 @@ addition for tiny tokenizers: ``config.gating_token_pattern`` overrides the Llam
 Imports only torch and transformers (shipped as custom code with ``save_pretrained``).
 """
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -96,20 +97,25 @@ class LlamaForRewardModelWithGating31(LlamaPreTrainedModel):
             sequence_lengths = sequence_lengths % input_ids.shape[-1]
         rows = torch.arange(batch_size, device=tokens_hidden_states.device)
         hidden_states = tokens_hidden_states[rows, sequence_lengths]
-        rewards = self.regression_layer(hidden_states.float())
+        # the published code runs the head in float32 (``.float()`` inputs under an autocast
+        # to float32); written out here so a bfloat16 model runs too
+        rewards = F.linear(hidden_states.float(), self.regression_layer.weight.float())
         rewards = rewards.reshape(-1, self.num_objectives, self.num_quantiles)
         pattern = list(getattr(self.config, "gating_token_pattern", None) or token_pattern)
         positions = [find_token_for_gating(ids.tolist(), pattern) for ids in input_ids]
         prompt_embedding = tokens_hidden_states[rows, positions, :]
-        gating_output = self.gating(prompt_embedding.float())
+        gating = self.gating
+        if gating.layers[0].weight.dtype != torch.float32:
+            gating = copy.deepcopy(gating).float()
+        gating_output = gating(prompt_embedding.float())
         quantiles_adjusted = torch.matmul(torch.transpose(rewards.float(), 1, 2),
-                                          self.reward_transform_matrix)
+                                          self.reward_transform_matrix.float())
         reward_quantiles = torch.mul(
             gating_output.unsqueeze(-1).repeat(1, 1, self.num_objectives),
             torch.transpose(quantiles_adjusted, 1, 2),
         ).sum(1)
         expectation = rewards.float().mean(dim=2)
-        expectation_adjusted = expectation @ self.reward_transform_matrix
+        expectation_adjusted = expectation @ self.reward_transform_matrix.float()
         score = torch.sum(gating_output * expectation_adjusted, dim=1, keepdim=True)
         return CustomOutput(reward_quantiles=reward_quantiles, rewards=expectation_adjusted,
                             gating_output=gating_output, score=score, logits=score)
