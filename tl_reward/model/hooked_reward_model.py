@@ -264,7 +264,7 @@ class HookedRewardModel(HookedTransformer):
                 positions = self.pool_positions(tokens)
             rows = torch.arange(tokens.shape[0], device=normed.device)
             w_all, b_all = head.linearise(normed[rows, positions.to(normed.device)])
-            c = head.objective_weights(objective, normed, tokens).float()
+            c = head.objective_weights(objective, normed, tokens).to(w_all.dtype)
             return torch.einsum("bk,bkd->bd", c, w_all), (c * b_all).sum(-1)
         if tokens is None:
             tokens = torch.zeros((1, 1), dtype=torch.long, device=device)

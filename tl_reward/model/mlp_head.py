@@ -68,15 +68,16 @@ class MLPRewardHead(RewardHead):
     def linearise(
         self, pooled: Float[torch.Tensor, "batch d_model"]
     ) -> tuple[Float[torch.Tensor, "batch K d_model"], Float[torch.Tensor, "batch K"]]:
-        """``(w_eff(x), b_eff(x))`` per row, in float32: ``W2 D(x) W1`` and
-        ``W2 D(x) b1 + b2``."""
-        d = self.active(pooled.detach()).float()
-        w1, w2 = self.hidden.weight.float(), self.out.weight.float()
+        """``(w_eff(x), b_eff(x))`` per row, in float32 (float64 for float64 weights):
+        ``W2 D(x) W1`` and ``W2 D(x) b1 + b2``."""
+        acc = torch.promote_types(self.hidden.weight.dtype, torch.float32)
+        d = self.active(pooled.detach()).to(acc)
+        w1, w2 = self.hidden.weight.to(acc), self.out.weight.to(acc)
         gated = w2[None] * d[:, None, :]  # [batch, K, d_hidden]
         w_eff = gated @ w1
-        b1 = self.hidden.bias.float() if self.hidden.bias is not None else torch.zeros(
-            self.d_hidden, device=w1.device)
-        b2 = self.out.bias.float() if self.out.bias is not None else 0.0
+        b1 = self.hidden.bias.to(acc) if self.hidden.bias is not None else torch.zeros(
+            self.d_hidden, device=w1.device, dtype=acc)
+        b2 = self.out.bias.to(acc) if self.out.bias is not None else 0.0
         b_eff = gated @ b1 + b2
         return w_eff, b_eff
 
