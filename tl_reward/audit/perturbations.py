@@ -330,10 +330,11 @@ def resolve_dimensions(dimensions: Iterable[str | Dimension] | None = None) -> l
 
 # -- base items --------------------------------------------------------------------------------
 def hh_rlhf_items(source: str | Path, n: int | None = 100, seed: int = 0, reply: str = "chosen",
-                  min_chars: int = 20, max_chars: int = 600, single_turn: bool = False
-                  ) -> list[ProbeItem]:
+                  min_chars: int = 20, max_chars: int = 600, single_turn: bool = False,
+                  max_prompt_chars: int | None = None) -> list[ProbeItem]:
     """Base items from HH-RLHF pairs: the ``reply`` side ("chosen"/"rejected") as the natural
-    reply; replies outside ``[min_chars, max_chars]`` skipped; one item per distinct prompt;
+    reply; replies outside ``[min_chars, max_chars]`` skipped, and (``single_turn``) multi-turn
+    dialogues or prompts longer than ``max_prompt_chars``; one item per distinct prompt;
     a seeded random sample of ``n`` (all when ``None``), ids ``hh:<line index>``."""
     from tl_reward.data.hh_rlhf import load_hh_rlhf
 
@@ -347,6 +348,9 @@ def hh_rlhf_items(source: str | Path, n: int | None = 100, seed: int = 0, reply:
         if not (min_chars <= len(text) <= max_chars) or not p.prompt:
             continue
         if p.prompt[-1]["role"] != "user" or (single_turn and len(p.prompt) != 1):
+            continue
+        if max_prompt_chars is not None and sum(len(m["content"]) for m in p.prompt) > \
+                max_prompt_chars:
             continue
         key = json.dumps(p.prompt)
         if key in seen:
