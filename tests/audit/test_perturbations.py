@@ -127,3 +127,10 @@ def test_published_probe_texts_are_the_ten_v1_probes() -> None:
     assert Counter(p.dimension for p in probes) == {"length": 3, "confidence": 2,
                                                     "formatting": 2, "sycophancy": 2,
                                                     "repetition": 1}
+
+
+def test_formatting_keeps_words_across_line_breaks() -> None:
+    # HH replies contain line breaks inside sentences; the bold marker must wrap the word only
+    item = make_item("n", "List fruit?", "Apples and\npears are good. Bananas\ntoo!")
+    e = DIMENSIONS["formatting"].apply(item, seed=0)
+    assert _words(e.perturbed_reply) == _words(item.reply)

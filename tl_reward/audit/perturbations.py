@@ -235,7 +235,7 @@ def _formatting(user: str, reply: str, rng: np.random.Generator) -> ProbeEdit | 
         cand = [i for i, w in enumerate(words) if len(re.sub(r"\W", "", w)) >= 4]
         if cand:
             i = int(rng.choice(cand))
-            core = re.match(r"^(\W*)(.*?)(\W*)$", words[i])
+            core = re.match(r"^(\W*)(.*?)(\W*)$", words[i], re.DOTALL)
             assert core is not None
             words[i] = f"{core.group(1)}**{core.group(2)}**{core.group(3)}"
         bullets.append("- " + " ".join(words))

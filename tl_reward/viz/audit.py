@@ -67,3 +67,41 @@ def effect_size_forest(report: Any, title: str | None = None) -> Any:
                       xaxis_title="effect size", yaxis={"autorange": "reversed"},
                       height=120 + 50 * len(stats))
     return fig
+
+
+def distortion_chart(result: Any, title: str | None = None) -> Any:
+    """Sensitivity per dimension (natural-sd units) with CIs; the Gini index in the title."""
+    import plotly.graph_objects as go
+
+    s = np.asarray(result.sensitivity)
+    lo, hi = np.asarray(result.ci_low), np.asarray(result.ci_high)
+    fig = go.Figure(go.Bar(
+        x=list(result.dimensions), y=s,
+        error_y={"type": "data", "symmetric": False, "array": hi - s, "arrayminus": s - lo}))
+    g_lo, g_hi = result.index_ci
+    fig.update_layout(
+        title=title or (f"Sensitivity per dimension (mean delta / natural sd, 95% CI); "
+                        f"distortion index (Gini of |s|) = {result.index:.3f} "
+                        f"[{g_lo:.3f}, {g_hi:.3f}], n = {result.n_items} items"),
+        yaxis_title="sensitivity (natural-reply sd)")
+    return fig
+
+
+def cascade_heatmap(result: Any, title: str | None = None) -> Any:
+    """Heatmap of the pairwise correlations, each cell labelled with r, n and adjusted p."""
+    import plotly.graph_objects as go
+
+    dims = list(result.dimensions)
+    k = len(dims)
+    z = np.eye(k)
+    text = [["" for _ in dims] for _ in dims]
+    for row in result.pairs.itertuples():
+        i, j = dims.index(row.dim_a), dims.index(row.dim_b)
+        z[i, j] = z[j, i] = row.r
+        text[i][j] = text[j][i] = f"r={row.r:+.2f}<br>n={row.n}<br>p_adj={_fmt_p(row.p_adjusted)}"
+    fig = go.Figure(go.Heatmap(z=z, x=dims, y=dims, zmin=-1, zmax=1, colorscale="RdBu",
+                               text=text, texttemplate="%{text}", hoverinfo="text"))
+    fig.update_layout(title=title or f"Cascade: {result.kind} r of per-{result.units[:-1]} "
+                                     "deltas between dimensions (matched units only)",
+                      height=200 + 60 * k, yaxis={"autorange": "reversed"})
+    return fig
