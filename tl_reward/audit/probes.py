@@ -45,6 +45,7 @@ from tl_reward.audit.perturbations import (
     resolve_dimensions,
     user_items,
 )
+from tl_reward.model.fingerprint import model_fingerprint
 from tl_reward.stats.paired import (
     benjamini_hochberg,
     paired_effect_size,
@@ -55,20 +56,6 @@ from tl_reward.stats.resampling import bootstrap_ci
 
 NATURAL = "__natural__"
 FORMAT = "tl_reward.probes/1"
-
-
-def model_fingerprint(model: Any) -> str:
-    """Hash of the head, a sample of the embeddings, the final norm and the shape (16 hex)."""
-    h = hashlib.sha256()
-    tensors = [model.W_U, model.b_U, model.W_E[:: max(1, model.cfg.d_vocab // 64)]]
-    ln = getattr(model.blocks[-1], "ln2", None)
-    if ln is not None and hasattr(ln, "w"):
-        tensors.append(ln.w)
-    for t in tensors:
-        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
-    h.update(repr((model.cfg.n_layers, model.cfg.d_model, model.cfg.d_vocab,
-                   list(model.objectives))).encode())
-    return h.hexdigest()[:16]
 
 
 def reward_names(model: Any) -> list[str]:
@@ -391,7 +378,7 @@ def run_probes(
                                                 for it in items]).encode()).hexdigest(),
             "seed": seed, "chunk_size": chunk_size, "n_items": len(items)}
         digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:12]
-        store = _ChunkStore(Path(output_dir) / f"probes-{fp}-{digest}", manifest, overwrite)
+        store = _ChunkStore(Path(output_dir) / f"probes-{fp[:16]}-{digest}", manifest, overwrite)
     frames = []
     show = progress if progress is not None else len(chunks) > 2
     for ci, chunk in enumerate(tqdm(chunks, desc="probes", unit="chunk", disable=not show)):
