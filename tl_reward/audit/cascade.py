@@ -107,7 +107,8 @@ class CascadeResult:
     """Pairwise correlations of dimensions over matched units.
 
     Attributes:
-        dimensions: the dimensions; units: ``"items"`` or ``"models"``; kind: pearson/spearman.
+        dimensions: the dimensions; units: ``"items"`` or ``"models"``; kind: pearson/spearman;
+        controlled: whether the correlations are partial (natural reward regressed out).
         pairs: one row per pair: dim_a, dim_b, n, r, ci_low, ci_high, p_value, p_method,
             p_adjusted (Benjamini-Hochberg over the pairs).
     """
@@ -116,6 +117,7 @@ class CascadeResult:
     units: str
     kind: str
     pairs: pd.DataFrame
+    controlled: bool = False
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.pairs
@@ -135,14 +137,35 @@ class CascadeResult:
         return cascade_heatmap(self)
 
 
+def _residualise(v: np.ndarray, c: np.ndarray) -> np.ndarray:
+    x = np.column_stack([np.ones_like(c), c])
+    beta, *_ = np.linalg.lstsq(x, v, rcond=None)
+    return v - x @ beta
+
+
 def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_resamples: int = 4999,
-            n_boot: int = 2000, seed: int = 0) -> CascadeResult:
+            n_boot: int = 2000, seed: int = 0, control: pd.Series | str | None = "natural"
+            ) -> CascadeResult:
     """Correlations between every pair of dimensions over matched units.
 
     ``deltas``: a ProbeReport (its items x dimensions delta matrix: the same base items in
     every dimension) or a units x dimensions DataFrame whose rows are matched units.
+
+    ``control``: most dimensions share the neutral side (the natural reply), so every delta
+    contains ``-r(natural)`` and items with a high natural reward lose more under any edit;
+    that shared baseline alone correlates the dimensions. With ``"natural"`` (the default for
+    a ProbeReport) or a Series of per-unit values, both columns are first residualised on it
+    (least squares with an intercept) and the partial correlation is reported. ``None``
+    correlates the raw deltas.
     """
     mat = deltas.delta_matrix() if hasattr(deltas, "delta_matrix") else deltas
+    ctrl: pd.Series | None = None
+    if isinstance(control, str):
+        if control != "natural":
+            raise TLRewardError(f"control must be 'natural', a Series or None, got {control!r}")
+        ctrl = deltas.natural_rewards() if hasattr(deltas, "natural_rewards") else None
+    elif control is not None:
+        ctrl = control
     if not isinstance(mat, pd.DataFrame):
         raise TLRewardError("pass a ProbeReport or a units x dimensions DataFrame")
     if mat.index.duplicated().any():
@@ -150,15 +173,21 @@ def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_resample
                             "twice)")
     dims = [str(c) for c in mat.columns]
     rows = []
+    cv = None if ctrl is None else ctrl.reindex(mat.index).to_numpy(np.float64)
     for a, b in combinations(dims, 2):
-        c = permutation_correlation(mat[a].to_numpy(), mat[b].to_numpy(), kind, n_resamples,
-                                    n_boot, seed=seed)
+        x, y = mat[a].to_numpy(np.float64), mat[b].to_numpy(np.float64)
+        if cv is not None:
+            ok = ~(np.isnan(x) | np.isnan(y) | np.isnan(cv))
+            x, y = x[ok], y[ok]
+            if ok.sum() >= 3:
+                x, y = _residualise(x, cv[ok]), _residualise(y, cv[ok])
+        c = permutation_correlation(x, y, kind, n_resamples, n_boot, seed=seed)
         rows.append({"dim_a": a, "dim_b": b, "n": c.n, "r": c.r, "ci_low": c.ci_low,
                      "ci_high": c.ci_high, "p_value": c.pvalue, "p_method": c.method})
     pairs = pd.DataFrame(rows, columns=["dim_a", "dim_b", "n", "r", "ci_low", "ci_high",
                                         "p_value", "p_method"])
     pairs["p_adjusted"] = benjamini_hochberg(pairs.p_value.to_numpy()) if len(pairs) else []
-    return CascadeResult(dims, units, kind, pairs)
+    return CascadeResult(dims, units, kind, pairs, cv is not None)
 
 
 def cascade_across_models(values: Mapping[str, Any] | pd.DataFrame, statistic: str = "mean_std",
