@@ -154,3 +154,21 @@ def test_published_probes_flaw_on_the_demo_rm() -> None:
     assert "n = 1" in pub.loc["repetition", "effect_reason"]
     # at n = 2 the exact sign-flip p can never go below 0.5: no evidence either way
     assert (pub.loc[pub.n == 2, "p_value"] >= 0.5).all()
+
+
+def test_bf16_model_gives_float32_rows_close_to_float32(tiny) -> None:  # noqa: ANN001
+    import torch
+
+    from tl_reward import HookedRewardModel
+
+    _, hf, tok = tiny("llama")
+    m16 = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
+                                            dtype=torch.bfloat16)
+    m32 = tiny("llama")[0]
+    r16 = run_probes(m16, ITEMS, ["flattery"], n_resamples=100)
+    r32 = run_probes(m32, ITEMS, ["flattery"], n_resamples=100)
+    assert r16.rows["delta:score"].dtype == np.float64
+    assert np.isfinite(r16.rows["delta:score"]).all()
+    # bf16 keeps 8 mantissa bits: rewards of O(1) differ by ~1e-2 (0.013 seen here)
+    np.testing.assert_allclose(r16.rows["neutral:score"], r32.rows["neutral:score"], atol=0.04)
+    assert r16.model_fingerprint != r32.model_fingerprint  # runs of the two never mix
