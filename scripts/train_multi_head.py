@@ -51,7 +51,7 @@ from tl_reward.data.hh_rlhf import load_hh_rlhf  # noqa: E402
 from tl_reward.model.demo import MULTI_HEAD_FILE, MULTI_OBJECTIVES, load_demo_head  # noqa: E402
 
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "train_multi_head_results.json"
-RIDGE_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0)
+RIDGE_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 30.0)
 SENTIMENT_TARGET = "VADER compound score of the assistant reply (vaderSentiment 3.3.2)"
 
 

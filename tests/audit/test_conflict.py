@@ -171,3 +171,20 @@ def test_verdicts_and_published_rule(tiny):
 
         other, _, _ = tiny("llama", 1, 1)
         geometric_conflict([Term(model, 0, "x"), Term(other, 0, "y")])
+
+
+def test_armorm_transformed_directions(tiny):
+    model, hf, _ = tiny("armorm", 4)
+    res = geometric_conflict(model, transformed=True)
+    k = len(model.objectives)
+    assert len(res.terms) == 2 * k and res.terms[k].startswith("T:")
+    # T-direction j = W_U T[:, j]: check one against the raw regression rows of HF's model
+    # (W_reg rows with the final norm's gain folded in, as the head reads the normed state)
+    gain = hf.model.norm.weight.detach().float()
+    w_reg = hf.regression_layer.weight.detach().float() * gain  # [K, d]
+    t = hf.reward_transform_matrix.detach().float()  # published: score = g . (u @ T)
+    d0 = w_reg.T @ t[:, 0]
+    w1 = w_reg[1]
+    ref = float(d0 @ w1 / (d0.norm() * w1.norm()))
+    got = res.matrix("raw cosine")[k, 1]
+    assert got == pytest.approx(ref, abs=1e-5)
