@@ -32,12 +32,19 @@ def _demo(dtype: torch.dtype) -> tuple[Any, Any]:
     return demo_hf_reward_model(dtype)
 
 
+def _demo_multi(dtype: torch.dtype) -> tuple[Any, Any]:
+    from tl_reward.model.demo import multi_hf_reward_model
+
+    return multi_hf_reward_model(dtype)
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
                    "vocab.txt", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
 
 BUILTIN_MODELS: dict[str, BuiltinLoader] = {
     "tl-reward/smollm2-135m-hh": _demo,
     "demo": _demo,
+    "tl-reward/smollm2-135m-multi": _demo_multi,
 }
 
 
