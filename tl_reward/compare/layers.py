@@ -134,17 +134,83 @@ class LayerGrams:
         return int(self.grams.shape[1])
 
     def labels(self) -> list[str]:
-        """Short labels: the layer index for ``blocks.L.*`` hooks, else the hook name."""
-        out = []
-        for h in self.hooks:
-            m = _BLOCK.match(h)
-            out.append(m.group(1) if m and sum(_BLOCK.match(x) is not None for x in self.hooks)
-                       == len(self.hooks) and len({x.split(".", 2)[2] for x in self.hooks}) == 1
-                       else h)
-        return out
+        """Short labels: ``L`` for ``blocks.L.hook_resid_post``, ``embed`` for
+        ``blocks.0.hook_resid_pre``, ``final_norm`` for ``ln_final.hook_normalized``, else the
+        hook name."""
+        return [hook_label(h) for h in self.hooks]
+
+
+def hook_label(hook: str) -> str:
+    """Short label of a hook point (see :meth:`LayerGrams.labels`)."""
+    m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", hook)
+    if m:
+        return m.group(1)
+    return {"blocks.0.hook_resid_pre": "embed", "ln_final.hook_normalized": "final_norm",
+            "hook_embed": "embed"}.get(hook, hook)
 
 
 @torch.no_grad()
+def read_rows(
+    model: Any,
+    encoded: Sequence[EncodedInput],
+    hooks: Sequence[str],
+    positions: Positions = "pooled",
+    batch_size: int = 8,
+    bar: Any = None,
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Rows of each hook point's activations (float32, CPU, input order) and the input of each
+    row, in one pass over length-sorted, right-padded batches; the forward stops after the last
+    requested block, and only the selected rows are copied out of each batch."""
+    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))
+    pad, device = _pad_id(model), model.cfg.device
+    rows: dict[str, list[torch.Tensor]] = {h: [] for h in hooks}
+    items: list[np.ndarray] = []
+    blocks = [int(m.group(1)) for h in hooks if (m := _BLOCK.match(h))]
+    stop = (max(blocks) + 1) if len(blocks) == len(hooks) else None
+    for start in range(0, len(order), batch_size):
+        idx = order[start: start + batch_size]
+        batch = collate([encoded[i] for i in idx], pad, "right", model.cfg.n_ctx,
+                        model.cfg.d_vocab).to(device)
+        pos = _positions(model, batch.tokens, batch.attention_mask)
+        r, c = _row_index(positions, pos, batch.lengths.cpu(), batch.response_starts,
+                          batch.offsets().cpu())
+        items.append(np.asarray(idx)[r.numpy()])
+        r, c = r.to(device), c.to(device)
+
+        def grab(act: torch.Tensor, hook: Any, r: torch.Tensor = r, c: torch.Tensor = c) -> None:
+            rows[hook.name].append(act[r, c].float().cpu())
+
+        kwargs: dict[str, Any] = {"attention_mask": batch.attention_mask}
+        if stop is not None and stop < model.cfg.n_layers:
+            kwargs["stop_at_layer"] = stop
+        else:
+            kwargs["return_type"] = None
+        model.run_with_hooks(batch.tokens, fwd_hooks=[(h, grab) for h in hooks], **kwargs)
+        if bar is not None:
+            bar.update(1)
+    item_of_row = np.concatenate(items)
+    # rows in input order (stable within an input, so response tokens keep their order)
+    perm = np.argsort(item_of_row, kind="stable")
+    return ({h: torch.cat(rows.pop(h)).numpy()[perm] for h in hooks}, item_of_row[perm])
+
+
+def activations(
+    model: Any,
+    inputs: Sequence[Any],
+    hook: str = "blocks.{layer}.hook_resid_post",
+    layer: int = -1,
+    positions: Positions = "pooled",
+    batch_size: int = 8,
+) -> Float[np.ndarray, "n d"]:
+    """``[n, d]`` float32 activations at one hook point (``{layer}`` filled in, negative layers
+    count from the end), read at the pooled token (or every response token)."""
+    if "{layer}" in hook:
+        hook = hook.format(layer=layer % model.cfg.n_layers)
+    names = hook_names(model, hook)
+    rows, _ = read_rows(model, _encode_all(model, list(inputs)), names, positions, batch_size)
+    return rows[names[0]]
+
+
 def layer_grams(
     model: Any,
     inputs: Sequence[Any],
@@ -168,55 +234,23 @@ def layer_grams(
                             f"{len(inputs)}")
     names = hook_names(model, hook, layers)
     encoded = _encode_all(model, list(inputs))
-    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))
-    pad = _pad_id(model)
     chunk = len(names) if layer_chunk is None else max(1, int(layer_chunk))
     groups = [names[i: i + chunk] for i in range(0, len(names), chunk)]
-    device = model.cfg.device
-    grams = np.zeros((len(names), 0, 0))
-    row_item: np.ndarray | None = None
+    grams: np.ndarray | None = None
+    row_item = np.zeros(0, dtype=np.int64)
     show = progress if progress is not None else len(encoded) * len(groups) > 32 * batch_size
-    bar = tqdm(total=len(groups) * ((len(order) + batch_size - 1) // batch_size),
+    bar = tqdm(total=len(groups) * ((len(encoded) + batch_size - 1) // batch_size),
                disable=not show, desc="reading activations", unit="batch")
     for group in groups:
-        rows: dict[str, list[torch.Tensor]] = {h: [] for h in group}
-        items: list[np.ndarray] = []
-        blocks = [int(m.group(1)) for h in group if (m := _BLOCK.match(h))]
-        stop = (max(blocks) + 1) if len(blocks) == len(group) else None
-        for start in range(0, len(order), batch_size):
-            idx = order[start: start + batch_size]
-            batch = collate([encoded[i] for i in idx], pad, "right", model.cfg.n_ctx,
-                            model.cfg.d_vocab).to(device)
-            pos = _positions(model, batch.tokens, batch.attention_mask)
-            r, c = _row_index(positions, pos, batch.lengths.cpu(), batch.response_starts,
-                              batch.offsets().cpu())
-            items.append(np.asarray(idx)[r.numpy()])
-            r, c = r.to(device), c.to(device)
-
-            def grab(act: torch.Tensor, hook: Any, r: torch.Tensor = r, c: torch.Tensor = c,
-                     store: dict[str, list[torch.Tensor]] = rows) -> None:
-                store[hook.name].append(act[r, c].float().cpu())
-
-            kwargs: dict[str, Any] = {"attention_mask": batch.attention_mask}
-            if stop is not None and stop < model.cfg.n_layers:
-                kwargs["stop_at_layer"] = stop
-            else:
-                kwargs["return_type"] = None
-            model.run_with_hooks(batch.tokens, fwd_hooks=[(h, grab) for h in group], **kwargs)
-            bar.update(1)
-        item_of_row = np.concatenate(items)
-        # rows in input order (stable within an input, so response tokens keep their order)
-        perm = np.argsort(item_of_row, kind="stable")
-        if row_item is None:
-            row_item = item_of_row[perm]
-            n = len(row_item)
-            grams = np.zeros((len(names), n, n))
+        rows, row_item = read_rows(model, encoded, group, positions, batch_size, bar)
+        if grams is None:
+            grams = np.zeros((len(names), len(row_item), len(row_item)))
         for h in group:
-            x = torch.cat(rows.pop(h)).double().numpy()[perm]
+            x = rows.pop(h).astype(np.float64)
             x -= x.mean(0, keepdims=True)
-            grams[names.index(h)] = x @ x.T
+            grams[names.index(h)] = x @ x.T  # float64 Gram of the centred rows
     bar.close()
-    assert row_item is not None
+    assert grams is not None
     return LayerGrams(model_label(model), names, grams, positions, row_item)
 
 
