@@ -13,6 +13,7 @@ SUBCOMMANDS: dict[str, str] = {
     "score": "tl_reward.cli.score",
     "explain": "tl_reward.cli.explain",
     "sweep": "tl_reward.cli.sweep",
+    "compare": "tl_reward.cli.compare",
 }
 
 
