@@ -350,16 +350,16 @@ def compare_grams(
     obs, null_mean, pval = {}, {}, {}
     for m in measures:
         ta, ok_a = _flat_unit(grams_a.grams, m)
-        tb_sq, ok_b = _unit_grams(b.grams, m)
-        tb = tb_sq.reshape(len(tb_sq), -1)
+        tb, ok_b = _flat_unit(b.grams, m)
+        n = b.n_rows
         o = ta @ tb.T
         nan = ~(ok_a[:, None] & ok_b[None, :])
         count = np.zeros_like(o)
         total = np.zeros_like(o)
         tol = 1e-12 * np.maximum(1.0, np.abs(o))
         for p in perms:
-            nb = tb_sq[:, p][:, :, p].reshape(len(tb_sq), -1)
-            null = ta @ nb.T
+            # P T(L) P' for every hook point at once: one gather of the flattened Grams
+            null = ta @ np.take(tb, (p[:, None] * n + p[None, :]).ravel(), axis=1).T
             total += null
             count += null >= o - tol
         o[nan] = np.nan
