@@ -11,9 +11,10 @@ the residual stream after each of the 30 blocks, and the final norm's output (wh
 The question (Thompson et al.'s RV2 paper): do the inputs and the targets anchor the lowest and
 highest layers, so that even a random network resembles a trained one there?
 
-With ``--tuned NAME`` (a policy loadable by ``tl_reward.irm``) the tuned policy is added and
-compared with the reference. Grams are saved per model under ``experiments/results/`` (a rerun
-reuses them), then every map and a summary.
+With ``--tuned`` the VADER DPO policy of ``tl_reward.irm`` (SmolLM2 + LoRA, read as a
+TransformerLens causal LM at its last real token) is added and compared with the reference.
+Grams are saved per model under ``experiments/results/`` (a rerun reuses them), then every map
+and a summary.
 
 Run:  nohup python experiments/compare_random_init.py \
           > experiments/results/compare_random_init.log 2>&1 &
@@ -102,7 +103,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--permutations", type=int, default=199)
-    ap.add_argument("--tuned", default=None, help="name of a tuned policy in tl_reward.irm")
+    ap.add_argument("--tuned", action="store_true",
+                    help="add the VADER DPO policy of tl_reward.irm (load_vader_pair)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("TL_REWARD_THREADS", "1")))
     OUT.mkdir(parents=True, exist_ok=True)
@@ -123,10 +125,10 @@ def main() -> None:
         "random": grams_for("random", random_copy, inputs, hook_list, args.batch_size),
     }
     if args.tuned:
-        from tl_reward import irm
+        from tl_reward.irm.policy import load_vader_pair
 
-        grams["tuned"] = grams_for("tuned", lambda: irm.load_policy(args.tuned)[0], inputs,
-                                   hook_list, args.batch_size)
+        grams["tuned"] = grams_for("tuned", lambda: load_vader_pair("tl", device="cpu")[0],
+                                   inputs, hook_list, args.batch_size)
     pairs = [("reference", None), ("random", None), ("reference", "random")]
     if "tuned" in grams:
         pairs += [("reference", "tuned"), ("tuned", None)]
