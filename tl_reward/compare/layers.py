@@ -220,12 +220,15 @@ def layer_grams(
     batch_size: int = 8,
     layer_chunk: int | None = None,
     progress: bool | None = None,
+    max_gram_bytes: float = 4e9,
 ) -> LayerGrams:
     """Centred ``n x n`` Grams of ``model``'s activations at each hook point, read batch by batch.
 
     ``model`` is a :class:`HookedRewardModel` or any TransformerLens ``HookedTransformer`` with a
     tokenizer; ``inputs`` are strings, conversations, ``(prompt, response)`` tuples or token ids.
     ``layer_chunk``: how many hook points' rows are held at once (``None``: all, one pass).
+    With ``positions="response"`` rows are tokens and the Grams grow as (tokens)^2: a request
+    whose Grams would exceed ``max_gram_bytes`` is refused before any forward pass.
     """
     if positions not in ("pooled", "response"):
         raise TLRewardError(f"positions must be 'pooled' or 'response', got {positions!r}")
@@ -234,6 +237,15 @@ def layer_grams(
                             f"{len(inputs)}")
     names = hook_names(model, hook, layers)
     encoded = _encode_all(model, list(inputs))
+    if positions == "response":
+        n_rows = sum(len(e.ids) - (e.response_start or 0) for e in encoded)
+        need = len(names) * n_rows**2 * 8
+        if need > max_gram_bytes:
+            raise TLRewardError(
+                f"positions='response' gives {n_rows} rows, so {len(names)} float64 Grams need "
+                f"{need / 1e9:.1f} GB (more than max_gram_bytes = {max_gram_bytes / 1e9:.1f} "
+                "GB); use fewer or shorter inputs, fewer layers, positions='pooled', or raise "
+                "max_gram_bytes")
     chunk = len(names) if layer_chunk is None else max(1, int(layer_chunk))
     groups = [names[i: i + chunk] for i in range(0, len(names), chunk)]
     grams: np.ndarray | None = None
