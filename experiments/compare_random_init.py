@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 OUT = ROOT / "experiments" / "results"
 MEASURES = ("debiased_cka", "rv2", "rv", "linear_cka")
+PREFIX = "compare_random_init"
 
 
 def hooks(n_layers: int) -> list[str]:
@@ -60,16 +61,18 @@ def random_copy(seed: int = 0) -> HookedRewardModel:
     return HookedRewardModel.from_pretrained(hf_model=rand, tokenizer=tok, device="cpu")
 
 
-def grams_for(name: str, load, inputs, hook_list, batch_size: int) -> LayerGrams:
-    path = OUT / f"compare_random_init_grams_{name}.npz"
+def grams_for(name: str, load, inputs, hook_list, batch_size: int,
+              positions: str = "pooled") -> LayerGrams:
+    path = OUT / f"{PREFIX}_grams_{name}.npz"
     if path.exists():
         z = np.load(path, allow_pickle=False)
         print(f"{name}: Grams reused from {path.name}", flush=True)
-        return LayerGrams(name, [str(h) for h in z["hooks"]], z["grams"], "pooled",
+        return LayerGrams(name, [str(h) for h in z["hooks"]], z["grams"], positions,
                           z["row_item"])
     model = load()
     t0 = time.time()
-    g = layer_grams(model, inputs, hook_list, batch_size=batch_size, progress=True)
+    g = layer_grams(model, inputs, hook_list, positions=positions, batch_size=batch_size,
+                    progress=True)
     g.model = name
     np.savez(path, hooks=np.array(g.hooks), grams=g.grams, row_item=g.row_item)
     print(f"{name}: {len(g.hooks)} hook points x {g.n_rows} inputs in {time.time() - t0:.0f} s",
@@ -93,7 +96,7 @@ def summarise(res, name: str) -> dict:
             "diagonal_p": dict(zip(res.layers_a[:k], np.round(np.diag(p[:k, :k]), 4).tolist(),
                                    strict=True)),
         }
-    res.to_dataframe().to_csv(OUT / f"compare_random_init_{name}.csv", index=False)
+    res.to_dataframe().to_csv(OUT / f"{PREFIX}_{name}.csv", index=False)
     return out
 
 
@@ -103,9 +106,16 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--permutations", type=int, default=199)
+    ap.add_argument("--positions", choices=["pooled", "response"], default="pooled",
+                    help="rows: the pooled token of each input, or every response token "
+                         "(results then carry the suffix _response)")
+    ap.add_argument("--measures", nargs="+", default=list(MEASURES))
     ap.add_argument("--tuned", action="store_true",
                     help="add the VADER DPO policy of tl_reward.irm (load_vader_pair)")
     args = ap.parse_args()
+    global PREFIX
+    if args.positions == "response":
+        PREFIX = "compare_random_init_response"
     torch.set_num_threads(int(os.environ.get("TL_REWARD_THREADS", "1")))
     OUT.mkdir(parents=True, exist_ok=True)
     _, tok = demo_hf_reward_model()
@@ -121,37 +131,39 @@ def main() -> None:
     hook_list = hooks(30)
     grams = {
         "reference": grams_for("reference", lambda: HookedRewardModel.from_pretrained(
-            "tl-reward/smollm2-135m-hh", device="cpu"), inputs, hook_list, args.batch_size),
-        "random": grams_for("random", random_copy, inputs, hook_list, args.batch_size),
+            "tl-reward/smollm2-135m-hh", device="cpu"), inputs, hook_list, args.batch_size,
+            args.positions),
+        "random": grams_for("random", random_copy, inputs, hook_list, args.batch_size,
+                            args.positions),
     }
     if args.tuned:
         from tl_reward.irm.policy import load_vader_pair
 
         grams["tuned"] = grams_for("tuned", lambda: load_vader_pair("tl", device="cpu")[0],
-                                   inputs, hook_list, args.batch_size)
+                                   inputs, hook_list, args.batch_size, args.positions)
     pairs = [("reference", None), ("random", None), ("reference", "random")]
     if "tuned" in grams:
         pairs += [("reference", "tuned"), ("tuned", None)]
     summary: dict = {"n_inputs": len(inputs), "max_tokens": args.max_tokens,
-                     "positions": "pooled (last real token)",
+                     "positions": args.positions, "n_rows": grams["reference"].n_rows,
                      "n_permutations": args.permutations, "hooks": hook_list, "maps": {}}
     figs = []
     for a, b in pairs:
         name = a if b is None else f"{a}_vs_{b}"
         t0 = time.time()
-        res = compare_grams(grams[a], None if b is None else grams[b], MEASURES,
+        res = compare_grams(grams[a], None if b is None else grams[b], args.measures,
                             args.permutations, seed=0)
         res.model_a, res.model_b = a, b or a
         summary["maps"][name] = summarise(res, name)
         figs.append(res.plot(kind="observed"))
         figs.append(res.plot(kind="excess"))
         print(f"{name}: done in {time.time() - t0:.0f} s", flush=True)
-        (OUT / "compare_random_init_summary.json").write_text(json.dumps(summary, indent=1))
+        (OUT / f"{PREFIX}_summary.json").write_text(json.dumps(summary, indent=1))
     from tl_reward.viz.html import save_html
 
-    save_html(OUT / "compare_random_init.html", *figs,
+    save_html(OUT / f"{PREFIX}.html", *figs,
               title="SmolLM2-135M-Instruct vs a random-initialised copy")
-    print("written", OUT / "compare_random_init_summary.json", flush=True)
+    print("written", OUT / f"{PREFIX}_summary.json", flush=True)
 
 
 if __name__ == "__main__":
