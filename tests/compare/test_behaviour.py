@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from scipy import stats
@@ -131,3 +132,21 @@ def test_pairs_as_data_and_bad_input(tiny):
         compare_models([a], CORPUS)
     with pytest.raises(TLRewardError, match="corpus"):
         compare_models([a, b])
+
+
+def test_vocabulary_agreement_joins_the_report(tiny):
+    from tl_reward.sweep.vocab_sweep import score_vocabulary
+
+    a, b = tiny("llama", 1, 0)[0], tiny("llama", 1, 1)[0]
+    prompt = "What is the best thing ever?"
+    sweeps = {"A": score_vocabulary(a, prompt, batch_size=64, progress=False),
+              "B": score_vocabulary(b, prompt, batch_size=64, progress=False)}
+    rep = compare_models({"A": a, "B": b}, sweeps=sweeps)
+    row = rep.to_dataframe().set_index("measure").loc["vocabulary_kendall_tau_b"]
+    # the same strings, the same ids (one tokenizer): Kendall over every candidate token
+    va, vb = sweeps["A"].values(0).double().numpy(), sweeps["B"].values(0).double().numpy()
+    keep = ~pd.Index(sweeps["A"].tokens).duplicated(keep=False)
+    assert row["value"] == pytest.approx(stats.kendalltau(va[keep], vb[keep]).statistic,
+                                         abs=1e-9)
+    assert not rep.rank and not rep.preference
+    rep.plot()
