@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, str] = {
     "explain": "tl_reward.cli.explain",
     "sweep": "tl_reward.cli.sweep",
     "audit": "tl_reward.cli.audit",
+    "compare": "tl_reward.cli.compare",
 }
 
 
