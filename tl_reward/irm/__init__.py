@@ -1,0 +1,1 @@
+"""Implicit reward models: a tuned policy against its reference (DPO identity)."""
