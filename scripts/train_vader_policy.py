@@ -214,7 +214,7 @@ def stage_train(args: argparse.Namespace, work: Path) -> None:
         per_device_train_batch_size=args.batch, gradient_accumulation_steps=args.grad_accum,
         num_train_epochs=args.epochs, max_steps=args.max_steps, max_length=args.max_length,
         lr_scheduler_type="linear",
-        warmup_steps=2, logging_steps=1, save_steps=args.save_steps, save_total_limit=2,
+        warmup_steps=args.warmup, logging_steps=1, save_steps=args.save_steps, save_total_limit=2,
         gradient_checkpointing=False, use_cpu=True, report_to="none", seed=0, data_seed=0,
         dataloader_num_workers=0, bf16=False,
     )
@@ -288,7 +288,7 @@ def stage_export(args: argparse.Namespace, work: Path) -> None:
         "n_train_prompts": len(prompts["train"]), "n_heldout_prompts": len(prompts["heldout"]),
         "n_train_pairs": info["n_pairs"], "n_heldout_pairs": n_held,
         "beta": args.beta, "learning_rate": args.lr, "epochs": args.epochs,
-        "batch": args.batch * args.grad_accum, "max_length": args.max_length,
+        "batch": args.batch * args.grad_accum, "warmup_steps": args.warmup, "max_length": args.max_length,
         "steps": info["steps"], "pairs_seen": info["steps"] * args.batch * args.grad_accum,
         "train_wall_seconds": round(info["train_wall_seconds"]),
         "hardware": "2 shared CPU cores (contended by other jobs)",
@@ -367,6 +367,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--max-steps", type=int, default=-1,
                     help="stop after this many optimiser steps (-1: the whole epoch)")
+    ap.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
     ap.add_argument("--max-length", type=int, default=160)
     ap.add_argument("--save-steps", type=int, default=5)
     args = ap.parse_args()
