@@ -21,9 +21,9 @@ VADER_ADAPTER_FILE = (
 )
 
 
-def vader_adapter_metadata() -> dict[str, Any]:
+def vader_adapter_metadata(adapter_path: str | Path | None = None) -> dict[str, Any]:
     """Training metadata of the packaged adapter (data, steps, time, beta, ...)."""
-    return load_adapter(VADER_ADAPTER_FILE)[1]
+    return load_adapter(adapter_path or VADER_ADAPTER_FILE)[1]
 
 
 def load_vader_pair(
@@ -31,24 +31,27 @@ def load_vader_pair(
     dtype: torch.dtype = torch.float32,
     device: str | None = None,
     return_tokenizer: bool = False,
+    adapter_path: str | Path | None = None,
 ) -> tuple[Any, ...]:
     """``(policy, reference)`` (and the tokenizer if asked), offline.
 
     ``backend="tl"`` gives ``HookedTransformer`` models, ``"hf"`` HF ``LlamaForCausalLM``.
-    The policy's DPO ``beta`` is ``vader_adapter_metadata()["beta"]``.
+    The policy's DPO ``beta`` is ``vader_adapter_metadata()["beta"]``. ``adapter_path``
+    loads another adapter file of the same format (default: the packaged one).
     """
     from tl_reward.irm.models import hooked_causal_lm
     from tl_reward.model.demo import load_smollm2
 
     if backend not in ("tl", "hf"):
         raise TLRewardError(f"backend must be 'tl' or 'hf', got {backend!r}")
-    if not VADER_ADAPTER_FILE.exists():
+    path = Path(adapter_path or VADER_ADAPTER_FILE)
+    if not path.exists():
         raise TLRewardError(
-            f"the VADER policy adapter {VADER_ADAPTER_FILE.name} is missing from the package; "
+            f"the VADER policy adapter {path.name} is missing; "
             "train it with scripts/train_vader_policy.py"
         )
     reference, tok = load_smollm2(torch.float32)
-    adapter, meta = load_adapter(VADER_ADAPTER_FILE)
+    adapter, meta = load_adapter(path)
     policy = merge_lora(reference, adapter, r=int(meta["r"]), alpha=float(meta["alpha"]))
     out: list[Any] = []
     for m in (policy, reference):
