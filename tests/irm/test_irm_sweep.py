@@ -13,7 +13,7 @@ from tl_reward.sweep.agreement import model_agreement
 from tl_reward.sweep.response_template import response_template
 from tl_reward.testing.causal import tiny_causal_lm_pair
 
-PROMPT = "What, in one word, is the greatest thing ever?"
+PROMPT = "Love?"
 BETA = 0.5
 
 
@@ -29,13 +29,13 @@ def test_sweep_equals_per_token_scoring(pair, backend):
         pol, ref = hooked_causal_lm(policy, tok), hooked_causal_lm(reference, tok)
     else:
         pol, ref = policy, reference
-    sweep = irm_vocab_sweep(pol, ref, {"greatest": PROMPT}, BETA, tokenizer=tok,
+    sweep = irm_vocab_sweep(pol, ref, {"love": PROMPT}, BETA, tokenizer=tok,
                             batch_size=50, progress=False)
     tpl = response_template(tok, PROMPT)
     assert len(tpl.suffix) >= 1  # the closing <|eot_id|> is scored, so the suffix path runs
     # every candidate of the vocabulary, scored one full sequence each (HF models, no cache)
     items = [EncodedInput(tpl.ids(v), len(tpl.prefix)) for v in sweep.token_ids.tolist()]
-    want = implicit_rewards(policy, reference, items, BETA, tokenizer=tok, batch_size=64).rewards
+    want = implicit_rewards(policy, reference, items, BETA, tokenizer=tok, batch_size=128).rewards
     assert len(sweep) > 250
     # float32 log-softmax of O(1) logits; TL's folded copy adds ~1e-5 per logit
     torch.testing.assert_close(sweep.rewards[:, 0], want, atol=1e-4, rtol=1e-4)
