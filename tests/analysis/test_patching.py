@@ -164,7 +164,7 @@ def test_direct_path_patching(tiny, arch: str) -> None:
 
         with model.hooks(fwd_hooks=[(f"blocks.{n - 1}.hook_resid_post", add),
                                     ("ln_final.hook_scale", lambda s, hook: s_t)]):
-            val = float(model(toks_t, "score", attention_mask=torch.ones_like(toks_t))[0])
+            val = float(model(toks_t, "score", attention_mask=torch.ones_like(toks_t))[0].detach())
         assert float(frozen.patched[frozen.names.index(name)]) == pytest.approx(val, abs=1e-4)
     # recomputed scale: against a hooked run that adds o_src - o_tgt to the final residual
     rec = direct_path_patching(model, PAIR, level="sublayer", scale="recompute", mode="noising",
