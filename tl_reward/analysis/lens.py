@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from tl_reward.analysis.readout import ObjectiveSpec, normalise, reward_readout
 from tl_reward.data.pairs import as_pair_batch
+from tl_reward.model.heads import objective_slot
 
 CONVENTIONS = ("frozen", "recompute")
 
@@ -107,7 +108,7 @@ class RewardLens:
     layer_names: list[str]
 
     def _obj(self, objective: int | str) -> int:
-        return objective if isinstance(objective, int) else self.objectives.index(objective)
+        return objective_slot(self.objectives, objective)
 
     def increments(self, convention: str = "frozen") -> Float[torch.Tensor, "n layer n_obj"]:
         """What each block adds to the lens (``frozen``: its exact direct contribution)."""

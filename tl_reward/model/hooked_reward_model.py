@@ -60,7 +60,8 @@ class HookedRewardModel(HookedTransformer):
     ) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            super().__init__(cfg, tokenizer, move_to_device, default_padding_side)
+            super().__init__(cfg, tokenizer, move_to_device,
+                             default_padding_side if tokenizer is not None else None)
         k = self.cfg.d_vocab_out
         self.reward_head = reward_head or LinearRewardHead(
             ["reward"] if k == 1 else [f"objective_{i}" for i in range(k)]

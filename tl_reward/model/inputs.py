@@ -20,6 +20,7 @@ from tl_reward.errors import (
     ContextLengthError,
     EmptyResponseError,
     MissingPadTokenError,
+    MissingTokenizerError,
     TLRewardError,
     TokenizerMismatchError,
 )
@@ -86,6 +87,15 @@ def to_conversation(prompt: str | Sequence[Mapping[str, str]], response: str) ->
     return [*msgs, Message(role="assistant", content=response)]
 
 
+def _need_tokenizer(tokenizer: Any, what: str) -> None:
+    if tokenizer is None:
+        raise MissingTokenizerError(
+            f"{what} need a tokenizer, and this model was loaded without one (e.g. a checkpoint "
+            "saved without tokenizer files); load it with tokenizer=AutoTokenizer."
+            "from_pretrained(<the base model>) or pass token ids instead"
+        )
+
+
 def encode(tokenizer: Any, item: RewardInput) -> EncodedInput:
     """Token ids for any supported input kind."""
     if isinstance(item, torch.Tensor):
@@ -93,14 +103,15 @@ def encode(tokenizer: Any, item: RewardInput) -> EncodedInput:
             raise TLRewardError("a token tensor input must be 1-D; pass a batch as a list")
         return EncodedInput([int(t) for t in item.tolist()])
     if isinstance(item, str):
-        if tokenizer is None:
-            raise TLRewardError("strings need a tokenizer; pass tokenizer= when loading")
+        _need_tokenizer(tokenizer, "strings")
         if not item.strip():
             raise EmptyResponseError("the input text is empty")
         return EncodedInput([int(t) for t in tokenizer(item, add_special_tokens=True)["input_ids"]])
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
+        _need_tokenizer(tokenizer, "(prompt, response) pairs")
         return encode_conversation(tokenizer, to_conversation(item[0], item[1]))
     if is_conversation(item):
+        _need_tokenizer(tokenizer, "conversations")
         return encode_conversation(tokenizer, as_conversation(item))  # type: ignore[arg-type]
     if isinstance(item, Sequence) and item and all(isinstance(t, int) for t in item):
         return EncodedInput([int(t) for t in item])

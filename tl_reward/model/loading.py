@@ -6,6 +6,7 @@ is (and only when a hub is reachable).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,9 @@ def _demo(dtype: torch.dtype) -> tuple[Any, Any]:
 
     return demo_hf_reward_model(dtype)
 
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+                   "vocab.txt", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
 
 BUILTIN_MODELS: dict[str, BuiltinLoader] = {
     "tl-reward/smollm2-135m-hh": _demo,
@@ -146,6 +150,28 @@ def from_hf_model(
     return model
 
 
+def _find_tokenizer(source: str, trust_remote_code: bool) -> Any:
+    """The tokenizer saved at ``source``, or ``None`` (with a warning) when there is none, as in
+    the checkpoints most training scripts save (config and weights only)."""
+    from transformers import AutoTokenizer
+
+    path = Path(source).expanduser()
+    why = None
+    if path.is_dir() and not any((path / f).exists() for f in TOKENIZER_FILES):
+        why = f"{source} has no tokenizer files"
+    else:
+        try:
+            return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as exc:
+            why = f"the tokenizer of {source!r} could not be loaded ({str(exc).strip()[:200]})"
+    warnings.warn(
+        f"{why}; the model is loaded without a tokenizer and scores token ids only. For text "
+        "or conversations pass tokenizer=AutoTokenizer.from_pretrained(<the base model>)",
+        stacklevel=4,
+    )
+    return None
+
+
 def load_reward_model(
     cls: type[HookedRewardModel],
     name_or_path: str | None,
@@ -176,9 +202,7 @@ def load_reward_model(
                 "no tokenizer given and none can be found for an in-memory model; pass "
                 "tokenizer="
             )
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tokenizer = _find_tokenizer(source, trust_remote_code)
     hf_model.eval()
     return from_hf_model(cls, hf_model, tokenizer, device=device, dtype=dtype, pooling=pooling,
                          objective_names=objective_names, n_ctx=n_ctx,
