@@ -68,9 +68,26 @@ def objective_slot(objectives: Sequence[str], objective: int | str) -> int:
 class RewardHead(nn.Module):
     """Names the K objectives and combines their rewards into the model's score."""
 
+    #: ``True`` for a head that is not linear in the normed final residual (an MLP head): the
+    #: model then reads objectives through :meth:`outputs` and :meth:`linearise`, not ``W_U``.
+    nonlinear: bool = False
+
     def __init__(self, objectives: Sequence[str]) -> None:
         super().__init__()
         self.objectives = list(objectives)
+
+    def outputs(
+        self, normed: Float[torch.Tensor, "... d_model"]
+    ) -> Float[torch.Tensor, "... K"]:
+        """The K objective values at every position (nonlinear heads only)."""
+        raise NotImplementedError(f"{type(self).__name__} is linear: use the model's unembed")
+
+    def linearise(
+        self, pooled: Float[torch.Tensor, "batch d_model"]
+    ) -> tuple[Float[torch.Tensor, "batch K d_model"], Float[torch.Tensor, "batch K"]]:
+        """``(W(x), b(x))`` with ``outputs(x) = W(x) x + b(x)`` exactly at ``x`` (nonlinear
+        heads only)."""
+        raise NotImplementedError(f"{type(self).__name__} is linear: use W_U and b_U")
 
     @property
     def n_objectives(self) -> int:

@@ -260,7 +260,7 @@ def _objective_values(model: HookedRewardModel, normed_new: torch.Tensor,
     at = (pos - past).clamp(min=0) if new_rows is None else new_rows
     pooled = torch.where((pos >= past)[:, None], normed_new[rows, at],
                          normed_prefix[pos.clamp(max=past - 1)])
-    rewards = model.unembed(pooled[:, None])[:, 0]
+    rewards = model.head_outputs(pooled[:, None])[:, 0]
     head = model.reward_head
     if isinstance(head, LinearRewardHead):  # its combination does not read the states
         c = head.combination(normed_new, tokens)
