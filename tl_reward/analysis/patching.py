@@ -141,6 +141,7 @@ def run_patched(
     chunk_size: int = 32,
     fraction: float = 1.0,
     prefix_len: int = 0,
+    by_layer: bool = False,
 ) -> Float[torch.Tensor, " n_sites"]:
     """The objective of one sequence under each single-site patch, batched.
 
@@ -152,6 +153,9 @@ def run_patched(
     ``prefix_len``: when every patch writes at or after this position, the first
     ``prefix_len`` positions cannot change (causal attention), so only the rest is recomputed,
     attending to the clean run's cached keys and values of the prefix.
+
+    ``by_layer``: chunks never mix sites of different layers, so no variant recomputes a layer
+    below its own patch (chunks of a layer with fewer sites than ``chunk_size`` are smaller).
     """
     n_layers = model.cfg.n_layers
     order = sorted(range(len(sites)), key=lambda i: sites[i].layer)
@@ -159,8 +163,7 @@ def run_patched(
     tokens_1 = torch.tensor([ids], device=model.cfg.device)
     final_hook = f"blocks.{n_layers - 1}.hook_resid_post"
     p = prefix_len
-    for start in range(0, len(order), chunk_size):
-        idx = order[start : start + chunk_size]
+    for idx in _chunks(order, [sites[i].layer for i in order], chunk_size, by_layer):
         chunk = [sites[i] for i in idx]
         b = len(chunk)
         first = min(s.layer for s in chunk)
@@ -196,6 +199,18 @@ def run_patched(
         if p:
             final = torch.cat([clean[final_hook][:, :p].expand(b, -1, -1), final], 1)
         out[idx] = objective_value(model, final, tokens, objective).cpu()
+    return out
+
+
+def _chunks(order: list[int], layers: list[int], size: int, by_layer: bool
+            ) -> list[list[int]]:
+    """Consecutive pieces of ``order`` (sorted by layer) of at most ``size``; with
+    ``by_layer`` a piece also ends where the layer changes."""
+    out: list[list[int]] = []
+    for j, i in enumerate(order):
+        if not out or len(out[-1]) >= size or (by_layer and layers[j] != layers[j - 1]):
+            out.append([])
+        out[-1].append(i)
     return out
 
 
@@ -424,10 +439,11 @@ def patch_components(
     objective: int | str | None = None,
     chunk_size: int = 32,
     reuse_prefix: bool = True,
+    by_layer: bool = False,
 ) -> Float[torch.Tensor, " C"]:
     """Whole-sequence denoising or noising of named components (``"embed"``, ``"L3.attn"``,
     ``"L3.mlp"``, ``"L3.H2"``) on the aligned positions, batched; normalised effects ``[C]``.
-    Attention biases (equal in both runs) get 0."""
+    Attention biases (equal in both runs) get 0. ``by_layer``: see :func:`run_patched`."""
     if mode not in ("denoising", "noising"):
         raise TLRewardError(f"component patching mode must be 'denoising' or 'noising', "
                             f"got {mode!r}")
@@ -452,7 +468,7 @@ def patch_components(
         return act if s.unit is None else act[:, s.unit]
 
     patched = run_patched(model, tp.ids(target), clean[target], sites, value,
-                          lambda s: tgt_rows, obj, chunk_size, prefix_len=p)
+                          lambda s: tgt_rows, obj, chunk_size, prefix_len=p, by_layer=by_layer)
     delta = r_c - r_r
     eff = (patched - r_r) / delta if mode == "denoising" else (r_c - patched) / delta
     out = torch.zeros(len(names), dtype=eff.dtype)
