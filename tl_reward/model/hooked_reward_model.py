@@ -220,18 +220,20 @@ class HookedRewardModel(HookedTransformer):
         normed: Float[torch.Tensor, "batch pos d_model"] | None = None,
         tokens: Int[torch.Tensor, "batch pos"] | None = None,
     ) -> tuple[Float[torch.Tensor, "batch d_model"], Float[torch.Tensor, " batch"]]:
-        """``(w, b)`` with ``objective = w . ln_final(h) + b`` at the pooled position.
+        """``(w, b)`` with ``objective = w . ln_final(h) + b`` at the pooled position, per row.
 
         For ArmoRM's ``"score"`` this is the prompt-dependent ``w_eff(x) = W_U T g(x)``, which
         needs ``normed`` (``ln_final`` output) and ``tokens``; for a fixed objective it does not.
+        Returned in float32 (float64 for a float64 model) whatever the weights' dtype.
         """
+        acc = torch.float64 if self.cfg.dtype == torch.float64 else torch.float32
         device = self.W_U.device
         if tokens is None:
             tokens = torch.zeros((1, 1), dtype=torch.long, device=device)
         if normed is None:
-            normed = torch.zeros(*tokens.shape, self.cfg.d_model, device=device)
-        c = self.reward_head.objective_weights(objective, normed, tokens)
-        return c @ self.W_U.T, c @ self.b_U
+            normed = torch.zeros(*tokens.shape, self.cfg.d_model, device=device, dtype=acc)
+        c = self.reward_head.objective_weights(objective, normed, tokens).to(acc)
+        return c @ self.W_U.to(acc).T, c @ self.b_U.to(acc)
 
     def rewards(
         self,
