@@ -144,7 +144,8 @@ def reward_readout(
     scale = norm_scale(model, h)[:, 0]
     ws, bs = [], []
     for name in names:
-        w, b = model.reward_direction(name, normed, tokens)  # type: ignore[attr-defined]
+        w, b = model.reward_direction(name, normed, tokens,  # type: ignore[attr-defined]
+                                      positions)
         ws.append(w.to(acc))
         bs.append(b.to(acc))
     directions = torch.stack(ws, 1)
