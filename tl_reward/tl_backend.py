@@ -386,9 +386,13 @@ def _cached_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, values: to
     scores = attn.hook_attn_scores(scores.masked_fill(~allowed, float("-inf")))
     pattern = attn.hook_pattern(torch.softmax(scores, dim=-1)).to(values.dtype)
     pg = pattern.reshape(b, n_kv, h // n_kv, s, past + s)
-    z = (torch.einsum("bngsp,npd->bsngd", pg[..., :past], values)
-         + torch.einsum("bngst,btnd->bsngd", pg[..., past:], v))
-    z = attn.hook_z(z.reshape(b, s, h, d))
+    # TransformerLens computes ``pattern @ v`` as one matmul over every key, accumulated in
+    # float32 and rounded once; the prefix and new parts are summed in float32 (at least)
+    # before that one rounding, so half-precision models match it
+    acc = torch.promote_types(values.dtype, torch.float32)
+    z = (torch.einsum("bngsp,npd->bsngd", pg[..., :past].to(acc), values.to(acc))
+         + torch.einsum("bngst,btnd->bsngd", pg[..., past:].to(acc), v.to(acc)))
+    z = attn.hook_z(z.reshape(b, s, h, d).to(values.dtype))
     w = attn.W_O.reshape(h * d, -1).T
     return torch.nn.functional.linear(z.reshape(b, s, h * d), w, attn.b_O)
 

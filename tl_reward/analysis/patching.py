@@ -18,6 +18,13 @@ once (``positions="all"``). Between chosen and rejected a patch writes only alig
 tokens of the longer reply keep their own activations, and the result says how many there were.
 Zero and mean ablations with ``positions="all"`` replace every position of both runs.
 
+Every value is read at the pooled token ``t*`` of the model's pooling rule through the shared
+readout (:mod:`tl_reward.analysis.readout`), in float32 whatever the weights' dtype, as
+``model.rewards`` and DRA read it. A patch that writes only after ``t*`` cannot change the reward
+(causal attention): it is not run and its effect is exactly 0. When the clean margin is exactly
+0 (e.g. a pooling rule that reads inside the shared prompt) normalised effects are NaN, with a
+warning; the patched values are still reported.
+
 Speed: each pair's clean runs are cached once; the patched variants of a pair are stacked along
 the batch (``chunk_size`` at a time) and each chunk starts at its earliest patched layer from the
 cached residual (``start_at_layer``), so no layer below a patch is recomputed.
@@ -33,7 +40,12 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
-from tl_reward.analysis.readout import normalise, resolve_objectives
+from tl_reward.analysis.readout import (
+    accumulation_dtype,
+    normalised_effect,
+    objective_at_pooled,
+    resolve_objectives,
+)
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
 from tl_reward.errors import TLRewardError
 from tl_reward.tl_backend import cache_keys, frozen_kv_cache
@@ -100,11 +112,10 @@ def objective_value(
     model: Any, resid: Float[torch.Tensor, "batch pos d_model"],
     tokens: Int[torch.Tensor, "batch pos"], objective: str,
 ) -> Float[torch.Tensor, " batch"]:
-    """One objective read from final residuals of unpadded rows (pooled at the last token)."""
-    normed = normalise(model, resid)
-    last = torch.full((tokens.shape[0],), tokens.shape[1] - 1, device=tokens.device)
-    w, b = model.reward_direction(objective, normed, tokens, last)
-    return ((w * normed[:, -1]).sum(-1) + b).detach()
+    """One objective read from final residuals of unpadded rows at the pooled token of the
+    model's rule (the shared readout; float32 at least)."""
+    mask = torch.ones_like(tokens)
+    return objective_at_pooled(model, resid, tokens, mask, [objective])[:, 0].detach()
 
 
 def clean_hooks(model: Any, sites: Sequence[Site]) -> set[str]:
@@ -158,10 +169,16 @@ def run_patched(
     below its own patch (chunks of a layer with fewer sites than ``chunk_size`` are smaller).
     """
     n_layers = model.cfg.n_layers
-    order = sorted(range(len(sites)), key=lambda i: sites[i].layer)
-    out = torch.empty(len(sites), dtype=model.cfg.dtype)
     tokens_1 = torch.tensor([ids], device=model.cfg.device)
     final_hook = f"blocks.{n_layers - 1}.hook_resid_post"
+    # patches that write only after the pooled token cannot change the reward: not run
+    t_star = int(model.pool_positions(tokens_1, torch.ones_like(tokens_1))[0])
+    out = torch.full((len(sites),), float(objective_value(model, clean[final_hook], tokens_1,
+                                                          objective)[0]),
+                     dtype=accumulation_dtype(model))
+    live = [i for i, s in enumerate(sites)
+            if (pos := positions(s)).numel() and int(pos.min()) <= t_star]
+    order = sorted(live, key=lambda i: sites[i].layer)
     p = prefix_len
     for idx in _chunks(order, [sites[i].layer for i in order], chunk_size, by_layer):
         chunk = [sites[i] for i in idx]
@@ -198,7 +215,7 @@ def run_patched(
                           attention_mask=torch.ones_like(tokens), past_kv_cache=kv)
         if p:
             final = torch.cat([clean[final_hook][:, :p].expand(b, -1, -1), final], 1)
-        out[idx] = objective_value(model, final, tokens, objective).cpu()
+        out[idx] = objective_value(model, final, tokens, objective).to(out.dtype).cpu()
     return out
 
 
@@ -409,7 +426,7 @@ def activation_patching(
 
         # a swap inside the shared prompt writes the value already there: the clean reward
         out = torch.full((len(sites),), r_c if target == "chosen" else r_r,
-                         dtype=model.cfg.dtype)
+                         dtype=accumulation_dtype(model))
         out[active] = run_patched(model, tp.ids(target), clean[target],
                                   [sites[i] for i in active], value, pos_of, obj, chunk_size,
                                   fraction, prefix_len=p)
@@ -417,14 +434,14 @@ def activation_patching(
 
     if mode == "denoising":
         patched = run("rejected")
-        effect = (patched - r_r) / delta
+        effect = normalised_effect(patched - r_r, delta)
     elif mode == "noising":
         patched = run("chosen")
-        effect = (r_c - patched) / delta
+        effect = normalised_effect(r_c - patched, delta)
     else:
         pc, pr = run("chosen"), run("rejected")
         patched = torch.stack([pc, pr])
-        effect = (delta - (pc - pr)) / delta
+        effect = normalised_effect(delta - (pc - pr), delta)
     labels = tp.position_labels(model.tokenizer) if positions == "each" else None
     return PatchingResult(mode, site, obj, effect, patched, dims, r_c, r_r, layer_list,
                           unit_list, labels, (len(tp.unaligned_chosen), len(tp.unaligned_rejected)),
@@ -470,7 +487,7 @@ def patch_components(
     patched = run_patched(model, tp.ids(target), clean[target], sites, value,
                           lambda s: tgt_rows, obj, chunk_size, prefix_len=p, by_layer=by_layer)
     delta = r_c - r_r
-    eff = (patched - r_r) / delta if mode == "denoising" else (r_c - patched) / delta
+    eff = normalised_effect(patched - r_r if mode == "denoising" else r_c - patched, delta)
     out = torch.zeros(len(names), dtype=eff.dtype)
     out[keep] = eff
     return out
