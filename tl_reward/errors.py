@@ -34,5 +34,9 @@ class UnknownObjectiveError(TLRewardError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class MissingTokenizerError(TLRewardError):
+    """Text or a conversation was given to a model loaded without a tokenizer."""
+
+
 class SAEError(TLRewardError):
     """An SAE that does not fit the model, or a request the SAE analyses cannot serve."""

@@ -31,6 +31,7 @@ _CONVERTERS = {
     ),
     "gemma": ("transformer_lens.pretrained.weight_conversions.gemma", "convert_gemma_weights"),
     "qwen2": ("transformer_lens.pretrained.weight_conversions.qwen2", "convert_qwen2_weights"),
+    "qwen3": ("transformer_lens.pretrained.weight_conversions.qwen3", "convert_qwen3_weights"),
     "gpt2": ("transformer_lens.pretrained.weight_conversions.gpt2", "convert_gpt2_weights"),
 }
 
@@ -91,11 +92,14 @@ PROCESSING = dict(fold_ln=True, center_writing_weights=True, center_unembed=Fals
 Centring the unembedding would zero a one-column reward head, so it stays off."""
 
 
-def process_weights_stock(model: Any, state_dict: dict[str, torch.Tensor]) -> None:
+def process_weights_stock(model: Any, state_dict: dict[str, torch.Tensor],
+                          release: Callable[[int], None] | None = None,
+                          device: str | torch.device | None = None) -> None:
     """TransformerLens's own ``load_and_process_state_dict`` with :data:`PROCESSING`.
 
     It upcasts the whole state dict to float32 and clones all of it at every step: the reference
-    that :func:`process_weights` is tested against, bit for bit.
+    that :func:`process_weights` is tested against, bit for bit (``release`` and ``device`` are
+    accepted for the same signature and ignored: the loader moves the model at the end).
     """
     model.load_and_process_state_dict(state_dict, **PROCESSING)
 
@@ -114,21 +118,40 @@ def _use_pre_norms(model: Any) -> None:
             block.mlp.ln = norm(cfg)
 
 
-def process_weights(model: Any, state_dict: dict[str, torch.Tensor]) -> None:
+def cpu_config(cfg: HookedTransformerConfig) -> HookedTransformerConfig:
+    """A copy of ``cfg`` on the CPU: converters and weight processing run there (converters
+    create tensors on ``cfg.device``), and each block moves to the model's device once loaded."""
+    out = copy.copy(cfg)
+    out.device = "cpu"
+    return out
+
+
+def process_weights(
+    model: Any,
+    state_dict: dict[str, torch.Tensor],
+    release: Callable[[int], None] | None = None,
+    device: str | torch.device | None = None,
+) -> None:
     """Load ``state_dict`` into ``model`` with :data:`PROCESSING`, one block at a time.
 
     The same result as :func:`process_weights_stock`, bit for bit, but each block's weights are
     processed (TransformerLens's ``ProcessWeights`` on a one-layer view) and loaded before the
     next, so peak memory is the model plus one block (or the embeddings) in float32 instead of
     several float32 copies of the whole model. Entries are popped from ``state_dict``.
+
+    ``device``: each block moves there as soon as it is loaded (so host memory never holds the
+    whole converted model when it goes to a GPU). ``release(layer)`` is called after block
+    ``layer`` is loaded, to free the source weights it came from.
     """
     cfg = model.cfg
     state_dict = model.fill_missing_keys(state_dict)
     _use_pre_norms(model)
-    one_layer = copy.copy(cfg)
+    one_layer = cpu_config(cfg)
     one_layer.n_layers = 1
     shared = {k: v for k, v in state_dict.items() if not k.startswith("blocks.")}
-    embeddings = {k: v for k, v in shared.items() if k.startswith(("embed.", "pos_embed."))}
+    # later blocks need embedding keys only because centring the writing weights reads them
+    # (their outputs are dropped): one row each, not a float32 copy of the whole vocabulary
+    embeddings = {k: v[:1] for k, v in shared.items() if k.startswith(("embed.", "pos_embed."))}
     for layer in range(cfg.n_layers):
         prefix = f"blocks.{layer}."
         group = {"blocks.0." + k[len(prefix):]: state_dict.pop(k)
@@ -145,6 +168,10 @@ def process_weights(model: Any, state_dict: dict[str, torch.Tensor]) -> None:
         if layer == 0:
             model.load_state_dict(processed, strict=False)
         del block, processed
+        if device is not None:
+            model.blocks[layer].to(device)
+        if release is not None:
+            release(layer)
     model.setup()
 
 
@@ -191,7 +218,9 @@ def fast_cache_unsupported(cfg: HookedTransformerConfig) -> str | None:
             cfg.positional_embedding_type not in ("rotary", "standard"),
         "use_attn_in / use_split_qkv_input / use_attn_result hooks":
             cfg.use_attn_in or cfg.use_split_qkv_input or cfg.use_attn_result,
-        "query/key norms or clipping": bool(cfg.use_qk_norm) or cfg.clip_qkv is not None
+        # per-head q/k norms (Qwen3, ``use_qk_norm``) run inside ``calculate_qkv_matrices``,
+        # which the fast path calls; OLMo's whole-vector norms and clipping run outside it
+        "OLMo query/key norms or clipping": cfg.clip_qkv is not None
             or cfg.original_architecture in ("OlmoeForCausalLM", "Olmo2ForCausalLM",
                                              "Olmo3ForCausalLM"),
         "log-n attention, sinks or dynamic NTK rotary": bool(cfg.use_logn_attn)
@@ -247,6 +276,18 @@ def build_prefix_cache(
     return PrefixCache(prefix.cpu(), resid[0], "fast",
                        keys=[store[_key_hook(model, i)] for i in range(n)],
                        values=[store[f"blocks.{i}.attn.hook_v"] for i in range(n)])
+
+
+def cache_keys(model: Any, layer: int, keys: torch.Tensor) -> torch.Tensor:
+    """Keys as TransformerLens's cache stores them, from ``attn.hook_k`` activations.
+
+    ``hook_k`` fires inside ``calculate_qkv_matrices`` *before* a per-head key norm
+    (``use_qk_norm``, Qwen3), while the cache holds the normed keys; apply it here.
+    """
+    attn = model.blocks[layer].attn
+    if getattr(model.cfg, "use_qk_norm", False) and getattr(attn, "k_norm", None) is not None:
+        return attn._apply_qk_norm(keys, attn.k_norm)
+    return keys
 
 
 def frozen_kv_cache(keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor

@@ -57,3 +57,50 @@ def test_report_scores_rhos_and_cache(tiny, tmp_path, monkeypatch: pytest.Monkey
     torch.testing.assert_close(again.scores["noising"], rep.scores["noising"])
     rep.save(tmp_path / "r.json")
     assert faith.FaithfulnessReport.load(tmp_path / "r.json").names == rep.names
+
+
+def _tiny(pooling: str = "hf"):
+    from tl_reward import HookedRewardModel
+    from tl_reward.testing import tiny_hf_reward_model
+
+    hf, tok = tiny_hf_reward_model("gpt2", num_labels=1, seed=0)
+    return HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
+                                             pooling=pooling)
+
+
+def test_cache_never_mixes_models(tmp_path) -> None:
+    """Two in-memory models with the same name and depth, differing in one body weight (then
+    only in the pooling rule), must not read each other's cached pairs."""
+    a, b = _tiny(), _tiny()
+    with torch.no_grad():
+        b.blocks[0].mlp.W_in[:, 3] *= 5.0  # a body weight: the head and embeddings unchanged
+    assert a.cfg.model_name == b.cfg.model_name and a.cfg.n_layers == b.cfg.n_layers
+    ra = faith.faithfulness_report(a, PAIRS[:1], cache_dir=tmp_path, progress=False)
+    rb = faith.faithfulness_report(b, PAIRS[:1], cache_dir=tmp_path, progress=False)
+    rb_fresh = faith.faithfulness_report(b, PAIRS[:1], progress=False)
+    assert len(list(tmp_path.glob("*.json"))) == 2  # one entry per model
+    assert ra.pair_ids != rb.pair_ids
+    assert not torch.allclose(ra.deltas, rb_fresh.deltas, atol=1e-3)  # the models differ
+    torch.testing.assert_close(rb.deltas, rb_fresh.deltas)  # B's own values, not A's
+    torch.testing.assert_close(rb.scores["noising"], rb_fresh.scores["noising"])
+    rc = faith.faithfulness_report(_tiny(pooling="mask"), PAIRS[:1], cache_dir=tmp_path,
+                                   progress=False)
+    assert rc.pair_ids[0] not in (ra.pair_ids[0], rb.pair_ids[0])
+    assert len(list(tmp_path.glob("*.json"))) == 3
+
+
+def test_only_zero_margins_are_skipped_and_every_other_error_is_raised() -> None:
+    """The report used to catch every library error and count the pair as skipped."""
+    from tl_reward.errors import ContextLengthError, TLRewardError
+
+    model = _tiny()
+    good = PreferencePair.from_prompt("hi", "Hello! How can I help?", "Go away.")
+    same = PreferencePair.from_prompt("hi", "Same.", "Same.")  # margin exactly 0
+    too_long = PreferencePair.from_prompt("hi", "Yes. " * 200, "No.")  # > n_ctx = 256 tokens
+    rep = faith.faithfulness_report(model, [good, same], progress=False)
+    assert len(rep) == 1 and [s["pair"] for s in rep.meta["skipped"]] == [1]
+    assert "margin is exactly 0" in rep.meta["skipped"][0]["reason"]
+    with pytest.raises(ContextLengthError, match="context"):
+        faith.faithfulness_report(model, [good, too_long], progress=False)
+    with pytest.raises(TLRewardError, match="all 1 pairs have a reward margin of exactly 0"):
+        faith.faithfulness_report(model, [same], progress=False)

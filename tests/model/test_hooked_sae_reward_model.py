@@ -103,3 +103,66 @@ def test_bad_saes_raise(tiny) -> None:
     sae.cfg.metadata.hook_name = None
     with pytest.raises(SAEHookError, match="hook_name is empty"):
         model.add_sae(sae)
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize(("model_dtype", "sae_dtype", "want"), [
+    (torch.bfloat16, torch.float32, torch.float32),   # keeps its wider precision
+    (torch.float32, torch.bfloat16, torch.float32),   # widened to the model's
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16),
+])
+def test_added_sae_is_placed_on_the_model(model_dtype, sae_dtype, want) -> None:
+    hf, tok = tiny_hf_reward_model("llama", num_labels=1, seed=0)
+    model = HookedSAERewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
+                                                 dtype=model_dtype)
+    sae = make_sae(model.cfg.d_model, "blocks.1.hook_resid_post").to(dtype=sae_dtype)
+    model.add_sae(sae, use_error_term=True)
+    assert sae.dtype == want and sae.W_enc.dtype == want and sae.cfg.dtype == str(want)[6:]
+    batch = model.make_batch(INPUTS)
+    with torch.no_grad():
+        got = model(batch.tokens, attention_mask=batch.attention_mask, return_type="reward")
+        model.reset_saes()
+        plain = model(batch.tokens, attention_mask=batch.attention_mask, return_type="reward")
+    assert got.dtype == model_dtype
+    # the error term restores the activation up to the rounding of its dtype: a relative bf16
+    # step (2**-8) on rewards of order 1, far below an SAE's reconstruction error (~0.1-1)
+    torch.testing.assert_close(got.float(), plain.float(),
+                               atol=2e-2 if model_dtype == torch.bfloat16 else 1e-5, rtol=0)
+
+
+def test_sae_follows_the_model_device_or_is_refused(tiny) -> None:
+    base, _, _ = tiny("llama", 1)
+    model = HookedSAERewardModel.from_reward_model(base)
+    meta = make_sae(model.cfg.d_model, "blocks.0.hook_resid_post").to(device="meta")
+    with pytest.raises(SAEHookError, match="meta device"):
+        model.add_sae(meta)
+    # a model on another device (faked: cfg.device only, no hardware needed) pulls the SAE over
+    sae = make_sae(model.cfg.d_model, "blocks.0.hook_resid_post")
+    device = model.cfg.device
+    try:
+        model.cfg.device = "meta"
+        model.check_sae(sae)
+    finally:
+        model.cfg.device = device
+    assert sae.W_enc.is_meta and sae.b_dec.is_meta and sae.cfg.device == "meta"
+
+
+@CUDA
+def test_cpu_sae_runs_on_a_cuda_model() -> None:
+    """SAE.load_from_disk defaults to the CPU; the SAE analyses and add_sae move it."""
+    from tl_reward.sae import sae_attribution
+
+    hf, tok = tiny_hf_reward_model("llama", num_labels=1, seed=0)
+    model = HookedSAERewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cuda")
+    sae = make_sae(model.cfg.d_model, f"blocks.{model.cfg.n_layers - 1}.hook_resid_post")
+    assert sae.W_enc.device.type == "cpu"
+    res = sae_attribution(model, sae, INPUTS)
+    assert sae.W_enc.device.type == "cuda"
+    torch.testing.assert_close(res.total(), res.reward, atol=1e-4, rtol=0)  # float32, as on CPU
+    model.add_sae(make_sae(model.cfg.d_model, "blocks.0.hook_resid_post"), use_error_term=True)
+    batch = model.make_batch(INPUTS).to("cuda")
+    with torch.no_grad():
+        assert model(batch.tokens, attention_mask=batch.attention_mask,
+                     return_type="reward").device.type == "cuda"

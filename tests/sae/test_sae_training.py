@@ -71,3 +71,19 @@ def test_train_needs_enough_tokens(tiny) -> None:
     model = tiny("llama", 1)[0]
     with pytest.raises(SAEError, match="training tokens"):
         train_topk_sae(model, CORPUS[:1], "blocks.0.hook_resid_post", batch_size_tokens=4096)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_train_on_the_model_device() -> None:
+    """SAELens's trainer defaults to the CPU; the SAE trains and comes back on the model's."""
+    from tl_reward import HookedRewardModel
+    from tl_reward.testing import tiny_hf_reward_model
+
+    hf, tok = tiny_hf_reward_model("llama", num_labels=1, seed=0)
+    model = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cuda")
+    hook = "blocks.1.hook_resid_post"
+    trained = train_topk_sae(model, CORPUS, hook, d_sae=64, k=4, batch_size_tokens=64,
+                             epochs=1, progress=False)
+    assert trained.sae.W_enc.device.type == "cuda"
+    attr = sae_attribution(model, trained.sae, CORPUS[:2], method="gradient")
+    assert torch.isfinite(attr.total()).all()

@@ -101,3 +101,39 @@ def test_saved_sweep_loads_back(reference, tmp_path) -> None:
     assert back.prompts[1][0]["content"] == PAPER_PROMPTS["best"]
     with pytest.raises(SweepStoreError, match="no sweep file"):
         load_sweep(tmp_path / "missing.parquet")
+
+
+def _other_model(pooling: str = "hf", body_change: bool = False):
+    from tl_reward import HookedRewardModel
+    from tl_reward.testing import tiny_hf_reward_model
+
+    hf, tok = tiny_hf_reward_model("qwen2", num_labels=1, seed=0)
+    model = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
+                                              pooling=pooling)
+    if body_change:
+        with torch.no_grad():  # one weight of the body: head and embedding untouched
+            model.blocks[1].attn.W_O[0, 0, 0] += 0.5
+    return model
+
+
+def test_resume_and_merge_refuse_another_model(reference, tmp_path) -> None:
+    """A model that differs only in one body weight, or only in its pooling rule, may neither
+    resume nor be merged into another model's sweep (the old fingerprint hashed only the head
+    and a sample of the embedding, and the spec had no pooling rule)."""
+    model, _, _ = reference
+    out = tmp_path / "run.parquet"
+    with pytest.raises(Interrupt):
+        sweep(model, output=out, callback=lambda d, t: (_ for _ in ()).throw(Interrupt))
+    body = _other_model(body_change=True)
+    with pytest.raises(SweepStoreError, match="model_fingerprint"):
+        sweep(body, output=out, resume=True)
+    with pytest.raises(SweepStoreError, match="pooling"):
+        sweep(_other_model(pooling="mask"), output=out, resume=True)
+    shard0, shard1 = tmp_path / "s0.parquet", tmp_path / "s1.parquet"
+    sweep(model, output=shard0, shard=(0, 2))
+    sweep(body, output=shard1, shard=(1, 2))
+    with pytest.raises(SweepStoreError, match="model_fingerprint"):
+        merge_sweeps([shard0, shard1], tmp_path / "bad.parquet")
+    sweep(_other_model(pooling="mask"), output=shard1, shard=(1, 2), overwrite=True)
+    with pytest.raises(SweepStoreError, match="pooling"):
+        merge_sweeps([shard0, shard1], tmp_path / "bad.parquet")

@@ -35,6 +35,7 @@ from tl_reward.analysis.components import (
 )
 from tl_reward.analysis.readout import ObjectiveSpec, reward_readout
 from tl_reward.data.pairs import PairBatch, as_pair_batch
+from tl_reward.model.heads import objective_slot
 
 
 @dataclass
@@ -75,8 +76,8 @@ class DirectAttribution:
         return self.reward.shape[0]
 
     def _obj(self, objective: int | str) -> int:
-        if isinstance(objective, int):
-            return objective
+        if not isinstance(objective, str):
+            return objective_slot(self.objectives, objective)
         if objective not in self.objectives:
             from tl_reward.errors import UnknownObjectiveError
 

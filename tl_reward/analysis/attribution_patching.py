@@ -125,8 +125,8 @@ def attribution_patching(
     with torch.enable_grad(), model.hooks(fwd_hooks=[(nm, save) for nm in names]):
         resid = model(tokens, attention_mask=mask, stop_at_layer=n_layers)
         normed = normalise(model, resid)
-        w, b = model.reward_direction(obj, normed, tokens)
         pos = torch.tensor([x - 1 for x in lengths], device=tokens.device)
+        w, b = model.reward_direction(obj, normed, tokens, pos)
         values = (w * normed[torch.arange(2, device=tokens.device), pos]).sum(-1) + b
         grads = torch.autograd.grad(values.sum(), [saved[nm] for nm in names])
     grad = dict(zip(names, grads, strict=True))

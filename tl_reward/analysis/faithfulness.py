@@ -43,12 +43,18 @@ from tl_reward.analysis.patching import patch_components
 from tl_reward.analysis.readout import resolve_objectives
 from tl_reward.data.pairs import TokenizedPair, as_pair_batch
 from tl_reward.errors import TLRewardError
+from tl_reward.model.fingerprint import model_fingerprint
 from tl_reward.stats.resampling import spearman, summarise_mean
 
 OBSERVATIONAL = ("dra_diff", "dra_chosen", "attr_patch_denoising", "attr_patch_noising")
 CAUSAL = ("direct_path", "noising", "denoising")
 ANCHOR = ("dra_chosen", "noising", "abs")
 _HEAD = re.compile(r"^L\d+\.H\d+$")
+
+
+class ZeroMarginError(TLRewardError):
+    """A pair whose clean margin is exactly 0: its effects cannot be normalised (the only pairs
+    the report skips)."""
 
 
 def _merge_embed(vals: torch.Tensor, names: list[str], n_embed: int) -> tuple[torch.Tensor,
@@ -74,7 +80,8 @@ def pair_scores(
     names = [all_names[i] for i in keep]
     delta = float(pa.margin[0, 0])
     if delta == 0:
-        raise TLRewardError("this pair's reward margin is exactly 0; effects cannot be normalised")
+        raise ZeroMarginError("the pair's reward margin is exactly 0, so its effects cannot be "
+                              "normalised by it")
     ap = attribution_patching(model, pair, objective=obj)
     dp = direct_path_patching(model, pair, level=full_level, mode="denoising",
                               scale="recompute", objective=obj)
@@ -160,8 +167,10 @@ class FaithfulnessReport:
 
 
 def _key(model: Any, tp: TokenizedPair, level: str, obj: str) -> str:
+    """Cache key: the pair's ids, the level, the objective and the model's fingerprint (weights,
+    dtype, pooling rule, head, library version), never its name."""
     h = hashlib.sha1(json.dumps([tp.chosen_ids, tp.rejected_ids, level, obj,
-                                 model.cfg.model_name, model.cfg.n_layers]).encode())
+                                 model_fingerprint(model)]).encode())
     return h.hexdigest()[:16]
 
 
@@ -176,7 +185,9 @@ def faithfulness_report(
 ) -> FaithfulnessReport:
     """Score every component of every pair and return the :class:`FaithfulnessReport`.
 
-    Pairs whose margin is exactly 0 are skipped (their count is in ``meta["skipped"]``).
+    Pairs whose margin is exactly 0 are skipped, and only those: ``meta["skipped"]`` lists
+    them as ``{"pair": index, "id": cache key, "reason": ...}``. Any other error (context
+    length, missing pad token, unknown objective, ...) is raised.
     """
     if level not in ("sublayer", "head"):
         raise TLRewardError(f"level must be 'sublayer' or 'head', got {level!r}")
@@ -187,8 +198,9 @@ def faithfulness_report(
         cache.mkdir(parents=True, exist_ok=True)
     done: list[dict[str, Any]] = []
     ids: list[str] = []
-    skipped = 0
-    for tp in tqdm(batch, disable=progress is False, desc=f"faithfulness ({level})", unit="pair"):
+    skipped: list[dict[str, Any]] = []
+    for i, tp in enumerate(tqdm(batch, disable=progress is False, desc=f"faithfulness ({level})",
+                                unit="pair")):
         key = _key(model, tp, level, obj)
         path = cache / f"{key}.json" if cache is not None else None
         if path is not None and path.exists():
@@ -196,8 +208,8 @@ def faithfulness_report(
         else:
             try:
                 rec = pair_scores(model, tp, level, obj, chunk_size)
-            except TLRewardError:
-                skipped += 1
+            except ZeroMarginError as err:
+                skipped.append({"pair": i, "id": key, "reason": str(err)})
                 continue
             if path is not None:
                 tmp = path.with_suffix(".tmp")
@@ -206,7 +218,9 @@ def faithfulness_report(
         done.append(rec)
         ids.append(key)
     if not done:
-        raise TLRewardError("no pair could be scored (every margin was 0, or no pairs given)")
+        why = (f"all {len(skipped)} pairs have a reward margin of exactly 0" if skipped
+               else "no pairs were given")
+        raise TLRewardError(f"no pair could be scored: {why}; pass pairs the model tells apart")
     scores = {k: torch.tensor([r["scores"][k] for r in done]) for k in (*OBSERVATIONAL, *CAUSAL)}
     return FaithfulnessReport(level, obj, done[0]["names"], scores,
                               torch.tensor([r["delta"] for r in done]), ids,

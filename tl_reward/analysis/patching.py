@@ -36,7 +36,7 @@ from jaxtyping import Float, Int
 from tl_reward.analysis.readout import normalise, resolve_objectives
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
 from tl_reward.errors import TLRewardError
-from tl_reward.tl_backend import frozen_kv_cache
+from tl_reward.tl_backend import cache_keys, frozen_kv_cache
 
 MODES = ("denoising", "noising", "zero", "mean")
 SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")
@@ -102,7 +102,8 @@ def objective_value(
 ) -> Float[torch.Tensor, " batch"]:
     """One objective read from final residuals of unpadded rows (pooled at the last token)."""
     normed = normalise(model, resid)
-    w, b = model.reward_direction(objective, normed, tokens)
+    last = torch.full((tokens.shape[0],), tokens.shape[1] - 1, device=tokens.device)
+    w, b = model.reward_direction(objective, normed, tokens, last)
     return ((w * normed[:, -1]).sum(-1) + b).detach()
 
 
@@ -121,8 +122,9 @@ def _prefix_cache(model: Any, clean: dict[str, torch.Tensor], prefix_len: int,
     """A frozen key/value cache of the first ``prefix_len`` positions, expanded to ``batch``."""
     keys, values = [], []
     for i in range(model.cfg.n_layers):
-        for out, name in ((keys, "hook_k"), (values, "hook_v")):
-            out.append(clean[f"blocks.{i}.attn.{name}"][:, :prefix_len].expand(batch, -1, -1, -1))
+        k = cache_keys(model, i, clean[f"blocks.{i}.attn.hook_k"][:, :prefix_len])
+        keys.append(k.expand(batch, -1, -1, -1))
+        values.append(clean[f"blocks.{i}.attn.hook_v"][:, :prefix_len].expand(batch, -1, -1, -1))
     mask = torch.ones((batch, prefix_len), dtype=torch.long, device=model.cfg.device)
     return frozen_kv_cache(keys, values, mask)
 

@@ -121,7 +121,7 @@ def reward_readout(
     scale = norm_scale(model, h)[:, 0]
     ws, bs = [], []
     for name in names:
-        w, b = model.reward_direction(name, normed, tokens)  # type: ignore[attr-defined]
+        w, b = model.reward_direction(name, normed, tokens, positions)  # type: ignore[attr-defined]
         ws.append(w)
         bs.append(b)
     directions = torch.stack(ws, 1)

@@ -25,6 +25,7 @@ from jaxtyping import Float
 from tl_reward.analysis.lens import lens_from_residuals, pooled_residuals
 from tl_reward.analysis.readout import ObjectiveSpec, normalise
 from tl_reward.errors import TLRewardError
+from tl_reward.model.heads import objective_slot
 
 ALPHAS = tuple(float(a) for a in np.logspace(-3, 4, 15))
 
@@ -81,7 +82,7 @@ class TunedRewardLens:
         """Held-out R^2 per layer: tuned against untrained lenses."""
         from tl_reward.viz.lens import r2_figure
 
-        k = objective if isinstance(objective, int) else self.objectives.index(objective)
+        k = objective_slot(self.objectives, objective)
         return r2_figure({"tuned": self.r2_test[:, k], "frozen": self.r2_frozen[:, k],
                           "recompute": self.r2_recompute[:, k]}, self.layer_names,
                          title=f"Tuned reward lens, held-out R^2 ({self.objectives[k]}, "

@@ -45,12 +45,49 @@ ARMORM_OBJECTIVES: tuple[str, ...] = (
 )
 
 
+def objective_slot(objectives: Sequence[str], objective: int | str) -> int:
+    """Position of ``objective`` (a name, or an index counted as Python counts, negative from
+    the end) among a result's ``objectives``; a clear error when it is not there."""
+    names = list(objectives)
+    if isinstance(objective, bool) or not isinstance(objective, (int, str)):
+        raise UnknownObjectiveError(
+            f"objective must be a name or an integer index, got {objective!r}; this result has "
+            f"{names}")
+    if isinstance(objective, int):
+        if not -len(names) <= objective < len(names):
+            raise UnknownObjectiveError(
+                f"objective index {objective} is out of range for the {len(names)} objectives "
+                f"{names}; pass an index in [{-len(names)}, {len(names) - 1}] or a name")
+        return objective % len(names)
+    if objective not in names:
+        raise UnknownObjectiveError(
+            f"objective {objective!r} is not in this result; it has {names}")
+    return names.index(objective)
+
+
 class RewardHead(nn.Module):
     """Names the K objectives and combines their rewards into the model's score."""
+
+    #: ``True`` for a head that is not linear in the normed final residual (an MLP head): the
+    #: model then reads objectives through :meth:`outputs` and :meth:`linearise`, not ``W_U``.
+    nonlinear: bool = False
 
     def __init__(self, objectives: Sequence[str]) -> None:
         super().__init__()
         self.objectives = list(objectives)
+
+    def outputs(
+        self, normed: Float[torch.Tensor, "... d_model"]
+    ) -> Float[torch.Tensor, "... K"]:
+        """The K objective values at every position (nonlinear heads only)."""
+        raise NotImplementedError(f"{type(self).__name__} is linear: use the model's unembed")
+
+    def linearise(
+        self, pooled: Float[torch.Tensor, "batch d_model"]
+    ) -> tuple[Float[torch.Tensor, "batch K d_model"], Float[torch.Tensor, "batch K"]]:
+        """``(W(x), b(x))`` with ``outputs(x) = W(x) x + b(x)`` exactly at ``x`` (nonlinear
+        heads only)."""
+        raise NotImplementedError(f"{type(self).__name__} is linear: use W_U and b_U")
 
     @property
     def n_objectives(self) -> int:
@@ -65,7 +102,8 @@ class RewardHead(nn.Module):
                 f"unknown objective {objective!r}; this model's objectives are "
                 f"{self.objectives} (or 'score' for the combined reward)"
             )
-        if isinstance(objective, int) and -self.n_objectives <= objective < self.n_objectives:
+        if (isinstance(objective, int) and not isinstance(objective, bool)
+                and -self.n_objectives <= objective < self.n_objectives):
             return objective % self.n_objectives
         raise UnknownObjectiveError(
             f"objective index {objective!r} is out of range for {self.n_objectives} objectives "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from sae_lens import SAE, HookedSAETransformer
 
 from tl_reward.errors import SAEError
@@ -47,11 +48,13 @@ class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
                   reward_head=model.reward_head, pooling=model.pooling,
                   pad_token_id=model.pad_token_id)
         new.load_state_dict(model.state_dict(keep_vars=True), assign=True)
+        new.suffix_ids = model.suffix_ids
         new.eval()
         return new
 
     def check_sae(self, sae: SAE[Any]) -> str:
-        """The hook name ``sae`` reads, after checking it exists here and that widths match.
+        """The hook name ``sae`` reads, after checking it exists here and that widths match, and
+        after moving ``sae`` (in place) onto the model (see :meth:`place_sae`).
 
         SAELens's ``add_sae`` only logs a warning and skips an SAE whose hook is missing; an
         analysis must not silently run without it.
@@ -80,7 +83,33 @@ class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
                 f"the SAE's d_in is {sae.cfg.d_in} but this model's d_model is "
                 f"{self.cfg.d_model}: the SAE belongs to another model"
             )
+        self.place_sae(sae)
         return hook
+
+    def place_sae(self, sae: SAE[Any]) -> SAE[Any]:
+        """Move ``sae`` (in place) to the model's device, in at least the model's precision.
+
+        ``SAE.load_from_disk`` and SAELens's trainer default to the CPU while
+        ``from_pretrained`` puts the model on CUDA when it can; every SAE path (``add_sae``, the
+        SAE analyses) calls this first. The SAE keeps its dtype when that is wider than the
+        model's (a float32 SAE on a bfloat16 model encodes in float32; SAELens casts its input
+        and output), and is widened otherwise (a bfloat16 SAE on a float32 model).
+        """
+        device = torch.device(self.cfg.device)
+        params = list(sae.parameters())
+        if any(p.is_meta for p in params):
+            raise SAEHookError(
+                "the SAE's weights are on the meta device (never loaded), so it cannot be moved "
+                f"to the model's device {device}; load it with SAE.load_from_disk(path, "
+                f"device={str(device)!r})"
+            )
+        dtype = torch.promote_types(sae.dtype, self.cfg.dtype)
+        here = params[0].device if params else device
+        if here != device and not (here.type == device.type and device.index is None):
+            sae.to(device=device)
+        if sae.dtype != dtype:
+            sae.to(dtype=dtype)
+        return sae
 
     def add_sae(
         self,

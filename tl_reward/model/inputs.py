@@ -20,6 +20,7 @@ from tl_reward.errors import (
     ContextLengthError,
     EmptyResponseError,
     MissingPadTokenError,
+    MissingTokenizerError,
     TLRewardError,
     TokenizerMismatchError,
 )
@@ -53,7 +54,29 @@ def _template_ids(tokenizer: Any, messages: Conversation, add_generation_prompt:
     ids = out["input_ids"]
     if ids and isinstance(ids[0], list):
         ids = ids[0]
-    return [int(t) for t in ids]
+    return one_bos(tokenizer, [int(t) for t in ids])
+
+
+def one_bos(tokenizer: Any, ids: list[int]) -> list[int]:
+    """Template ids with the BOS a model saw in training: exactly one leading BOS when the
+    tokenizer adds BOS on encoding, the template's ids untouched otherwise.
+
+    RMs trained from a string template (Skywork-Reward-V2's model card: template to a string,
+    strip a leading ``bos_token``, then ``tokenizer(text)``) saw one BOS: the tokenizer's. A
+    template that writes ``{{ bos_token }}`` already gives it; one that does not gets it here;
+    a duplicated one is collapsed. Where the tokenizer adds no BOS (Qwen3: none; SmolLM2, whose
+    ``bos_token`` is ``<|im_start|>`` and opens every turn) nothing is stripped.
+    """
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return ids
+    added = tokenizer("", add_special_tokens=True)["input_ids"]
+    if not added or added[0] != bos:
+        return ids
+    n = 0
+    while n < len(ids) and ids[n] == bos:
+        n += 1
+    return [bos, *ids[n:]]
 
 
 def encode_conversation(tokenizer: Any, messages: Conversation) -> EncodedInput:
@@ -86,6 +109,15 @@ def to_conversation(prompt: str | Sequence[Mapping[str, str]], response: str) ->
     return [*msgs, Message(role="assistant", content=response)]
 
 
+def _need_tokenizer(tokenizer: Any, what: str) -> None:
+    if tokenizer is None:
+        raise MissingTokenizerError(
+            f"{what} need a tokenizer, and this model was loaded without one (e.g. a checkpoint "
+            "saved without tokenizer files); load it with tokenizer=AutoTokenizer."
+            "from_pretrained(<the base model>) or pass token ids instead"
+        )
+
+
 def encode(tokenizer: Any, item: RewardInput) -> EncodedInput:
     """Token ids for any supported input kind."""
     if isinstance(item, torch.Tensor):
@@ -93,14 +125,15 @@ def encode(tokenizer: Any, item: RewardInput) -> EncodedInput:
             raise TLRewardError("a token tensor input must be 1-D; pass a batch as a list")
         return EncodedInput([int(t) for t in item.tolist()])
     if isinstance(item, str):
-        if tokenizer is None:
-            raise TLRewardError("strings need a tokenizer; pass tokenizer= when loading")
+        _need_tokenizer(tokenizer, "strings")
         if not item.strip():
             raise EmptyResponseError("the input text is empty")
         return EncodedInput([int(t) for t in tokenizer(item, add_special_tokens=True)["input_ids"]])
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
+        _need_tokenizer(tokenizer, "(prompt, response) pairs")
         return encode_conversation(tokenizer, to_conversation(item[0], item[1]))
     if is_conversation(item):
+        _need_tokenizer(tokenizer, "conversations")
         return encode_conversation(tokenizer, as_conversation(item))  # type: ignore[arg-type]
     if isinstance(item, Sequence) and item and all(isinstance(t, int) for t in item):
         return EncodedInput([int(t) for t in item])

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from tl_reward.analysis.readout import ObjectiveSpec, resolve_objectives, reward_readout
 from tl_reward.data.pairs import PairBatch, as_pair_batch
-from tl_reward.errors import UnknownObjectiveError
+from tl_reward.model.heads import objective_slot
 from tl_reward.sae.splice import (
     SAEError,
     as_sae_model,
@@ -50,19 +50,6 @@ from tl_reward.sae.splice import (
 )
 
 METHODS = ("auto", "exact", "gradient")
-
-
-def objective_slot(objectives: list[str], objective: int | str) -> int:
-    """Position of ``objective`` (name or index) among a result's ``objectives``."""
-    if isinstance(objective, int):
-        if not -len(objectives) <= objective < len(objectives):
-            raise UnknownObjectiveError(f"objective index {objective} out of range {objectives}")
-        return objective % len(objectives)
-    if objective not in objectives:
-        raise UnknownObjectiveError(
-            f"objective {objective!r} was not attributed; this result has {objectives}"
-        )
-    return objectives.index(objective)
 
 
 @dataclass

@@ -116,14 +116,16 @@ def collect_activations(
     return acts
 
 
-def _shuffled_batches(acts: torch.Tensor, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
-    """Endless seeded epochs of shuffled ``[batch_size, d]`` batches (SAELens's data provider)."""
+def _shuffled_batches(acts: torch.Tensor, batch_size: int, seed: int,
+                      device: torch.device | str = "cpu") -> Iterator[torch.Tensor]:
+    """Endless seeded epochs of shuffled ``[batch_size, d]`` batches (SAELens's data provider),
+    each moved to ``device`` (the activations stay where they are)."""
     gen = torch.Generator().manual_seed(seed)
     n = acts.shape[0]
     while True:
         order = torch.randperm(n, generator=gen)
         for s in range(0, n - batch_size + 1, batch_size):
-            yield acts[order[s : s + batch_size]]
+            yield acts[order[s : s + batch_size]].to(device)
 
 
 @torch.no_grad()
@@ -238,29 +240,30 @@ def train_topk_sae(
     total = training_tokens or int(epochs * train.shape[0])
     steps = max(1, total // batch_size_tokens)
     torch.manual_seed(seed)
+    device = str(model.cfg.device)  # train where the model runs (SAELens defaults to the CPU)
     cfg = TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae or 8 * d_in, k=k, dtype="float32",
-                                device="cpu", rescale_acts_by_decoder_norm=True)
+                                device=device, rescale_acts_by_decoder_norm=True)
     cfg.metadata.hook_name = hook_name
     cfg.metadata.model_name = str(getattr(model.cfg, "model_name", "reward-model"))
     cfg.metadata.exclude_special_tokens = True
     training_sae = TopKTrainingSAE(cfg)
     with torch.no_grad():
-        training_sae.b_dec.copy_(train.mean(0))
+        training_sae.b_dec.copy_(train.mean(0).to(training_sae.b_dec.device))
     out = Path(output_path) if output_path is not None else Path(tempfile.mkdtemp(prefix="sae_"))
     trainer_cfg = SAETrainerConfig(
         total_training_samples=steps * batch_size_tokens,
         train_batch_size_samples=batch_size_tokens,
-        lr=lr, lr_end=lr / 10, lr_warm_up_steps=max(1, steps // 20), device="cpu",
+        lr=lr, lr_end=lr / 10, lr_warm_up_steps=max(1, steps // 20), device=device,
         dead_feature_window=max(10, steps // 4), feature_sampling_window=max(10, steps // 2),
         n_checkpoints=n_checkpoints,
         checkpoint_path=str(out / "checkpoints") if n_checkpoints else None,
         logger=LoggingConfig(log_to_wandb=False),
     )
     trainer = SAETrainer(cfg=trainer_cfg, sae=training_sae,
-                         data_provider=_shuffled_batches(train, batch_size_tokens, seed))
+                         data_provider=_shuffled_batches(train, batch_size_tokens, seed, device))
     trained = trainer.fit()
     trained.save_inference_model(out)
-    sae = SAE.load_from_disk(out)
+    sae = SAE.load_from_disk(out, device=device)
     sae.eval()
     return TrainedSAE(sae=sae, hook_name=hook_name, path=out,
                       train=reconstruction_metrics(sae, train),

@@ -45,10 +45,12 @@ class SweepSpec:
 
     Attributes:
         model_name: the model's name (``cfg.model_name``).
-        model_fingerprint: hash of the head and a sample of the weights (catches a changed model).
+        model_fingerprint: :func:`~tl_reward.model.fingerprint.model_fingerprint` (every weight,
+            the head, config, dtype, pooling rule and library version).
         mode: ``"ids"`` (exact id path) or ``"text"`` (decode, template, re-tokenise).
         cache: ``"fast"``, ``"stock"`` or ``"none"`` (how continuations were run).
         dtype: the model's dtype.
+        pooling: the model's pooling rule (where the reward is read).
         labels: one label per prompt (column names).
         prompts: the prompts as conversations.
         prefixes, suffixes: template ids around the response, per prompt.
@@ -63,6 +65,7 @@ class SweepSpec:
     mode: str
     cache: str
     dtype: str
+    pooling: str
     labels: tuple[str, ...]
     prompts: tuple[Any, ...]
     prefixes: tuple[tuple[int, ...], ...]
@@ -88,6 +91,7 @@ class SweepSpec:
             "prefixes": lambda v: tuple(tuple(x) for x in v),
             "suffixes": lambda v: tuple(tuple(x) for x in v), "id_range": tuple,
         }
+        raw.setdefault("pooling", "unknown")  # written before the rule was recorded
         return cls(**{f.name: conv.get(f.name, lambda v: v)(raw[f.name]) for f in fields(cls)})
 
     def differences(self, other: SweepSpec, ignore: Sequence[str] = ("id_range",)) -> list[str]:

@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 from tl_reward import tl_backend
 from tl_reward.data.conversation import Conversation, is_conversation
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
-from tl_reward.model.heads import LinearRewardHead
+from tl_reward.model.fingerprint import model_fingerprint
+from tl_reward.model.heads import LinearRewardHead, objective_slot
 from tl_reward.sweep.response_template import (
     Prompt,
     ResponseTemplate,
@@ -109,13 +110,7 @@ class VocabSweep:
                     f"this model has objectives {self.objectives} and no combined score; pass "
                     "objective=<name or index>")
             return self.scores[:, p]
-        if isinstance(objective, str):
-            if objective not in self.objectives:
-                raise UnknownObjectiveError(
-                    f"unknown objective {objective!r}; objectives are {self.objectives} "
-                    "(or 'score')")
-            objective = self.objectives.index(objective)
-        return self.rewards[:, p, objective]
+        return self.rewards[:, p, objective_slot(self.objectives, objective)]
 
     def to_dataframe(self, long: bool = False) -> pd.DataFrame:
         """One row per token (``token_id``, ``token``, ``score:<label>``, ``reward:<label>:<obj>``
@@ -260,7 +255,7 @@ def _objective_values(model: HookedRewardModel, normed_new: torch.Tensor,
     rows = torch.arange(b, device=tokens.device)
     pooled = torch.where((pos >= past)[:, None], normed_new[rows, (pos - past).clamp(min=0)],
                          normed_prefix[pos.clamp(max=past - 1)])
-    rewards = model.unembed(pooled[:, None])[:, 0]
+    rewards = model.head_outputs(pooled[:, None])[:, 0]
     head = model.reward_head
     if isinstance(head, LinearRewardHead):  # its combination does not read the states
         c = head.combination(normed_new, tokens)
@@ -321,17 +316,6 @@ def _prompts(prompts: Prompt | Sequence[Prompt] | Mapping[str, Prompt],
     if any(":" in lab for lab in labels):
         raise TLRewardError(f"prompt labels may not contain ':' (got {labels})")
     return convs, labels
-
-
-def _fingerprint(model: HookedRewardModel) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    for t in (model.W_U, model.b_U, model.W_E[:: max(1, model.cfg.d_vocab // 64)],
-              model.blocks[-1].ln2.w if hasattr(model.blocks[-1].ln2, "w") else model.W_U):
-        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
-    h.update(repr((model.cfg.n_layers, model.cfg.d_model, model.cfg.d_vocab)).encode())
-    return h.hexdigest()[:16]
 
 
 def _has_score(model: HookedRewardModel) -> bool:
@@ -416,7 +400,8 @@ def score_vocabulary(
     todo = [i for i in candidates if lo <= i < hi]
     method = _resolve_cache(model, cache, mode)
     spec = SweepSpec(
-        model_name=str(model.cfg.model_name), model_fingerprint=_fingerprint(model), mode=mode,
+        model_name=str(model.cfg.model_name), model_fingerprint=model_fingerprint(model), mode=mode,
+        pooling=str(model.pooling),
         cache=method, dtype=str(model.cfg.dtype).replace("torch.", ""), labels=tuple(labels),
         prompts=tuple(convs), prefixes=tuple(t.prefix for t in templates),
         suffixes=tuple(t.suffix for t in templates), objectives=tuple(model.objectives),

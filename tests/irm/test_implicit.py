@@ -1,0 +1,100 @@
+"""implicit_rewards against a direct HF computation, one unpadded sequence at a time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tl_reward.errors import TLRewardError
+from tl_reward.irm.implicit import implicit_rewards
+from tl_reward.irm.models import hooked_causal_lm
+from tl_reward.model.inputs import encode
+from tl_reward.testing.causal import tiny_causal_lm_pair
+
+ITEMS = [
+    ("Is the sky blue?", "Yes, the sky is blue on a clear day."),
+    ("What, in one word, is the greatest thing ever?", "Love."),
+    ([{"role": "user", "content": "Hate."}, {"role": "assistant", "content": "No."},
+      {"role": "user", "content": "Is the fox quick?"}], "Sure! The quick brown fox jumps."),
+]
+BETA = 0.2
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_causal_lm_pair("llama", seed=3)
+
+
+def direct(policy, reference, tok, item, beta, start_shift=0, prompt_too=False):
+    """beta * sum over response tokens of the log-ratio, by HF forward + log_softmax on one
+    unpadded sequence. ``start_shift``/``prompt_too`` give the plausible bugs to rule out."""
+    enc = encode(tok, item)
+    ids = torch.tensor([enc.ids])
+    total = 0.0
+    for sign, m in ((1.0, policy), (-1.0, reference)):
+        with torch.no_grad():
+            lp = m(input_ids=ids).logits[0].double().log_softmax(-1)
+        start = 1 if prompt_too else enc.response_start
+        for j in range(start, len(enc.ids)):
+            total += sign * float(lp[j - 1 + start_shift, enc.ids[j]])
+    return beta * total
+
+
+@pytest.mark.parametrize("backend", ["hf", "tl"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_equals_direct_hf(pair, backend, side):
+    policy, reference, tok = pair
+    if backend == "tl":
+        pol, ref = hooked_causal_lm(policy, tok), hooked_causal_lm(reference, tok)
+    else:
+        pol, ref = policy, reference
+    res = implicit_rewards(pol, ref, ITEMS, BETA, tokenizer=tok, batch_size=3,
+                           padding_side=side)
+    want = torch.tensor([direct(policy, reference, tok, it, BETA) for it in ITEMS])
+    # float32 log-softmax over ~20 tokens of O(1) log-probs: ~1e-5 absolute; the TL copy folds
+    # norms and centres weights (float32 rounding ~1e-5 per logit)
+    torch.testing.assert_close(res.rewards.double(), want.double(), atol=2e-4, rtol=1e-4)
+    # the rewards are far from zero and differ between items, so the check has teeth
+    assert want.abs().min() > 0.05 and (want.max() - want.min()) > 0.1
+    # the plausible bugs give different numbers by far more than the tolerance
+    for bug in ({"start_shift": 1}, {"prompt_too": True}):
+        wrong = torch.tensor([direct(policy, reference, tok, it, BETA, **bug)
+                              for it in ITEMS[:2]])
+        assert (wrong - res.rewards[:2].double()).abs().max() > 1e-2
+
+
+def test_per_token_terms_sum_and_table(pair):
+    policy, reference, tok = pair
+    res = implicit_rewards(policy, reference, ITEMS, BETA, tokenizer=tok)
+    for i in range(len(res)):
+        torch.testing.assert_close(res.contributions(i).sum(), res.rewards[i])
+        # the response's template closing token (<|eot_id|>) is scored as part of the response
+        assert res.tokens[i][-1] == "<|eot_id|>"
+        assert res.tokens[i][0] != "<|end_header_id|>"
+    df = res.to_dataframe()
+    assert len(df) == sum(len(x) for x in res.response_ids)
+    assert abs(df.groupby("item")["contribution"].sum().values - res.rewards.numpy()).max() < 1e-5
+    fig = res.plot(0)
+    assert len(fig.data[0].y) == len(res.response_ids[0])
+
+
+def test_bf16_accumulates_in_float32(pair):
+    policy, reference, tok = pair
+    res32 = implicit_rewards(policy, reference, ITEMS, BETA, tokenizer=tok)
+    import copy
+
+    pb, rb = copy.deepcopy(policy).bfloat16(), copy.deepcopy(reference).bfloat16()
+    res16 = implicit_rewards(pb, rb, ITEMS, BETA, tokenizer=tok)
+    assert res16.rewards.dtype == torch.float32 and res16.policy_logprobs[0].dtype == torch.float32
+    # bf16 weights/activations: ~1e-2 relative error in logits, summed over ~20 tokens
+    torch.testing.assert_close(res16.rewards, res32.rewards, atol=0.1, rtol=0.1)
+
+
+def test_bad_inputs(pair):
+    policy, reference, tok = pair
+    with pytest.raises(TLRewardError, match="response start"):
+        implicit_rewards(policy, reference, ["just a string"], BETA, tokenizer=tok)
+    with pytest.raises(TLRewardError, match="tokenizer"):
+        implicit_rewards(policy, reference, ITEMS, BETA)
+    with pytest.raises(TLRewardError, match="beta"):
+        implicit_rewards(policy, reference, ITEMS, 0.0, tokenizer=tok)
