@@ -4,7 +4,7 @@ Data: HH-RLHF harmless-base test pairs from index 700 on (after the pairs the se
 trained on) whose prompt is a single user turn (short sequences keep this affordable on a CPU),
 the first ``--n-pairs`` of them. Writes ``scripts/audit_geometry_demo_results.json``.
 
-    python scripts/audit_geometry_demo.py --n-pairs 60
+    python scripts/audit_geometry_demo.py --n-pairs 20
 """
 
 from __future__ import annotations
@@ -21,16 +21,17 @@ import torch
 from tl_reward import HookedRewardModel
 from tl_reward.audit.concepts import (
     concept_alignment,
-    concept_vector,
-    published_concept_alignment,
+    concept_from_activations,
+    concept_separability,
     steering_curve,
 )
 from tl_reward.audit.conflict import (
     behavioural_conflict,
     geometric_conflict,
     gradient_conflict,
-    published_conflict,
+    published_verdict,
 )
+from tl_reward.audit.pooled import pooled_residual
 from tl_reward.data.hh_rlhf import load_hh_rlhf
 from tl_reward.model.demo import load_multi_head
 
@@ -50,7 +51,7 @@ def vader(texts: list[str]) -> np.ndarray:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--n-pairs", type=int, default=60)
+    p.add_argument("--n-pairs", type=int, default=20)
     p.add_argument("--start", type=int, default=700)
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args()
@@ -73,59 +74,57 @@ def main() -> None:
     out["behavioural"] = beh.to_dataframe().to_dict("records")
     out["conflict_seconds_geo_beh"] = time.time() - t
     t = time.time()
-    grad = gradient_conflict(model, convs[:10])
+    grad = gradient_conflict(model, convs[:4])
     out["gradient"] = grad.to_dataframe().to_dict("records")
     out["gradient_seconds"] = time.time() - t
 
-    # published conflict: harmlessness = (chosen, rejected); sentiment = (more, less positive)
+    # one pass for the final residual at t* of every conversation: the published definitions
+    # (exactly as published_conflict / published_concept_alignment compute them) and the concept
+    # vectors at the final layer are derived from it
+    t = time.time()
+    h_final = pooled_residual(model, convs)
+    h_mid = pooled_residual(model, convs, layer=model.cfg.n_layers // 2)
     v = vader(replies).reshape(-1, 2)
-    pos_first = [(c, r) if v[i, 0] >= v[i, 1] else (r, c)
-                 for i, (c, r) in enumerate(zip(convs[0::2], convs[1::2], strict=True))]
-    pub = published_conflict(model, {
-        "harmlessness": (convs[0::2], convs[1::2]),
-        "sentiment": ([a for a, _ in pos_first], [b for _, b in pos_first])})
-    out["published_conflict"] = {"cosine": float(pub.cosines[0, 1]),
-                                 "verdicts": {" vs ".join(k): x for k, x in pub.verdicts.items()},
-                                 "overall": pub.overall}
+    hc, hr = h_final[0::2], h_final[1::2]
+    more_pos = torch.from_numpy(v[:, 0] >= v[:, 1])[:, None]
+    d_harm = (hc - hr).mean(0)
+    d_sent = torch.where(more_pos, hc - hr, hr - hc).mean(0)
+    pub_cos = float(d_harm @ d_sent / (d_harm.norm() * d_sent.norm()))
+    out["published_conflict"] = {"cosine": pub_cos, "verdict": published_verdict(pub_cos),
+                                 "definition": "mean(h_pref - h_disp) per term at the final "
+                                               "residual before the norm; harmlessness: "
+                                               "chosen vs rejected; sentiment: the reply with "
+                                               "the higher VADER compound vs the other"}
 
-    # concepts at the final residual and at the middle layer
     vv = v.reshape(-1)
     raw_rows, _ = load_multi_head()
-    concepts = {
-        "positive sentiment (VADER > 0.3 vs < -0.3)": (
-            [c for c, s in zip(convs, vv, strict=True) if s > 0.3],
-            [c for c, s in zip(convs, vv, strict=True) if s < -0.3]),
-        "refusal phrase vs none": (
-            [c for c, r in zip(convs, replies, strict=True)
-             if any(k in r.lower() for k in REFUSAL)],
-            [c for c, r in zip(convs, replies, strict=True)
-             if not any(k in r.lower() for k in REFUSAL)]),
-    }
+    refusal = np.array([any(k in r.lower() for k in REFUSAL) for r in replies])
+    concepts = {"positive sentiment (VADER > 0.3 vs < -0.3)": (vv > 0.3, vv < -0.3),
+                "refusal phrase vs none": (refusal, ~refusal)}
     out["concepts"] = []
-    t = time.time()
-    for name, (pos, neg) in concepts.items():
-        for layer in (model.cfg.n_layers // 2, model.cfg.n_layers):
-            if len(pos) < 4 or len(neg) < 4:
-                continue
-            cv = concept_vector(model, pos, neg, layer=layer, name=name)
-            sep = None
+    for name, (pos_m, neg_m) in concepts.items():
+        if pos_m.sum() < 4 or neg_m.sum() < 4:
+            continue
+        pm, nm = torch.from_numpy(pos_m), torch.from_numpy(neg_m)
+        for layer, h in ((model.cfg.n_layers // 2, h_mid), (model.cfg.n_layers, h_final)):
+            cv = concept_from_activations(name, layer, h[pm], h[nm])
+            sep = concept_separability(cv)
+            m = int(min(pm.sum(), nm.sum()))
+            pub_v = (h_final[pm][:m] - h_final[nm][:m]).mean(0)
+            pub_v = pub_v / pub_v.norm()
             for k, obj in enumerate(model.objectives):
-                al = concept_alignment(model, cv, convs[:20], objective=obj,
-                                       separability=sep is None)
-                sep = sep or al.separability
-                m = min(len(pos), len(neg))
-                pubc = published_concept_alignment(model, pos[:m], neg[:m], raw_rows[k],
-                                                   objective=obj, name=name)
-                row = {"concept": name, "layer": layer, "objective": obj, "n_pos": len(pos),
-                       "n_neg": len(neg), **al.summary(),
-                       "separability": sep.accuracy, "separability_ci": [sep.ci_low, sep.ci_high],
-                       "published_cosine": pubc.cosine,
-                       "published_separability": pubc.separability}
+                al = concept_alignment(model, cv, convs[:10], objective=obj, separability=False)
+                row = {"concept": name, "layer": layer, "objective": obj,
+                       "n_pos": int(pm.sum()), "n_neg": int(nm.sum()), **al.summary(),
+                       "separability": sep.accuracy,
+                       "separability_ci": [sep.ci_low, sep.ci_high],
+                       "published_cosine": float(pub_v @ raw_rows[k] / raw_rows[k].norm()),
+                       "published_separability": float(pub_v.norm())}
                 if layer == model.cfg.n_layers:
-                    sc = steering_curve(model, cv, convs[:10], alphas=(-2, -1, 1, 2),
-                                        objective=obj)
+                    sc = steering_curve(model, cv, convs[:6], alphas=(-2, 2), objective=obj)
                     row["steering_alphas"] = sc.alphas.tolist()
                     row["steering_mean_change"] = sc.change.mean(1).tolist()
+                    row["steering_predicted"] = (sc.alphas * sc.predicted_slope.mean()).tolist()
                 out["concepts"].append(row)
                 print(json.dumps({k2: row[k2] for k2 in ("concept", "layer", "objective",
                                                          "cosine_head", "slope", "separability",
