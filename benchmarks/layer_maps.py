@@ -99,6 +99,7 @@ def main() -> None:
         res[way] = json.loads(path.read_text())
         res[way]["grams"] = np.load(path.with_suffix(".npy"))
         path.with_suffix(".npy").unlink()
+        path.unlink()
     diff = np.abs(res["naive"]["grams"] - res["stream"]["grams"]).max()
     scale = np.abs(res["naive"]["grams"]).max()
     print(f"{res['naive']['n']} conversations, 30 layers, pooled token, batch {args.batch_size}")

@@ -156,3 +156,44 @@ def test_patching_errors(tiny) -> None:
         activation_patching(model, PAIR, "attn_scores")
     with pytest.raises(TLRewardError, match="positions='all'"):
         activation_patching(model, PAIR, "neuron", positions="each")
+
+
+def test_layer_aligned_chunks_equal_one_forward_per_head(tiny) -> None:
+    """``by_layer`` chunking (and any chunk size) gives each head's noising effect as one
+    plain forward of the chosen reply with that head's z swapped in on the aligned rows."""
+    from tl_reward.analysis.patching import _chunks, patch_components
+
+    model, _, _ = tiny("qwen2", 1)
+    tp = tokenize_pair(model, PreferencePair.from_prompt("Is it?", "Yes it is, surely.", "No."))
+    names = [f"L{i}.H{h}" for i in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+    _, ch = model.run_with_cache(tp.tokens("chosen"), return_type=None)
+    _, rj = model.run_with_cache(tp.tokens("rejected"), return_type=None)
+    rows = tp.aligned[tp.prompt_len:]
+
+    def score(side: str) -> float:
+        t = tp.tokens(side).reshape(1, -1)
+        with torch.no_grad():
+            return float(model(t, attention_mask=torch.ones_like(t), return_type="score")[0])
+
+    ref = []
+    for name in names:
+        layer, head = int(name[1:].split(".")[0]), int(name.split(".H")[1])
+        hook = f"blocks.{layer}.attn.hook_z"
+
+        def swap(z, hook, head=head, hook_name=hook):
+            z = z.clone()
+            z[0, rows[:, 0], head] = rj[hook_name][0, rows[:, 1], head]
+            return z
+
+        with model.hooks(fwd_hooks=[(hook, swap)]):
+            ref.append(score("chosen"))
+    r_c, r_r = score("chosen"), score("rejected")
+    ref = (r_c - torch.tensor(ref)) / (r_c - r_r)
+    assert ref.abs().max() > 1e-3  # heads matter here, so a wrong chunk would show
+    for kw in ({"chunk_size": 5}, {"chunk_size": 5, "by_layer": True},
+               {"chunk_size": 64, "by_layer": True}):
+        got = patch_components(model, tp, names, "noising", **kw)
+        torch.testing.assert_close(got, ref.to(got.dtype), atol=1e-4, rtol=0)
+    assert _chunks([0, 1, 2, 3, 4], [0, 0, 1, 1, 1], 2, True) == [[0, 1], [2, 3], [4]]
+    assert _chunks([0, 1, 2, 3, 4], [0, 0, 1, 1, 1], 3, False) == [[0, 1, 2], [3, 4]]
+    assert _chunks([0, 1, 2, 3, 4], [0, 0, 1, 1, 1], 3, True) == [[0, 1], [2, 3, 4]]

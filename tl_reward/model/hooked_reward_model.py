@@ -243,15 +243,17 @@ class HookedRewardModel(HookedTransformer):
         tokens: Int[torch.Tensor, "batch pos"] | None = None,
         positions: Int[torch.Tensor, " batch"] | None = None,
     ) -> tuple[Float[torch.Tensor, "batch d_model"], Float[torch.Tensor, " batch"]]:
-        """``(w, b)`` with ``objective = w . ln_final(h) + b`` at the pooled position.
+        """``(w, b)`` with ``objective = w . ln_final(h) + b`` at the pooled position, per row.
 
         For ArmoRM's ``"score"`` this is the prompt-dependent ``w_eff(x) = W_U T g(x)``, which
         needs ``normed`` (``ln_final`` output) and ``tokens``; for a fixed objective it does not.
+        Returned in float32 (float64 for a float64 model) whatever the weights' dtype.
         For an MLP head it is the exact local linearisation at the pooled input,
         ``w_eff(x) = W1^T D(x) w2`` and ``b = w2 . D(x) b1 + b2`` (float32), which needs
         ``normed`` and ``tokens`` (``positions`` overrides where the pooled input is read; by
         default the model's pooling rule on ``tokens``).
         """
+        acc = torch.float64 if self.cfg.dtype == torch.float64 else torch.float32
         device = self.W_U.device
         head = self.reward_head
         if head.nonlinear:
@@ -269,9 +271,9 @@ class HookedRewardModel(HookedTransformer):
         if tokens is None:
             tokens = torch.zeros((1, 1), dtype=torch.long, device=device)
         if normed is None:
-            normed = torch.zeros(*tokens.shape, self.cfg.d_model, device=device)
-        c = head.objective_weights(objective, normed, tokens)
-        return c @ self.W_U.T, c @ self.b_U
+            normed = torch.zeros(*tokens.shape, self.cfg.d_model, device=device, dtype=acc)
+        c = head.objective_weights(objective, normed, tokens).to(acc)
+        return c @ self.W_U.to(acc).T, c @ self.b_U.to(acc)
 
     def rewards(
         self,
