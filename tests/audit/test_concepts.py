@@ -122,3 +122,23 @@ def test_bf16_alignment_close_to_float32(tiny):
     torch.testing.assert_close(a16.cosine_head, a32.cosine_head, atol=5e-2, rtol=0)
     df = a16.to_dataframe()
     assert list(df.columns)[:4] == ["concept", "layer", "objective", "input"]
+
+
+def test_gated_head_uses_w_eff_per_input(tiny):
+    """ArmoRM's score: the direction is w_eff(x) = W_reg^T T g(x), different per input."""
+    model, hf, _ = tiny("armorm", 4)
+    # the gate reads the prompt (the assistant header), so the prompts differ
+    convs = [[{"role": "user", "content": q}, {"role": "assistant", "content": r}]
+             for q, r in (("Is the sky blue?", "Yes, it is."), ("hi", "No. War."),
+                          ("What is love?", "Love. Music."), ("Thanks", "Sure!"))]
+    concept = concept_vector(model, convs[:2], convs[2:], name="c")
+    al = concept_alignment(model, concept, convs, objective="score", separability=False)
+    batch = model.make_batch(convs)
+    out = hf(input_ids=batch.tokens, attention_mask=batch.attention_mask)
+    gain = hf.model.norm.weight.detach().float()
+    w_reg = hf.regression_layer.weight.detach().float() * gain
+    t = hf.reward_transform_matrix.detach().float()
+    w_eff = (out.gating_output.detach().float() @ t.T) @ w_reg  # [n, d]
+    ref = torch.nn.functional.cosine_similarity(w_eff, concept.vector[None], dim=-1)
+    torch.testing.assert_close(al.cosine_head, ref, atol=1e-4, rtol=0)
+    assert float(ref.max() - ref.min()) > 1e-4  # the direction really moves with the input

@@ -45,6 +45,9 @@ def test_whitened_cosine_by_hand(tiny):
         assert row.loc["raw cosine", "value"] == pytest.approx(raw, abs=1e-9)
         lo, hi = row.loc["whitened cosine", ["ci_low", "ci_high"]]
         assert lo <= hi
+    # the same from precomputed normed activations (e.g. a feature cache)
+    again = geometric_conflict(model, normed=torch.from_numpy(h), n_resamples=20)
+    np.testing.assert_allclose(again.matrix("whitened cosine"), res.matrix("whitened cosine"))
     # whitening changes the answer on this anisotropic residual (a no-op metric would not)
     assert np.abs(res.matrix("whitened cosine") - res.matrix("raw cosine")).max() > 0.05
     assert res.meta["n_corpus"] == 24 and 0 < res.meta["shrinkage"] <= 1

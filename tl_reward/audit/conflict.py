@@ -235,10 +235,12 @@ def geometric_conflict(
     model_or_terms: Any, corpus: Sequence[Any] | None = None,
     objectives: Sequence[int | str] | None = None, transformed: bool = False,
     thresholds: Thresholds = Thresholds(), n_resamples: int = 200, seed: int = 0,
-    batch_size: int = 8,
+    batch_size: int = 8, normed: Float[torch.Tensor, "n d_model"] | None = None,
 ) -> ConflictResult:
     """Raw cosines of the terms' head directions and, with a ``corpus``, cosines whitened by
     the Ledoit-Wolf covariance of the normed final residual at ``t*`` (bootstrap CI over items).
+    ``normed``: that normed residual already computed (``pooled_residual(..., normed=True)``,
+    e.g. from a feature cache), instead of a corpus.
     ``transformed=True`` (ArmoRM) adds the ``T``-transformed directions as extra terms."""
     terms = as_terms(model_or_terms, objectives)
     _check_shared_space(terms)
@@ -251,8 +253,9 @@ def geometric_conflict(
     stats = []
     meta: dict[str, Any] = {}
     white = lo = hi = None
-    if corpus is not None:
-        h = pooled_residual(terms[0].model, corpus, batch_size=batch_size, normed=True).double()
+    if corpus is not None or normed is not None:
+        h = normed.double() if normed is not None else pooled_residual(
+            terms[0].model, corpus, batch_size=batch_size, normed=True).double()
         if is_layernorm(terms[0].model):
             h = h - h.mean(-1, keepdim=True)
         cov, a = ledoit_wolf(h)
