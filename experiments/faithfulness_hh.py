@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--n-pairs", type=int, default=104)
     ap.add_argument("--head-pairs", type=int, default=12)
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--chunk-size", type=int, default=8)
+    ap.add_argument("--chunk-size", type=int, default=32)  # same scores as 8, 1.55x faster
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("TL_REWARD_THREADS", "1")))
     OUT.mkdir(parents=True, exist_ok=True)

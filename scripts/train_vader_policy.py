@@ -19,7 +19,7 @@ paper (arXiv 2310.08164). Stages, each resumable (results go to ``--workdir``):
    the shipped file with ``tl_reward.irm.load_vader_pair``) on held-out prompts; the mean VADER
    gain with a paired bootstrap CI over prompts.
 
-Needs the ``irm-train`` extra (trl, peft, vadersentiment). Usage::
+Needs the ``train`` extra (trl, peft). Usage::
 
     python scripts/train_vader_policy.py                 # all stages
     python scripts/train_vader_policy.py --stage evaluate

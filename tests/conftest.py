@@ -35,3 +35,11 @@ def hh_path(shared_dir: Path) -> Path:
 def tiny() -> tiny_models:
     """``tiny(arch, num_labels=1)`` -> (HookedRewardModel, hf_model, tokenizer), cached."""
     return tiny_models()
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def device(request: pytest.FixtureRequest) -> str:
+    """Each analysis's device path: ``"cpu"`` always, ``"cuda"`` where a GPU is available."""
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine; the cuda path runs where one is available")
+    return request.param

@@ -40,3 +40,89 @@ def hf_rewards(hf: Any, tokens: torch.Tensor, mask: torch.Tensor) -> dict[str, t
     if hasattr(out, "gating_output"):
         return {"reward": out.rewards, "score": out.score, "gating": out.gating_output}
     return {"reward": out.logits, "score": out.logits[:, 0] if out.logits.shape[1] == 1 else None}
+
+
+def parity_atol(ref: torch.Tensor, n_layers: int, dtype: torch.dtype = torch.float32) -> float:
+    """Tolerance for our forward against an independent implementation of the same model (HF's).
+
+    Both round every block's output at the dtype's precision ``eps`` (float32: 1.2e-7) and sum
+    in kernel-dependent orders, so the reward differs by about ``eps x depth x its magnitude``.
+    Measured: 3.6e-5 relative (300 eps, 10 eps per layer) on SmolLM2's 30 layers under one CPU,
+    about 1e-6 on the 3-layer tiny models. 256 eps per layer leaves 25x headroom over the worst
+    measured case; a real bug (a wrong pooled token, an unfolded final norm) moves the reward by
+    about its own magnitude, over 100x this tolerance (``test_parity`` and ``test_smollm2`` show
+    it).
+    """
+    eps = torch.finfo(dtype).eps
+    return float(256 * eps * n_layers * max(1.0, float(ref.abs().max())))
+
+
+def hf_readout(hf: Any, arch: str) -> tuple[torch.Tensor, torch.Tensor, bool, float]:
+    """From HF's own modules, by hand: the head rows with the final norm's gain folded in
+    ``[K, d]``, the head's bias ``[K]``, whether the norm centres (LayerNorm) and its eps."""
+    if arch == "gpt2":
+        ln, head = hf.transformer.ln_f, hf.score.weight
+        return ((head * ln.weight).detach(), (head @ ln.bias).detach(), True,
+                hf.config.layer_norm_epsilon)
+    gain = hf.model.norm.weight + (1.0 if arch == "gemma2" else 0.0)  # Gemma scales by 1 + w
+    head = hf.regression_layer.weight if arch == "armorm" else hf.score.weight
+    return (head * gain).detach(), torch.zeros(head.shape[0]), False, hf.config.rms_norm_eps
+
+
+def sae_terms_by_hand(model: Any, hf: Any, arch: str, sae: Any, item: Any) -> dict[str, Any]:
+    """The exact split of one unpadded input's rewards at the final residual, by hand: feature
+    i's term ``(v_i . w_k) / s`` with ``v_i = decode(f_i e_i) - decode(0)`` (SAELens's own
+    decoder), ``w_k`` HF's head row times its final-norm gain, ``s`` the norm scale computed
+    from the residual (``v`` centred for LayerNorm); also the ``b_dec``, error and bias terms.
+    Returns ``features [d_sae, K]``, ``b_dec``, ``error``, ``bias`` ``[K]``, ``active`` ids and
+    the pooled position ``t`` (the last token)."""
+    hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    w, bias, centre, eps = hf_readout(hf, arch)
+
+    def c(v: torch.Tensor) -> torch.Tensor:
+        return v - v.mean(-1, keepdim=True) if centre else v
+
+    ids = torch.tensor([model.encode(item).ids])
+    t = ids.shape[1] - 1
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids, names_filter=hook)
+        x = cache[hook][0, t]
+        s = (c(x).pow(2).mean() + eps).sqrt()
+        f = sae.encode(x[None])[0]
+        zero = sae.decode(torch.zeros_like(f)[None])[0]
+        feats = torch.zeros(len(f), w.shape[0])
+        active = f.nonzero().flatten().tolist()
+        for i in active:
+            v = sae.decode((f * (torch.arange(len(f)) == i))[None])[0] - zero
+            feats[i] = c(v) @ w.T / s
+        err = x - sae.decode(f[None])[0]
+        return {"features": feats, "b_dec": c(sae.b_dec) @ w.T / s, "error": c(err) @ w.T / s,
+                "bias": bias, "active": active, "t": t}
+
+
+@cache
+def pad_is_eot_hf(arch: str = "llama") -> tuple[Any, Any]:
+    """``(hf_model, tokenizer)`` whose pad token is ``<|eot_id|>`` = EOS (as many RMs set it):
+    the tiny template ends every turn with it, so the pooling rules read different tokens."""
+    from tl_reward.testing.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    tok.pad_token = tok.eos_token
+    return tiny_hf_reward_model(arch, tokenizer=tok)
+
+
+def pad_is_eot_model(pooling: str = "hf", arch: str = "llama",
+                     dtype: torch.dtype = torch.float32, device: str = "cpu") -> Any:
+    """A :class:`HookedRewardModel` of :func:`pad_is_eot_hf` with pooling rule ``pooling``."""
+    hf, tok = pad_is_eot_hf(arch)
+    return HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device=device,
+                                             dtype=dtype, pooling=pooling)
+
+
+def hf_reward_at(hf: Any, ids: list[int], position: int) -> torch.Tensor:
+    """HF's backbone and ``score`` layer read at ``position`` of the unpadded ``ids``: an
+    independent reference for any pooling rule."""
+    with torch.no_grad():
+        tokens = torch.tensor([ids])
+        h = hf.base_model(input_ids=tokens, attention_mask=torch.ones_like(tokens))[0]
+        return hf.score(h[0, position]).float()

@@ -120,8 +120,52 @@ def test_direct_path_patching(tiny, arch: str) -> None:
     n_emb = len(pa.chosen.embed_names)
     diff = torch.cat([diff[:, :n_emb].sum(1, keepdim=True), diff[:, n_emb:]], 1)[0, :, 0]
     assert frozen.names == ["embed", *names[n_emb:]]
-    # under the frozen scale, direct-path patching is exactly the DRA difference
+    # under the frozen scale, direct-path patching equals the DRA difference (the identity the
+    # spec states); the check against the model itself follows
     torch.testing.assert_close(frozen.effect * frozen.delta, diff, atol=1e-4, rtol=0)
+    # frozen scale, against an actual hooked forward of the target (rejected) reply: at the
+    # pooled token the final residual loses the component's own output and gains the source's,
+    # rescaled to the target's norm scale, which is held at its clean value; nothing upstream
+    # changes (the direct path only). Outputs come from the raw hooks: z @ W_O for a head.
+    tp = tokenize_pair(model, PAIR)
+    n = model.cfg.n_layers
+    runs = {}
+    for side in ("chosen", "rejected"):
+        toks = tp.tokens(side)
+        _, cache = model.run_with_cache(toks, attention_mask=torch.ones_like(toks))
+        runs[side] = (toks, cache)
+
+    def output(side: str, name: str) -> torch.Tensor:
+        cache = runs[side][1]
+        if name == "embed":
+            return cache["blocks.0.hook_resid_pre"][0, -1]
+        layer, part = name[1:].split(".")
+        if part == "mlp":
+            return cache[f"blocks.{layer}.hook_mlp_out"][0, -1]
+        block = model.blocks[int(layer)]
+        out = cache[f"blocks.{layer}.attn.hook_z"][0, -1, int(part[1:])] @ block.attn.W_O[
+            int(part[1:])]
+        if hasattr(block, "ln1_post"):  # Gemma-2's sandwich norm: w_post / s_post, s_post frozen
+            gain = getattr(block.ln1_post, "w", None)
+            out = out / cache[f"blocks.{layer}.ln1_post.hook_scale"][0, -1]
+            out = out * gain if gain is not None else out
+        return out
+
+    toks_t, cache_t = runs["rejected"]
+    s_t = cache_t["ln_final.hook_scale"]
+    s_s = runs["chosen"][1]["ln_final.hook_scale"][0, -1]
+    for name in ("embed", "L0.H1", f"L{n - 1}.H0", "L0.mlp", f"L{n - 1}.mlp"):
+        swap = output("chosen", name) * (s_t[0, -1] / s_s) - output("rejected", name)
+
+        def add(act: torch.Tensor, hook: object, d: torch.Tensor = swap) -> torch.Tensor:
+            act = act.clone()
+            act[0, -1] += d
+            return act
+
+        with model.hooks(fwd_hooks=[(f"blocks.{n - 1}.hook_resid_post", add),
+                                    ("ln_final.hook_scale", lambda s, hook: s_t)]):
+            val = float(model(toks_t, "score", attention_mask=torch.ones_like(toks_t))[0].detach())
+        assert float(frozen.patched[frozen.names.index(name)]) == pytest.approx(val, abs=1e-4)
     # recomputed scale: against a hooked run that adds o_src - o_tgt to the final residual
     rec = direct_path_patching(model, PAIR, level="sublayer", scale="recompute", mode="noising",
                                objective=obj)
@@ -156,3 +200,44 @@ def test_patching_errors(tiny) -> None:
         activation_patching(model, PAIR, "attn_scores")
     with pytest.raises(TLRewardError, match="positions='all'"):
         activation_patching(model, PAIR, "neuron", positions="each")
+
+
+def test_layer_aligned_chunks_equal_one_forward_per_head(tiny) -> None:
+    """``by_layer`` chunking (and any chunk size) gives each head's noising effect as one
+    plain forward of the chosen reply with that head's z swapped in on the aligned rows."""
+    from tl_reward.analysis.patching import _chunks, patch_components
+
+    model, _, _ = tiny("qwen2", 1)
+    tp = tokenize_pair(model, PreferencePair.from_prompt("Is it?", "Yes it is, surely.", "No."))
+    names = [f"L{i}.H{h}" for i in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+    _, ch = model.run_with_cache(tp.tokens("chosen"), return_type=None)
+    _, rj = model.run_with_cache(tp.tokens("rejected"), return_type=None)
+    rows = tp.aligned[tp.prompt_len:]
+
+    def score(side: str) -> float:
+        t = tp.tokens(side).reshape(1, -1)
+        with torch.no_grad():
+            return float(model(t, attention_mask=torch.ones_like(t), return_type="score")[0])
+
+    ref = []
+    for name in names:
+        layer, head = int(name[1:].split(".")[0]), int(name.split(".H")[1])
+        hook = f"blocks.{layer}.attn.hook_z"
+
+        def swap(z, hook, head=head, hook_name=hook):
+            z = z.clone()
+            z[0, rows[:, 0], head] = rj[hook_name][0, rows[:, 1], head]
+            return z
+
+        with model.hooks(fwd_hooks=[(hook, swap)]):
+            ref.append(score("chosen"))
+    r_c, r_r = score("chosen"), score("rejected")
+    ref = (r_c - torch.tensor(ref)) / (r_c - r_r)
+    assert ref.abs().max() > 1e-3  # heads matter here, so a wrong chunk would show
+    for kw in ({"chunk_size": 5}, {"chunk_size": 5, "by_layer": True},
+               {"chunk_size": 64, "by_layer": True}):
+        got = patch_components(model, tp, names, "noising", **kw)
+        torch.testing.assert_close(got, ref.to(got.dtype), atol=1e-4, rtol=0)
+    assert _chunks([0, 1, 2, 3, 4], [0, 0, 1, 1, 1], 2, True) == [[0, 1], [2, 3], [4]]
+    assert _chunks([0, 1, 2, 3, 4], [0, 0, 1, 1, 1], 3, False) == [[0, 1, 2], [3, 4]]
+    assert _chunks([0, 1, 2, 3, 4], [0, 0, 1, 1, 1], 3, True) == [[0, 1], [2, 3, 4]]

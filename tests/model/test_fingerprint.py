@@ -38,7 +38,13 @@ def test_checksum_is_exact_and_order_sensitive() -> None:
     swapped[[3, 4]] = swapped[[4, 3]]
     assert tensor_checksum(t) == tensor_checksum(t.clone())
     assert tensor_checksum(t) != tensor_checksum(swapped)
-    # brute-force reference: the same sums in Python integers over the raw bit patterns
+    # brute-force reference: the sum in Python integers over the raw bit patterns
     bits = [int(x) for x in t.view(torch.int32).tolist()]
-    assert tensor_checksum(t) == (sum(bits) % 2**64,
-                                  sum(b * (i % 65521 + 1) for i, b in enumerate(bits)) % 2**64)
+    assert tensor_checksum(t)[0] == sum(bits) % 2**64
+    one = t.clone()
+    one[777] = torch.nextafter(one[777], torch.tensor(float("inf")))
+    big = torch.randn(100_000)
+    big2 = big.clone()
+    big2[12_345] = torch.nextafter(big2[12_345], torch.tensor(float("inf")))  # not sampled
+    assert tensor_checksum(t) != tensor_checksum(one)
+    assert tensor_checksum(big) != tensor_checksum(big2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import hf_rewards
+from helpers import hf_rewards, sae_terms_by_hand
 from sae_lens import SAE
 from sae_lens.saes.sae import SAEMetadata
 from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
@@ -77,26 +77,29 @@ def test_exact_split_sums_to_hf_reward(tiny, arch: str, k: int) -> None:
                                atol=1e-4, rtol=0)
 
 
-def test_exact_feature_terms_by_hand(tiny) -> None:
-    """One feature's term is f_i (d_i . w) / s, computed here from the cache and HF's head."""
-    model, hf = sae_model(tiny, "llama", 1)
+@pytest.mark.parametrize(("arch", "k"), CASES, ids=[f"{a}-K{k}" for a, k in CASES])
+def test_exact_feature_terms_by_hand(tiny, arch: str, k: int) -> None:
+    """Every term of the exact split, recomputed independently by ``sae_terms_by_hand`` (SAELens's
+    decoder, HF's head and gain, a hand-computed norm scale), so the error term cannot absorb a
+    mistake: a decoder-norm bug in the feature terms, balanced in the error, fails here while
+    the sum still matches HF's reward."""
+    model, hf = sae_model(tiny, arch, k)
     hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    sae = make_sae(model.cfg.d_model, hook, rescale=True)
-    attr = sae_attribution(model, sae, INPUTS[0])
-    batch = model.make_batch(INPUTS[0])
-    with torch.no_grad():
-        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
-    t = int(attr.positions[0])
-    x = cache[hook][0, t]
-    s = cache["ln_final.hook_scale"][0, t, 0]
-    gain = hf.model.norm.weight.detach()
-    w = hf.score.weight.detach()[0] * gain  # the folded head, straight from HF
-    f = sae.encode(x).detach()
-    d = (sae.W_dec / sae.W_dec.norm(dim=-1, keepdim=True)).detach()
-    for i in f.nonzero().flatten().tolist():
-        assert float(attr.features[0, i, 0]) == pytest.approx(float(f[i] * (d[i] @ w) / s),
-                                                              abs=1e-5)
-    assert float(attr.b_dec[0, 0]) == pytest.approx(float(sae.b_dec.detach() @ w / s), abs=1e-5)
+    sae = make_sae(model.cfg.d_model, hook, rescale=arch in ("llama", "gpt2"))
+    n_checked = 0
+    for item in INPUTS:
+        attr = sae_attribution(model, sae, [item])
+        slot = [attr.objectives.index(o) for o in model.objectives]
+        ref = sae_terms_by_hand(model, hf, arch, sae, item)
+        assert int(attr.positions[0]) == ref["t"] and 0 < len(ref["active"]) <= sae.cfg.k
+        # float32 terms of order 1: 2e-5 is ~100 float32 steps
+        torch.testing.assert_close(attr.features[0][:, slot], ref["features"], atol=2e-5,
+                                   rtol=1e-5)
+        for term in ("b_dec", "error", "bias"):
+            torch.testing.assert_close(getattr(attr, term)[0, slot], ref[term], atol=2e-5,
+                                       rtol=1e-5)
+        n_checked += len(ref["active"])
+    assert n_checked >= 2 * sae.cfg.k - 2
 
 
 def test_differential_sums_to_margin(tiny) -> None:
@@ -221,15 +224,40 @@ def test_ablation_is_the_hand_made_intervention(tiny) -> None:
         assert float(got[row, 0]) == pytest.approx(float(want[0, 0]), abs=1e-4)
 
 
-def test_ablation_check_reports(tiny) -> None:
-    model, _ = sae_model(tiny, "llama", 1)
-    sae = make_sae(model.cfg.d_model, "blocks.1.hook_resid_post")
+def test_ablation_check_reports() -> None:
+    """Every row against independent measurements (float64): ``actual`` is the reward change
+    when SAELens's own feature activation is zeroed (error term kept), ``predicted`` minus the
+    central finite difference of the reward in that feature's scale; the summary's Pearson r is
+    scipy's and its tolerance share is recounted."""
+    from scipy import stats
+
+    model = _float64_model()
+    hook = "blocks.1.hook_resid_post"
+    sae = make_sae(model.cfg.d_model, hook, dtype="float64")
     check = ablation_check(model, sae, INPUTS, top_k=4)
     assert len(check.predicted) == 8 and check.kind == "input"
+    eps = 1e-4
+    pred, act = [], []
+    for i, f in zip(check.item.tolist(), check.feature.tolist(), strict=True):
+        batch = model.make_batch(INPUTS[i])
+
+        def r(factor: float, b: object = batch, f: int = f) -> float:
+            return float(_with_feature_scaled(model, sae, hook, b, f, factor, "reward")[0])
+
+        act.append(r(0.0) - r(1.0))
+        pred.append(-(r(1 + eps) - r(1 - eps)) / (2 * eps))
+    # results are stored in float32 (a relative 6e-8 rounding); the central difference adds an
+    # O(eps^2) error
+    torch.testing.assert_close(check.actual, torch.tensor(act, dtype=check.actual.dtype),
+                               atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(check.predicted, torch.tensor(pred, dtype=check.predicted.dtype),
+                               atol=1e-6, rtol=1e-5)
+    assert any(abs(a) > 1e-3 for a in act)  # the ablations move the reward
     s = check.summary().iloc[0]
-    assert -1 <= s.pearson <= 1 and 0 <= s.frac_within_tolerance <= 1
-    df = check.to_dataframe()
-    assert (df.abs_error - (df.predicted - df.actual).abs()).abs().max() < 1e-6
+    assert s.pearson == pytest.approx(stats.pearsonr(pred, act)[0], abs=1e-6)
+    within = [abs(p - a) <= check.atol + check.rtol * abs(a) for p, a in zip(pred, act,
+                                                                              strict=True)]
+    assert s.frac_within_tolerance == pytest.approx(sum(within) / len(within))
     assert check.plot().data[0].x is not None
 
 

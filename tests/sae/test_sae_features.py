@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import sae_terms_by_hand
 from sae_lens.saes.sae import SAEMetadata
 from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
 
@@ -30,18 +31,27 @@ def make_sae(model, hook: str, seed: int = 0) -> TopKSAE:
 
 
 def test_top_features_rank_pair_differences(tiny) -> None:
-    model = as_sae_model(tiny("gpt2", 3)[0])
+    """The ranking against an independent one: each pair's chosen-minus-rejected feature terms
+    computed by hand (SAELens's decoder, HF's head and LayerNorm gain, the norm scale from the
+    residual: ``sae_terms_by_hand``), mean |difference| over pairs, top 4 per objective."""
+    base, hf, _ = tiny("gpt2", 3)
+    model = as_sae_model(base)
     sae = make_sae(model, f"blocks.{model.cfg.n_layers - 1}.hook_resid_post")
     top = top_features(model, sae, PAIRS, k=4)
     assert set(top.table.objective) == set(model.objectives)
-    diff = top.attribution.difference()
-    for k, obj in enumerate(top.attribution.objectives):
+    diff = torch.stack([
+        sae_terms_by_hand(model, hf, "gpt2", sae, p.chosen_conversation())["features"]
+        - sae_terms_by_hand(model, hf, "gpt2", sae, p.rejected_conversation())["features"]
+        for p in PAIRS])  # [pairs, d_sae, K]
+    for k, obj in enumerate(model.objectives):
         t = top.table[top.table.objective == obj]
-        want = diff[..., k].abs().mean(0).topk(4).indices.tolist()
+        score = diff[..., k].abs().mean(0)
+        want = score.topk(4).indices.tolist()
+        assert score[want[-1]] - score.topk(5).values[-1] > 1e-4  # a clear cut at rank 4
         assert t.feature.tolist() == want
-        row = t.iloc[0]
-        assert row.mean_difference == pytest.approx(float(diff[:, row.feature, k].mean()),
-                                                    abs=1e-6)
+        for _, row in t.iterrows():
+            assert row.mean_difference == pytest.approx(float(diff[:, row.feature, k].mean()),
+                                                        abs=2e-5)
     assert top.features == top.table[top.table.objective == "objective_0"].feature.tolist()
     assert len(top.plot().data[0].y) == 4
 

@@ -9,7 +9,7 @@ from tl_reward.stats.regression import ols
 
 
 def test_ols_matches_statsmodels() -> None:
-    sm = pytest.importorskip("statsmodels.api")
+    import statsmodels.api as sm
     rng = np.random.default_rng(0)
     x1, x2 = rng.normal(size=200), rng.normal(size=200)
     y = 0.5 + 2.0 * x1 - 1.0 * x2 + rng.normal(size=200)

@@ -178,3 +178,52 @@ def test_demo_rm_cached_equals_naive_and_hf() -> None:
         hf_ref = hf(input_ids=seqs[:12], attention_mask=mask[:12]).logits[:, 0]
     torch.testing.assert_close(sweep.values("best"), ref, atol=1e-4, rtol=0)
     torch.testing.assert_close(sweep.values("best")[:12], hf_ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_hook_free_and_hooked_fast_paths_agree(tiny, arch: str) -> None:
+    """With no hook attached the fast path fuses Q/K/V, works in place and runs the last MLP at
+    the pooled row only; with a hook it fires every hook point. Both equal naive scoring, and
+    the in-place work never touches the shared prefix cache."""
+    from tl_reward import tl_backend
+    from tl_reward.sweep.vocab_sweep import score_candidates
+
+    k = 4 if arch == "armorm" else 1
+    model, _, tok = tiny(arch, k)
+    template = response_template(tok, CONVERSATION)
+    ids = torch.tensor(candidate_ids(model)[::7])
+    cache = tl_backend.build_prefix_cache(model, torch.tensor(template.prefix), "fast")
+    if cache.method != "fast":
+        pytest.skip(f"{arch} has no fast cache")
+    keys = [t.clone() for t in cache.keys] + [t.clone() for t in cache.values]
+    ref = naive(model, template, ids.tolist())
+    assert ref.std() > 1e-3  # the tokens matter, so a wrong row or layer would show
+    assert not tl_backend.hooks_active(model)
+    lean = score_candidates(model, template, ids, cache)
+    lean_again = score_candidates(model, template, ids, cache)
+    fired: list[int] = []
+
+    def identity(act, hook):
+        fired.append(act.shape[1])
+        return act
+
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", identity)]):
+        assert tl_backend.hooks_active(model)
+        hooked = score_candidates(model, template, ids, cache)
+    assert fired == [1 + len(template.suffix)]  # the hooked path ran, on the new positions
+    for rewards, score in (lean, lean_again, hooked):
+        torch.testing.assert_close(score if score is not None else rewards[:, 0], ref,
+                                   atol=1e-4, rtol=0)
+    assert torch.equal(lean[0], lean_again[0])
+    for before, after in zip(keys, cache.keys + cache.values, strict=True):
+        assert torch.equal(before, after)
+    # final_residual_at reads the same values as the whole continuation
+    new = torch.cat([ids[:, None], torch.tensor(template.suffix).expand(len(ids), -1)], 1)
+    rows = torch.arange(len(ids)) % new.shape[1]
+    full = tl_backend.run_after_prefix(model, cache, new)
+    torch.testing.assert_close(tl_backend.final_residual_at(model, cache, new, rows),
+                               full[torch.arange(len(ids)), rows], atol=1e-5, rtol=0)
+    last = new.shape[1] - 1
+    torch.testing.assert_close(
+        tl_backend.final_residual_at(model, cache, new, torch.full_like(rows, last)),
+        full[:, last], atol=1e-5, rtol=0)

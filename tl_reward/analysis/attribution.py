@@ -27,10 +27,10 @@ from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
 from tl_reward.analysis.components import (
-    component_hooks,
     final_components,
     head_position_projections,
     neuron_projections,
+    pooled_run,
     stack_components,
 )
 from tl_reward.analysis.readout import ObjectiveSpec, reward_readout
@@ -150,11 +150,10 @@ def _attribute_batch(
     model: Any, tokens: torch.Tensor, mask: torch.Tensor, objectives: ObjectiveSpec,
     neurons: bool, per_position: bool,
 ) -> dict[str, Any]:
-    hooks = set(component_hooks(model, per_position, neurons))
-    _, cache = model.run_with_cache(tokens, attention_mask=mask, return_type=None,
-                                    names_filter=lambda n: n in hooks)
-    resid = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
-    ro = reward_readout(model, resid, tokens, mask, objectives)
+    positions = model.pool_positions(tokens, mask)
+    cache = pooled_run(model, tokens, mask, positions, per_position, neurons)
+    resid = cache.full[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
+    ro = reward_readout(model, resid, tokens, mask, objectives, positions)
     comps = final_components(model, cache, ro.positions)
     out: dict[str, Any] = {
         "readout": ro,

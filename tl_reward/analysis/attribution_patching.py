@@ -9,8 +9,10 @@ of a single forward and backward per pair, for all sites at once:
 * noising (chosen target): ``(a_ch - a_rej) . dr/da|_ch / Delta``,
 
 summed over the aligned positions a patch writes (and over ``d_head`` for a head), normalised
-as in :mod:`tl_reward.analysis.patching`. As the patch shrinks, the estimate equals the finite
-difference (tested against ``activation_patching(..., fraction=eps)``).
+as in :mod:`tl_reward.analysis.patching`. The objective is read at the pooled token of the
+model's rule through the shared readout, so positions after it get exactly 0; products are
+accumulated in float32 whatever the weights' dtype. As the patch shrinks, the estimate equals
+the finite difference (tested against ``activation_patching(..., fraction=eps)``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from tl_reward.analysis.readout import normalise, resolve_objectives
+from tl_reward.analysis.readout import (
+    accumulation_dtype,
+    normalised_effect,
+    objective_at_pooled,
+    resolve_objectives,
+)
 from tl_reward.data.pairs import as_tokenized_pair
 
 
@@ -116,44 +123,57 @@ def attribution_patching(
         tokens[i, : lengths[i]] = torch.tensor(tp.ids(side))
         mask[i, : lengths[i]] = 1
     tokens, mask = tokens.to(model.cfg.device), mask.to(model.cfg.device)
-    saved: dict[str, torch.Tensor] = {}
-
-    def save(act: torch.Tensor, hook: Any) -> torch.Tensor:
-        saved[hook.name] = act
-        return act
-
-    with torch.enable_grad(), model.hooks(fwd_hooks=[(nm, save) for nm in names]):
-        resid = model(tokens, attention_mask=mask, stop_at_layer=n_layers)
-        normed = normalise(model, resid)
-        w, b = model.reward_direction(obj, normed, tokens)
-        pos = torch.tensor([x - 1 for x in lengths], device=tokens.device)
-        values = (w * normed[torch.arange(2, device=tokens.device), pos]).sum(-1) + b
-        grads = torch.autograd.grad(values.sum(), [saved[nm] for nm in names])
-    grad = dict(zip(names, grads, strict=True))
-    r_c, r_r = (float(v) for v in values.detach())
-    delta = r_c - r_r
     rows_c = tp.aligned[:, 0].to(tokens.device)
     rows_r = tp.aligned[:, 1].to(tokens.device)
+    acc = accumulation_dtype(model)
+    # Memory: nothing gradient-carrying is kept. Each site's forward hook keeps only the
+    # source-minus-target difference on the aligned rows and registers a gradient hook that
+    # reduces the gradient to the estimate as soon as backward reaches that layer.
+    raw: dict[str, dict[str, torch.Tensor]] = {}
+    leaf: list[torch.Tensor] = []
 
-    def estimate(hook: str, reduce: bool) -> dict[str, torch.Tensor]:
-        act = saved[hook].detach()
-        diff = act[0, rows_c] - act[1, rows_r]
-        out = {}
-        for mode, g in (("denoising", grad[hook][1, rows_r]), ("noising", grad[hook][0, rows_c])):
-            prod = (diff * g).cpu() / delta
-            out[mode] = prod.sum(-1) if reduce else prod
-        return out
+    def on_grad(name: str, diff: torch.Tensor, kind: str) -> Any:
+        def fn(g: torch.Tensor) -> None:
+            out = {}
+            for mode, gg in (("denoising", g[1, rows_r]), ("noising", g[0, rows_c])):
+                prod = diff * gg.detach().to(acc)
+                out[mode] = (prod.sum(0) if kind == "neuron" else prod.sum(-1)).cpu()
+            raw[name] = out
+        return fn
+
+    def start(act: torch.Tensor, hook: Any) -> torch.Tensor:
+        x = act.detach().requires_grad_(True)  # differentiate from here on, not the weights
+        leaf.append(x)
+        return x + 0
+
+    def save(kind: str) -> Any:
+        def fn(act: torch.Tensor, hook: Any) -> None:
+            a = act.detach()
+            act.register_hook(on_grad(hook.name, (a[0, rows_c] - a[1, rows_r]).to(acc), kind))
+        return fn
+
+    fwd = [("hook_embed", start)]
+    fwd += [(f"blocks.{layer}.{h}", save(kind)) for layer in range(n_layers)
+            for kind, h in SITE_HOOKS.items()]
+    fwd.append((final_hook, save("resid")))
+    with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
+        resid = model(tokens, attention_mask=mask, stop_at_layer=n_layers)
+        values = objective_at_pooled(model, resid, tokens, mask, [obj])[:, 0]
+        del resid
+        torch.autograd.grad(values.sum(), leaf)
+    r_c, r_r = (float(v) for v in values.detach())
+    delta = r_c - r_r
+    per_delta = normalised_effect(torch.ones((), dtype=acc), delta, "estimates")
 
     def stack(key: str, extra: str | None = None) -> dict[str, torch.Tensor]:
-        reduce = key != "neuron"
-        per = [estimate(f"blocks.{layer}.{SITE_HOOKS[key]}", reduce) for layer in range(n_layers)]
-        if extra is not None:
-            per.append(estimate(extra, reduce))
-        return {m: torch.stack([p[m] for p in per]) for m in ("denoising", "noising")}
+        names = [f"blocks.{layer}.{SITE_HOOKS[key]}" for layer in range(n_layers)]
+        names += [extra] if extra is not None else []
+        return {m: torch.stack([raw[nm][m] for nm in names]) * per_delta
+                for m in ("denoising", "noising")}
 
     resid_est = stack("resid", final_hook)  # [layer + 1, pos]
     attn, mlp = stack("attn_out"), stack("mlp_out")
     head = {m: v.transpose(1, 2) for m, v in stack("head").items()}  # [layer, head, pos]
-    neuron = {m: v.sum(1) for m, v in stack("neuron").items()}  # [layer, d_mlp]
+    neuron = stack("neuron")  # [layer, d_mlp], summed over aligned positions
     return AttributionPatchingResult(obj, resid_est, attn, mlp, head, neuron,
                                      tp.position_labels(model.tokenizer), r_c, r_r)

@@ -9,6 +9,9 @@ Gemma-2's sandwich norms apply an RMSNorm after attention and after the MLP
 (and per-neuron) split holds exactly only with that post-norm's scale ``s_post`` frozen at its
 value in the run, which is what this module does; the heads then still sum to ``attn_out``.
 
+Every split is computed in float32 (float64 for a float64 model) from the cached activations,
+whatever the weights' dtype.
+
 The names used here (``"embed"``, ``"L3.attn"``, ``"L3.H2"``, ``"L3.mlp"``) are shared by
 attribution, patching and the faithfulness report.
 """
@@ -22,18 +25,22 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import ActivationCache
 
-#: the cache entries :func:`final_components` reads
+from tl_reward.analysis.readout import accumulation_dtype
+
 SUBLAYER_LEVELS = ("sublayer", "head")
 
 
 def component_hooks(model: object, per_position: bool = False, neurons: bool = False) -> list[str]:
-    """Names of the hooks a decomposition needs (for ``run_with_cache(names_filter=...)``)."""
-    n_layers = model.cfg.n_layers  # type: ignore[attr-defined]
-    names = ["hook_embed", "hook_pos_embed", f"blocks.{n_layers - 1}.hook_resid_post"]
-    for layer in range(n_layers):
-        names += [f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z",
-                  f"blocks.{layer}.hook_attn_out", f"blocks.{layer}.hook_mlp_out",
-                  f"blocks.{layer}.ln1_post.hook_scale", f"blocks.{layer}.ln2_post.hook_scale"]
+    """Names of the hooks a decomposition reads (for ``run_with_cache(names_filter=...)``):
+    nothing else is cached."""
+    cfg = model.cfg  # type: ignore[attr-defined]
+    names = ["hook_embed", f"blocks.{cfg.n_layers - 1}.hook_resid_post"]
+    if cfg.positional_embedding_type == "standard":
+        names.append("hook_pos_embed")
+    for layer in range(cfg.n_layers):
+        names += [f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.hook_mlp_out"]
+        if cfg.use_normalization_before_and_after:
+            names += [f"blocks.{layer}.ln1_post.hook_scale", f"blocks.{layer}.ln2_post.hook_scale"]
         if per_position:
             names += [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_v"]
         if neurons:
@@ -41,18 +48,78 @@ def component_hooks(model: object, per_position: bool = False, neurons: bool = F
     return names
 
 
+class PooledActivations(dict):  # type: ignore[type-arg]
+    """Activations of a batch taken at each row's pooled position while the model runs
+    (``[batch, ...]``; an attention pattern keeps its query row at ``t*``: ``[batch, head,
+    src]``); ``full`` holds the few read at every position (the final residual, values for
+    per-position maps). Memory per layer is then O(batch x d_model), not O(batch x pos^2)."""
+
+    def __init__(self, pooled: dict[str, torch.Tensor], full: dict[str, torch.Tensor]) -> None:
+        super().__init__(pooled)
+        self.full = full
+
+
+#: hooks whose whole sequence a decomposition reads; every other hook is read at ``t*`` only
+FULL_SEQUENCE_HOOKS = ("hook_resid_post", "attn.hook_v")
+
+
+@torch.no_grad()
+def pooled_run(
+    model: Any, tokens: Int[torch.Tensor, "batch pos"], mask: Int[torch.Tensor, "batch pos"],
+    positions: Int[torch.Tensor, " batch"], per_position: bool = False, neurons: bool = False,
+) -> PooledActivations:
+    """Run ``model`` once and keep only what :func:`final_components` (and the per-neuron and
+    per-position splits) read: each hook of :func:`component_hooks` at ``positions``, inside
+    the hook, so no layer's full activations (or attention pattern) outlive its block."""
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+    positions = positions.to(tokens.device)
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    pooled: dict[str, torch.Tensor] = {}
+    full: dict[str, torch.Tensor] = {}
+
+    def keep(act: torch.Tensor, hook: Any) -> None:
+        name = hook.name
+        if name == last or name.endswith("attn.hook_v"):
+            full[name] = act
+        elif name.endswith("hook_pattern"):
+            pooled[name] = act[rows, :, positions]
+        else:
+            pooled[name] = act[rows, positions]
+
+    hooks = [(n, keep) for n in component_hooks(model, per_position, neurons)]
+    with model.hooks(fwd_hooks=hooks):
+        model(tokens, attention_mask=mask, return_type=None)
+    if last in full:
+        pooled[last] = full[last][rows, positions]
+    return PooledActivations(pooled, full)
+
+
+def _at(acts: Any, name: str, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``name`` at each row's position from a full cache or :class:`PooledActivations`."""
+    if isinstance(acts, PooledActivations):
+        return acts[name]
+    t = acts[name]
+    return t[rows, :, positions] if name.endswith("hook_pattern") else t[rows, positions]
+
+
+def _full(acts: Any, name: str) -> torch.Tensor:
+    return acts.full[name] if isinstance(acts, PooledActivations) else acts[name]
+
+
 def _post_factor(
-    model: object, cache: ActivationCache, layer: int, which: str, rows: torch.Tensor,
-    positions: torch.Tensor,
+    model: object, cache: ActivationCache | PooledActivations, layer: int, which: str,
+    rows: torch.Tensor, positions: torch.Tensor,
 ) -> Float[torch.Tensor, "batch d_model"] | None:
-    """``w_post / s_post`` at each row's position for Gemma-2's sandwich norm, else ``None``."""
+    """``w_post / s_post`` at each row's position for Gemma-2's sandwich norm, else ``None``
+    (float32 at least: TransformerLens computes ``hook_scale`` in float32)."""
     block = model.blocks[layer]  # type: ignore[attr-defined]
     norm = getattr(block, which, None)
     if norm is None or not model.cfg.use_normalization_before_and_after:  # type: ignore[attr-defined]
         return None
-    scale = cache[f"blocks.{layer}.{which}.hook_scale"][rows, positions]  # [batch, 1]
+    acc = accumulation_dtype(model)
+    scale = _at(cache, f"blocks.{layer}.{which}.hook_scale", rows, positions).to(acc)  # [b, 1]
     w = getattr(norm, "w", None)
-    gain = torch.ones_like(scale) if w is None else w[None]
+    gain = torch.ones_like(scale) if w is None else w[None].to(acc)
     return gain / scale
 
 
@@ -111,36 +178,40 @@ def stack_components(parts: object, level: str = "sublayer") -> tuple[torch.Tens
 
 
 def final_components(
-    model: object, cache: ActivationCache, positions: Int[torch.Tensor, " batch"]
+    model: object, cache: ActivationCache | PooledActivations,
+    positions: Int[torch.Tensor, " batch"],
 ) -> FinalComponents:
     """Split the final residual at ``positions`` (one per row) into component outputs."""
     cfg = model.cfg  # type: ignore[attr-defined]
+    acc = accumulation_dtype(model)
     rows = torch.arange(positions.shape[0], device=positions.device)
-    embed = [cache["hook_embed"][rows, positions]]
+    embed = [_at(cache, "hook_embed", rows, positions).to(acc)]
     names = ["embed"]
-    if "hook_pos_embed" in cache.cache_dict:
-        embed.append(cache["hook_pos_embed"][rows, positions])
+    has_pos = (isinstance(cache, PooledActivations) and "hook_pos_embed" in cache) or (
+        not isinstance(cache, PooledActivations) and "hook_pos_embed" in cache.cache_dict)
+    if has_pos:
+        embed.append(_at(cache, "hook_pos_embed", rows, positions).to(acc))
         names.append("pos_embed")
     heads, biases, mlps = [], [], []
     for layer in range(cfg.n_layers):
         attn = model.blocks[layer].attn  # type: ignore[attr-defined]
-        z = cache[f"blocks.{layer}.attn.hook_z"][rows, positions]  # [batch, head, d_head]
-        out = torch.einsum("bhe,hed->bhd", z, attn.W_O)
-        bias = attn.b_O[None].expand(z.shape[0], -1)
+        z = _at(cache, f"blocks.{layer}.attn.hook_z", rows, positions).to(acc)  # [b, h, d_head]
+        out = torch.einsum("bhe,hed->bhd", z, attn.W_O.to(acc))
+        bias = attn.b_O.to(acc)[None].expand(z.shape[0], -1)
         post = _post_factor(model, cache, layer, "ln1_post", rows, positions)
         if post is not None:
             out, bias = out * post[:, None], bias * post
         heads.append(out)
         biases.append(bias)
-        mlps.append(cache[f"blocks.{layer}.hook_mlp_out"][rows, positions])
-    resid = cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"][rows, positions]
+        mlps.append(_at(cache, f"blocks.{layer}.hook_mlp_out", rows, positions).to(acc))
+    resid = _at(cache, f"blocks.{cfg.n_layers - 1}.hook_resid_post", rows, positions).to(acc)
     return FinalComponents(torch.stack(embed, 1), names, torch.stack(heads, 1),
                            torch.stack(biases, 1), torch.stack(mlps, 1), resid)
 
 
 def neuron_projections(
-    model: object, cache: ActivationCache, positions: Int[torch.Tensor, " batch"],
-    directions: Float[torch.Tensor, "batch n_obj d_model"],
+    model: object, cache: ActivationCache | PooledActivations,
+    positions: Int[torch.Tensor, " batch"], directions: Float[torch.Tensor, "batch n_obj d_model"],
 ) -> tuple[Float[torch.Tensor, "batch layer d_mlp n_obj"],
            Float[torch.Tensor, "batch layer n_obj"]]:
     """``(post_n W_out[n] . u, b_out . u)`` per layer: each neuron's and the MLP bias's output
@@ -153,16 +224,16 @@ def neuron_projections(
         post = _post_factor(model, cache, layer, "ln2_post", rows, positions)
         if post is not None:
             u = u * post[:, None]
-        acts = cache[f"blocks.{layer}.mlp.hook_post"][rows, positions]  # [batch, d_mlp]
-        w_u = torch.einsum("nd,bkd->bnk", mlp.W_out, u)
+        acts = _at(cache, f"blocks.{layer}.mlp.hook_post", rows, positions).to(u.dtype)
+        w_u = torch.einsum("nd,bkd->bnk", mlp.W_out.to(u.dtype), u)
         neurons.append(acts[..., None] * w_u)
-        biases.append(torch.einsum("d,bkd->bk", mlp.b_out, u))
+        biases.append(torch.einsum("d,bkd->bk", mlp.b_out.to(u.dtype), u))
     return torch.stack(neurons, 1), torch.stack(biases, 1)
 
 
 def head_position_projections(
-    model: object, cache: ActivationCache, positions: Int[torch.Tensor, " batch"],
-    directions: Float[torch.Tensor, "batch n_obj d_model"],
+    model: object, cache: ActivationCache | PooledActivations,
+    positions: Int[torch.Tensor, " batch"], directions: Float[torch.Tensor, "batch n_obj d_model"],
 ) -> Float[torch.Tensor, "batch layer head src n_obj"]:
     """Each head's output at ``positions`` split over source positions and projected:
     ``A[h, t, j] (v_j W_O[h]) . u``. Sums over ``src`` to the head's projected output."""
@@ -175,11 +246,11 @@ def head_position_projections(
         post = _post_factor(model, cache, layer, "ln1_post", rows, positions)
         if post is not None:
             u = u * post[:, None]
-        pattern = cache[f"blocks.{layer}.attn.hook_pattern"][rows, :, positions]  # [b, h, src]
-        v = cache[f"blocks.{layer}.attn.hook_v"]  # [b, src, kv, d_head]
+        pattern = _at(cache, f"blocks.{layer}.attn.hook_pattern", rows, positions).to(u.dtype)
+        v = _full(cache, f"blocks.{layer}.attn.hook_v").to(u.dtype)  # [b, src, kv, d_head]
         if v.shape[2] != cfg.n_heads:
             v = torch.repeat_interleave(v, cfg.n_heads // v.shape[2], dim=2)
-        ou = torch.einsum("hed,bkd->bhek", attn.W_O, u)  # [b, head, d_head, n_obj]
+        ou = torch.einsum("hed,bkd->bhek", attn.W_O.to(u.dtype), u)  # [b, head, d_head, n_obj]
         vu = torch.einsum("bshe,bhek->bhsk", v, ou)
         out.append(pattern[..., None] * vu)
     return torch.stack(out, 1)

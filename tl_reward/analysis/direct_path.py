@@ -22,8 +22,13 @@ from typing import Any
 import pandas as pd
 import torch
 
-from tl_reward.analysis.components import component_hooks, final_components
-from tl_reward.analysis.readout import norm_scale, resolve_objectives, reward_readout
+from tl_reward.analysis.components import final_components, pooled_run
+from tl_reward.analysis.readout import (
+    norm_scale,
+    normalised_effect,
+    resolve_objectives,
+    reward_readout,
+)
 from tl_reward.data.pairs import as_tokenized_pair
 from tl_reward.errors import TLRewardError
 
@@ -82,14 +87,14 @@ def direct_path_patching(
         raise TLRewardError(f"scale must be 'frozen' or 'recompute', got {scale!r}")
     tp = as_tokenized_pair(model, pair)
     obj = resolve_objectives(model, objective)[0]
-    hooks = set(component_hooks(model))
     runs = {}
     for side in ("chosen", "rejected"):
         tokens = tp.tokens(side).to(model.cfg.device)
-        _, cache = model.run_with_cache(tokens, attention_mask=torch.ones_like(tokens),
-                                        return_type=None, names_filter=lambda n: n in hooks)
-        resid = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
-        ro = reward_readout(model, resid, tokens, None, obj)
+        mask = torch.ones_like(tokens)
+        positions = model.pool_positions(tokens, mask)
+        cache = pooled_run(model, tokens, mask, positions)
+        resid = cache.full[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
+        ro = reward_readout(model, resid, tokens, mask, obj, positions)
         comps = final_components(model, cache, ro.positions)
         stack, names = comps.stack(level)
         n_embed = len(comps.embed_names)
@@ -111,6 +116,6 @@ def direct_path_patching(
     r_c = float(runs["chosen"][0].reward[0, 0])
     r_r = float(runs["rejected"][0].reward[0, 0])
     delta = r_c - r_r
-    effect = (patched - r_r) / delta if mode == "denoising" else (r_c - patched) / delta
-    return DirectPathResult(names, effect.float().cpu(), patched.float().cpu(), mode, scale, obj,
+    effect = normalised_effect(patched - r_r if mode == "denoising" else r_c - patched, delta)
+    return DirectPathResult(names, effect.cpu(), patched.cpu(), mode, scale, obj,
                             r_c, r_r)

@@ -10,7 +10,11 @@ final residual), per objective. Two scale conventions:
   layers have smaller norms, so this rescales them; only the last value is the reward.
 
 For ArmoRM's ``"score"`` the direction is ``w_eff(x)`` of the full run (the gate reads the
-final layer), held fixed across layers.
+final layer), held fixed across layers. For an MLP head (INF-ORM) the direction is the head's
+linearisation at the final layer's pooled input, ``w_eff(x_L) = W1^T D(x_L) w2``: on an
+intermediate layer both conventions read ``h_l`` through the *final* layer's ReLU pattern. The
+third convention ``head`` (nonlinear heads only) runs the whole head on ``N(h_l)`` instead,
+recomputing its pattern at every layer; like ``recompute`` only its last value is the reward.
 
 On preference pairs, the differential lens ``D_l = r_l(chosen) - r_l(rejected)``, its
 increments, and the crystallisation layer: the first ``l`` whose ``D_l`` reaches ``fraction``
@@ -139,8 +143,24 @@ def lens_from_residuals(model: Any, pooled: PooledResiduals) -> RewardLens:
     rec = torch.einsum("nld,nkd->nlk", normalise(model, pooled.resid), w)
     bias = pooled.bias[:, None]
     names = ["embed"] + [f"L{i}" for i in range(pooled.resid.shape[1] - 1)]
-    return RewardLens({"frozen": frozen + bias, "recompute": rec + bias}, pooled.reward,
-                      pooled.objectives, names)
+    values = {"frozen": frozen + bias, "recompute": rec + bias}
+    if getattr(model.reward_head, "nonlinear", False):
+        values["head"] = _recomputed_head(model, pooled)
+    return RewardLens(values, pooled.reward, pooled.objectives, names)
+
+
+@torch.no_grad()
+def _recomputed_head(model: Any, pooled: PooledResiduals) -> Float[torch.Tensor, "n layer1 n_obj"]:
+    """The whole (nonlinear) head on ``N(h_l)`` at every layer, per objective."""
+    head = model.reward_head
+    device = model.cfg.device
+    n = pooled.resid.shape[0]
+    out = head.outputs(normalise(model, pooled.resid.to(device))).float()  # [n, L + 1, K]
+    probe_t = torch.zeros(n, 1, dtype=torch.long, device=device)
+    probe_x = torch.zeros(n, 1, model.cfg.d_model, device=device)
+    c = torch.stack([head.objective_weights(name, probe_x, probe_t).float()
+                     for name in pooled.objectives], 1)  # [n, n_obj, K]
+    return torch.einsum("nlk,nok->nlo", out, c).cpu()
 
 
 def reward_lens(

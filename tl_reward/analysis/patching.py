@@ -18,6 +18,13 @@ once (``positions="all"``). Between chosen and rejected a patch writes only alig
 tokens of the longer reply keep their own activations, and the result says how many there were.
 Zero and mean ablations with ``positions="all"`` replace every position of both runs.
 
+Every value is read at the pooled token ``t*`` of the model's pooling rule through the shared
+readout (:mod:`tl_reward.analysis.readout`), in float32 whatever the weights' dtype, as
+``model.rewards`` and DRA read it. A patch that writes only after ``t*`` cannot change the reward
+(causal attention): it is not run and its effect is exactly 0. When the clean margin is exactly
+0 (e.g. a pooling rule that reads inside the shared prompt) normalised effects are NaN, with a
+warning; the patched values are still reported.
+
 Speed: each pair's clean runs are cached once; the patched variants of a pair are stacked along
 the batch (``chunk_size`` at a time) and each chunk starts at its earliest patched layer from the
 cached residual (``start_at_layer``), so no layer below a patch is recomputed.
@@ -33,10 +40,15 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
-from tl_reward.analysis.readout import normalise, resolve_objectives
+from tl_reward.analysis.readout import (
+    accumulation_dtype,
+    normalised_effect,
+    objective_at_pooled,
+    resolve_objectives,
+)
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
 from tl_reward.errors import TLRewardError
-from tl_reward.tl_backend import frozen_kv_cache
+from tl_reward.tl_backend import cache_keys, frozen_kv_cache
 
 MODES = ("denoising", "noising", "zero", "mean")
 SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")
@@ -100,10 +112,10 @@ def objective_value(
     model: Any, resid: Float[torch.Tensor, "batch pos d_model"],
     tokens: Int[torch.Tensor, "batch pos"], objective: str,
 ) -> Float[torch.Tensor, " batch"]:
-    """One objective read from final residuals of unpadded rows (pooled at the last token)."""
-    normed = normalise(model, resid)
-    w, b = model.reward_direction(objective, normed, tokens)
-    return ((w * normed[:, -1]).sum(-1) + b).detach()
+    """One objective read from final residuals of unpadded rows at the pooled token of the
+    model's rule (the shared readout; float32 at least)."""
+    mask = torch.ones_like(tokens)
+    return objective_at_pooled(model, resid, tokens, mask, [objective])[:, 0].detach()
 
 
 def clean_hooks(model: Any, sites: Sequence[Site]) -> set[str]:
@@ -121,8 +133,9 @@ def _prefix_cache(model: Any, clean: dict[str, torch.Tensor], prefix_len: int,
     """A frozen key/value cache of the first ``prefix_len`` positions, expanded to ``batch``."""
     keys, values = [], []
     for i in range(model.cfg.n_layers):
-        for out, name in ((keys, "hook_k"), (values, "hook_v")):
-            out.append(clean[f"blocks.{i}.attn.{name}"][:, :prefix_len].expand(batch, -1, -1, -1))
+        k = cache_keys(model, i, clean[f"blocks.{i}.attn.hook_k"][:, :prefix_len])
+        keys.append(k.expand(batch, -1, -1, -1))
+        values.append(clean[f"blocks.{i}.attn.hook_v"][:, :prefix_len].expand(batch, -1, -1, -1))
     mask = torch.ones((batch, prefix_len), dtype=torch.long, device=model.cfg.device)
     return frozen_kv_cache(keys, values, mask)
 
@@ -139,6 +152,7 @@ def run_patched(
     chunk_size: int = 32,
     fraction: float = 1.0,
     prefix_len: int = 0,
+    by_layer: bool = False,
 ) -> Float[torch.Tensor, " n_sites"]:
     """The objective of one sequence under each single-site patch, batched.
 
@@ -150,15 +164,23 @@ def run_patched(
     ``prefix_len``: when every patch writes at or after this position, the first
     ``prefix_len`` positions cannot change (causal attention), so only the rest is recomputed,
     attending to the clean run's cached keys and values of the prefix.
+
+    ``by_layer``: chunks never mix sites of different layers, so no variant recomputes a layer
+    below its own patch (chunks of a layer with fewer sites than ``chunk_size`` are smaller).
     """
     n_layers = model.cfg.n_layers
-    order = sorted(range(len(sites)), key=lambda i: sites[i].layer)
-    out = torch.empty(len(sites), dtype=model.cfg.dtype)
     tokens_1 = torch.tensor([ids], device=model.cfg.device)
     final_hook = f"blocks.{n_layers - 1}.hook_resid_post"
+    # patches that write only after the pooled token cannot change the reward: not run
+    t_star = int(model.pool_positions(tokens_1, torch.ones_like(tokens_1))[0])
+    out = torch.full((len(sites),), float(objective_value(model, clean[final_hook], tokens_1,
+                                                          objective)[0]),
+                     dtype=accumulation_dtype(model))
+    live = [i for i, s in enumerate(sites)
+            if (pos := positions(s)).numel() and int(pos.min()) <= t_star]
+    order = sorted(live, key=lambda i: sites[i].layer)
     p = prefix_len
-    for start in range(0, len(order), chunk_size):
-        idx = order[start : start + chunk_size]
+    for idx in _chunks(order, [sites[i].layer for i in order], chunk_size, by_layer):
         chunk = [sites[i] for i in idx]
         b = len(chunk)
         first = min(s.layer for s in chunk)
@@ -193,7 +215,19 @@ def run_patched(
                           attention_mask=torch.ones_like(tokens), past_kv_cache=kv)
         if p:
             final = torch.cat([clean[final_hook][:, :p].expand(b, -1, -1), final], 1)
-        out[idx] = objective_value(model, final, tokens, objective).cpu()
+        out[idx] = objective_value(model, final, tokens, objective).to(out.dtype).cpu()
+    return out
+
+
+def _chunks(order: list[int], layers: list[int], size: int, by_layer: bool
+            ) -> list[list[int]]:
+    """Consecutive pieces of ``order`` (sorted by layer) of at most ``size``; with
+    ``by_layer`` a piece also ends where the layer changes."""
+    out: list[list[int]] = []
+    for j, i in enumerate(order):
+        if not out or len(out[-1]) >= size or (by_layer and layers[j] != layers[j - 1]):
+            out.append([])
+        out[-1].append(i)
     return out
 
 
@@ -392,7 +426,7 @@ def activation_patching(
 
         # a swap inside the shared prompt writes the value already there: the clean reward
         out = torch.full((len(sites),), r_c if target == "chosen" else r_r,
-                         dtype=model.cfg.dtype)
+                         dtype=accumulation_dtype(model))
         out[active] = run_patched(model, tp.ids(target), clean[target],
                                   [sites[i] for i in active], value, pos_of, obj, chunk_size,
                                   fraction, prefix_len=p)
@@ -400,14 +434,14 @@ def activation_patching(
 
     if mode == "denoising":
         patched = run("rejected")
-        effect = (patched - r_r) / delta
+        effect = normalised_effect(patched - r_r, delta)
     elif mode == "noising":
         patched = run("chosen")
-        effect = (r_c - patched) / delta
+        effect = normalised_effect(r_c - patched, delta)
     else:
         pc, pr = run("chosen"), run("rejected")
         patched = torch.stack([pc, pr])
-        effect = (delta - (pc - pr)) / delta
+        effect = normalised_effect(delta - (pc - pr), delta)
     labels = tp.position_labels(model.tokenizer) if positions == "each" else None
     return PatchingResult(mode, site, obj, effect, patched, dims, r_c, r_r, layer_list,
                           unit_list, labels, (len(tp.unaligned_chosen), len(tp.unaligned_rejected)),
@@ -422,10 +456,11 @@ def patch_components(
     objective: int | str | None = None,
     chunk_size: int = 32,
     reuse_prefix: bool = True,
+    by_layer: bool = False,
 ) -> Float[torch.Tensor, " C"]:
     """Whole-sequence denoising or noising of named components (``"embed"``, ``"L3.attn"``,
     ``"L3.mlp"``, ``"L3.H2"``) on the aligned positions, batched; normalised effects ``[C]``.
-    Attention biases (equal in both runs) get 0."""
+    Attention biases (equal in both runs) get 0. ``by_layer``: see :func:`run_patched`."""
     if mode not in ("denoising", "noising"):
         raise TLRewardError(f"component patching mode must be 'denoising' or 'noising', "
                             f"got {mode!r}")
@@ -450,9 +485,9 @@ def patch_components(
         return act if s.unit is None else act[:, s.unit]
 
     patched = run_patched(model, tp.ids(target), clean[target], sites, value,
-                          lambda s: tgt_rows, obj, chunk_size, prefix_len=p)
+                          lambda s: tgt_rows, obj, chunk_size, prefix_len=p, by_layer=by_layer)
     delta = r_c - r_r
-    eff = (patched - r_r) / delta if mode == "denoising" else (r_c - patched) / delta
+    eff = normalised_effect(patched - r_r if mode == "denoising" else r_c - patched, delta)
     out = torch.zeros(len(names), dtype=eff.dtype)
     out[keep] = eff
     return out

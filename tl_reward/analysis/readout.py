@@ -7,10 +7,17 @@ Centring ``h`` is the same as centring ``w`` (``w . (h - mean h) = (w - mean w) 
 :class:`Readout` stores centred directions for LayerNorm models and projects any vector ``o``
 written into the residual stream as ``w_k . o / s``: the frozen-scale convention under which
 component contributions add up to the reward exactly.
+
+This is the one readout every analysis uses (rewards, DRA, lens, patching, attribution patching,
+direct-path, SAE splices): the pooled position comes from the model's pooling rule
+(:meth:`HookedRewardModel.pool_positions`), never from "the last position", and everything is
+computed in float32 (float64 for a float64 model) whatever the weights' dtype, as
+TransformerLens computes its norm scales.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +29,13 @@ from tl_reward.errors import UnknownObjectiveError
 ObjectiveSpec = int | str | Sequence[int | str] | None
 
 
+def accumulation_dtype(model: object) -> torch.dtype:
+    """The dtype readouts, effects and attributions are accumulated in: float64 for a float64
+    model, float32 otherwise (bfloat16 keeps ~3 significant digits: 2^-8 relative per rounding)."""
+    dtype = model.cfg.dtype  # type: ignore[attr-defined]
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def is_layernorm(model: object) -> bool:
     """True when the model's norms centre their input (LayerNorm), False for RMSNorm."""
     return str(model.cfg.normalization_type).startswith("LN")  # type: ignore[attr-defined]
@@ -30,7 +44,9 @@ def is_layernorm(model: object) -> bool:
 def norm_scale(
     model: object, h: Float[torch.Tensor, "... d_model"]
 ) -> Float[torch.Tensor, "... 1"]:
-    """The final norm's scale ``s`` for residual vectors ``h`` (as ``ln_final.hook_scale``)."""
+    """The final norm's scale ``s`` for residual vectors ``h`` (as ``ln_final.hook_scale``),
+    computed in float32 at least, as TransformerLens does."""
+    h = h.to(torch.promote_types(h.dtype, torch.float32))
     if is_layernorm(model):
         h = h - h.mean(-1, keepdim=True)
     return (h.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()  # type: ignore[attr-defined]
@@ -39,7 +55,8 @@ def norm_scale(
 def normalise(
     model: object, h: Float[torch.Tensor, "... d_model"]
 ) -> Float[torch.Tensor, "... d_model"]:
-    """Apply the final norm afresh (gain already folded into ``W_U``)."""
+    """Apply the final norm afresh (gain already folded into ``W_U``), in float32 at least."""
+    h = h.to(torch.promote_types(h.dtype, torch.float32))
     centred = h - h.mean(-1, keepdim=True) if is_layernorm(model) else h
     return centred / norm_scale(model, h)
 
@@ -50,8 +67,10 @@ def default_objectives(model: object) -> list[str]:
     names = list(model.objectives)  # type: ignore[attr-defined]
     if len(names) == 1:
         return names
-    probe = torch.zeros(1, 1, dtype=torch.long, device=model.W_U.device)  # type: ignore[attr-defined]
-    normed = torch.zeros(1, 1, model.cfg.d_model, device=model.W_U.device)  # type: ignore[attr-defined]
+    device = model.W_U.device  # type: ignore[attr-defined]
+    probe = torch.zeros(1, 1, dtype=torch.long, device=device)
+    normed = torch.zeros(1, 1, model.cfg.d_model, device=device,  # type: ignore[attr-defined]
+                         dtype=accumulation_dtype(model))
     try:
         has_score = model.reward_head.combination(normed, probe) is not None  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - ArmoRM's gate needs its header pattern: it has a score
@@ -97,7 +116,7 @@ class Readout:
 
     def project(self, x: Float[torch.Tensor, "batch *rest d_model"]) -> torch.Tensor:
         """``w_k . x / s`` for vectors written into the residual: ``[batch, *rest, n_obj]``."""
-        flat = x.reshape(x.shape[0], -1, x.shape[-1])
+        flat = x.reshape(x.shape[0], -1, x.shape[-1]).to(self.directions.dtype)
         out = torch.einsum("bnd,bkd->bnk", flat, self.directions) / self.scale[:, None, None]
         return out.reshape(*x.shape[:-1], self.directions.shape[1])
 
@@ -111,22 +130,56 @@ def reward_readout(
     positions: Int[torch.Tensor, " batch"] | None = None,
 ) -> Readout:
     """The :class:`Readout` of a batch from its final residual stream (``hook_resid_post`` of
-    the last block)."""
+    the last block), at the pooled token of the model's rule; differentiable in
+    ``resid_final`` (the norm scale and, for ArmoRM, the gate included)."""
     names = resolve_objectives(model, objectives)
     if positions is None:
         positions = model.pool_positions(tokens, attention_mask)  # type: ignore[attr-defined]
+    acc = accumulation_dtype(model)
+    resid_final = resid_final.to(acc)
     normed = normalise(model, resid_final)
-    rows = torch.arange(tokens.shape[0], device=tokens.device)
+    rows = torch.arange(tokens.shape[0], device=resid_final.device)
+    positions = positions.to(resid_final.device)
     h = resid_final[rows, positions]
     scale = norm_scale(model, h)[:, 0]
     ws, bs = [], []
     for name in names:
-        w, b = model.reward_direction(name, normed, tokens)  # type: ignore[attr-defined]
-        ws.append(w)
-        bs.append(b)
+        w, b = model.reward_direction(name, normed, tokens,  # type: ignore[attr-defined]
+                                      positions)
+        ws.append(w.to(acc))
+        bs.append(b.to(acc))
     directions = torch.stack(ws, 1)
     if is_layernorm(model):
         directions = directions - directions.mean(-1, keepdim=True)
     bias = torch.stack(bs, 1)
     reward = torch.einsum("bd,bkd->bk", h, directions) / scale[:, None] + bias
     return Readout(positions, scale, directions, bias, names, reward)
+
+
+def objective_at_pooled(
+    model: object,
+    resid_final: Float[torch.Tensor, "batch pos d_model"],
+    tokens: Int[torch.Tensor, "batch pos"],
+    attention_mask: Int[torch.Tensor, "batch pos"] | None,
+    objectives: ObjectiveSpec,
+) -> Float[torch.Tensor, "batch n_obj"]:
+    """The objectives of each row read from its final residual at the pooled token (the reward
+    of :func:`reward_readout`; differentiable)."""
+    return reward_readout(model, resid_final, tokens, attention_mask, objectives).reward
+
+
+def normalised_effect(
+    value: torch.Tensor, delta: float, what: str = "effects"
+) -> torch.Tensor:
+    """``value / delta`` for effects normalised by a clean margin; NaN (with a warning naming
+    the likely cause) when the margin is exactly 0."""
+    if delta == 0.0:
+        warnings.warn(
+            f"the clean reward margin is exactly 0, so normalised {what} are undefined (NaN); "
+            "the raw patched values are still reported. With a pooling rule that reads the "
+            "reward inside the shared prompt (e.g. pooling='legacy' when the pad token closes "
+            "every turn) both replies score the same",
+            RuntimeWarning, stacklevel=3,
+        )
+        return torch.full_like(value, float("nan"))
+    return value / delta

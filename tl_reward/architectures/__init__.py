@@ -1,6 +1,17 @@
 """Supported HF reward-model architectures, one file each, and the registry."""
 
-from tl_reward.architectures import armorm, gemma2, gpt2, llama, mistral, qwen2  # noqa: F401
+from tl_reward.architectures import (  # noqa: F401
+    armorm,
+    gemma2,
+    gpt2,
+    inform,
+    internlm2,
+    llama,
+    mistral,
+    qrm,
+    qwen2,
+    qwen3,
+)
 from tl_reward.architectures.registry import (
     Architecture,
     architecture_of,

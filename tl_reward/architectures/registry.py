@@ -53,6 +53,8 @@ class Architecture:
         pooling: default pooling rule (``"hf"``, ``"legacy"`` or ``"mask"``).
         hf_load_kwargs: extra kwargs for ``from_pretrained`` (e.g. eager attention).
         objective_names: optional default names of the K objectives.
+        suffix_ids: optional map from the HF config to ids appended after every text or
+            conversation input (InternLM2's reward token).
     """
 
     hf_class: str
@@ -64,6 +66,7 @@ class Architecture:
     hf_load_kwargs: Mapping[str, Any] = field(default_factory=dict)
     objective_names: tuple[str, ...] | None = None
     description: str = ""
+    suffix_ids: Callable[[Any], list[int]] | None = None
 
 
 _REGISTRY: dict[str, Architecture] = {}

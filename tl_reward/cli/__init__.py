@@ -13,6 +13,8 @@ SUBCOMMANDS: dict[str, str] = {
     "score": "tl_reward.cli.score",
     "explain": "tl_reward.cli.explain",
     "sweep": "tl_reward.cli.sweep",
+    "audit": "tl_reward.cli.audit",
+    "compare": "tl_reward.cli.compare",
 }
 
 

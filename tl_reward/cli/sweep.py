@@ -6,6 +6,11 @@ machines and ``--merge`` joins the finished shards into the file one run would h
     tl-reward sweep --output best.parquet                      # the paper's three prompts
     tl-reward sweep --prompt "Name one good thing." --output good.parquet --shard 0/4
     tl-reward sweep --merge good.0.parquet good.1.parquet ... --output good.parquet
+    tl-reward sweep --output best.parquet --ray                # on a local Ray cluster
+    tl-reward sweep --output best.parquet --ray --address auto --gpus-per-worker 1
+
+With ``--ray`` (``pip install "tl-reward[ray]"``) the sweep's chunks are spread over a pool of
+Ray actors (one model load each); this process writes the same resumable file.
 """
 
 from __future__ import annotations
@@ -48,6 +53,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--top", type=int, default=10, help="print the top and bottom K (0: none)")
     p.add_argument("--merge", nargs="+", type=Path, metavar="SHARD",
                    help="merge finished shard files into --output instead of sweeping")
+    ray = p.add_argument_group(
+        "Ray", "spread the sweep over Ray actors (pip install \"tl-reward[ray]\"); each actor "
+               "loads the model once and scores units of --unit-chunks batches, this process "
+               "writes the file; rerun with --resume after an interruption")
+    ray.add_argument("--ray", action="store_true", help="run on a Ray cluster")
+    ray.add_argument("--address", help="Ray cluster address (e.g. auto, ray://host:10001; "
+                                       "default: start a local cluster)")
+    ray.add_argument("--workers", type=int, help="actors (default: what the cluster allows)")
+    ray.add_argument("--gpus-per-worker", type=float, default=0,
+                     help="GPUs per actor (1: one model per GPU; default 0, CPU actors)")
+    ray.add_argument("--cpus-per-worker", type=float, default=1, help="CPUs per actor")
+    ray.add_argument("--unit-chunks", type=int, default=4, help="batches per unit of work")
     p.set_defaults(run=run)
 
 
@@ -83,7 +100,6 @@ def _prompts(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tl_reward.sweep.extremes import top_bottom_tokens
     from tl_reward.sweep.store import merge_sweeps
     from tl_reward.sweep.vocab_sweep import load_sweep, score_vocabulary
 
@@ -98,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     shard = _span(args.shard, "/", "shard") if args.shard else None
     id_range = _span(args.id_range, ":", "id-range") if args.id_range else None
     prompts, labels = _prompts(args)
+    if args.ray:
+        return _run_ray(args, prompts, labels, shard, id_range)
     model = load_model(args)
     sweep = score_vocabulary(
         model, prompts, labels=labels, include_special=args.include_special,
@@ -105,9 +123,44 @@ def run(args: argparse.Namespace) -> int:
         resume=args.resume, overwrite=args.overwrite, shard=shard, id_range=id_range,
         progress=True)
     print(f"{len(sweep)} tokens x {len(sweep.labels)} prompts -> {args.output}")
+    _print_top(args, sweep)
+    return 0
+
+
+def _run_ray(args: argparse.Namespace, prompts: Any, labels: Any,
+             shard: tuple[int, int] | None, id_range: tuple[int, int] | None) -> int:
+    from tl_reward.scale.sweeps import RayExecutor, SweepJob, run_sweeps
+    from tl_reward.sweep.store import parts_dir
+    from tl_reward.sweep.vocab_sweep import load_sweep
+
+    if args.device not in (None, "auto"):
+        raise TLRewardError("--device does not apply with --ray; actors use the GPU Ray "
+                            "assigns them (--gpus-per-worker) or the CPU")
+    exists = args.output.exists() or parts_dir(args.output).exists()
+    if exists and not (args.resume or args.overwrite):
+        raise TLRewardError(f"{args.output} (or its parts) already exists; pass --resume to "
+                            "continue it or --overwrite to start again")
+    job = SweepJob(args.model, args.output, prompts,
+                   labels=None if labels is None else tuple(labels),
+                   include_special=args.include_special, batch_size=args.batch_size,
+                   mode=args.mode, cache=args.cache, shard=shard, id_range=id_range,
+                   trust_remote_code=args.trust_remote_code)
+    executor = RayExecutor(address=args.address, num_workers=args.workers,
+                           num_gpus=args.gpus_per_worker, num_cpus=args.cpus_per_worker,
+                           threads=args.threads)
+    run_sweeps([job], executor, unit_chunks=args.unit_chunks, overwrite=args.overwrite,
+               progress=True)
+    sweep = load_sweep(args.output)
+    print(f"{len(sweep)} tokens x {len(sweep.labels)} prompts -> {args.output} (Ray)")
+    _print_top(args, sweep)
+    return 0
+
+
+def _print_top(args: argparse.Namespace, sweep: Any) -> None:
+    from tl_reward.sweep.extremes import top_bottom_tokens
+
     if args.top and len(sweep) and sweep.scores is not None:
         ext = top_bottom_tokens(sweep, k=args.top)
         for side in ("top", "bottom"):
             table = ext.side_by_side(side).map(repr)
             print(f"\n{side} {args.top}:\n{table.to_string()}")
-    return 0

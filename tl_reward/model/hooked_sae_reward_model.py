@@ -48,6 +48,7 @@ class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
                   reward_head=model.reward_head, pooling=model.pooling,
                   pad_token_id=model.pad_token_id)
         new.load_state_dict(model.state_dict(keep_vars=True), assign=True)
+        new.suffix_ids = model.suffix_ids
         new.eval()
         return new
 

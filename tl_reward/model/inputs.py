@@ -54,7 +54,29 @@ def _template_ids(tokenizer: Any, messages: Conversation, add_generation_prompt:
     ids = out["input_ids"]
     if ids and isinstance(ids[0], list):
         ids = ids[0]
-    return [int(t) for t in ids]
+    return one_bos(tokenizer, [int(t) for t in ids])
+
+
+def one_bos(tokenizer: Any, ids: list[int]) -> list[int]:
+    """Template ids with the BOS a model saw in training: exactly one leading BOS when the
+    tokenizer adds BOS on encoding, the template's ids untouched otherwise.
+
+    RMs trained from a string template (Skywork-Reward-V2's model card: template to a string,
+    strip a leading ``bos_token``, then ``tokenizer(text)``) saw one BOS: the tokenizer's. A
+    template that writes ``{{ bos_token }}`` already gives it; one that does not gets it here;
+    a duplicated one is collapsed. Where the tokenizer adds no BOS (Qwen3: none; SmolLM2, whose
+    ``bos_token`` is ``<|im_start|>`` and opens every turn) nothing is stripped.
+    """
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return ids
+    added = tokenizer("", add_special_tokens=True)["input_ids"]
+    if not added or added[0] != bos:
+        return ids
+    n = 0
+    while n < len(ids) and ids[n] == bos:
+        n += 1
+    return [bos, *ids[n:]]
 
 
 def encode_conversation(tokenizer: Any, messages: Conversation) -> EncodedInput:

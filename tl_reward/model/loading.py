@@ -6,6 +6,7 @@ is (and only when a hub is reachable).
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,21 +32,29 @@ def _demo(dtype: torch.dtype) -> tuple[Any, Any]:
     return demo_hf_reward_model(dtype)
 
 
+def _demo_multi(dtype: torch.dtype) -> tuple[Any, Any]:
+    from tl_reward.model.demo import multi_hf_reward_model
+
+    return multi_hf_reward_model(dtype)
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
                    "vocab.txt", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
 
 BUILTIN_MODELS: dict[str, BuiltinLoader] = {
     "tl-reward/smollm2-135m-hh": _demo,
     "demo": _demo,
+    "tl-reward/smollm2-135m-multi": _demo_multi,
 }
 
 
 def load_hf_reward_model(
     name_or_path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False,
-    **hf_kwargs: Any,
+    lm_head_rows: Sequence[int] | None = None, **hf_kwargs: Any,
 ) -> Any:
-    """The HF reward model behind a hub name or local directory (architecture checked first)."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    """The HF reward model behind a hub name or local directory (architecture checked first);
+    with ``lm_head_rows`` a causal LM whose LM-head rows are the reward."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
     if looks_local and not Path(name_or_path).expanduser().is_dir():
@@ -64,15 +73,26 @@ def load_hf_reward_model(
             f"{name_or_path}'s config names no architecture; load the model yourself and pass "
             "hf_model="
         )
-    arch = get_architecture(names[0])
+    auto_cls: Any = AutoModelForSequenceClassification
+    if lm_head_rows is not None:
+        from tl_reward.architectures.lm_head import sequence_classification_name
+
+        seq = sequence_classification_name(names[0])
+        if seq is None:
+            raise TLRewardError(f"lm_head_rows= needs a causal LM checkpoint; {name_or_path} "
+                                f"is a {names[0]}")
+        arch = get_architecture(seq)
+        auto_cls = AutoModelForCausalLM
+    else:
+        arch = get_architecture(names[0])
     auto_map = getattr(config, "auto_map", None) or {}
-    if "AutoModelForSequenceClassification" in auto_map and not trust_remote_code:
+    if auto_cls.__name__ in auto_map and not trust_remote_code:
         raise TLRewardError(
             f"{name_or_path} ships custom modeling code ({names[0]}); pass "
             "trust_remote_code=True if you trust it"
         )
     kwargs = {**arch.hf_load_kwargs, **hf_kwargs}
-    return AutoModelForSequenceClassification.from_pretrained(
+    return auto_cls.from_pretrained(
         name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
     )
 
@@ -97,6 +117,25 @@ def _check_tokenizer(tokenizer: Any, d_vocab: int) -> None:
         )
 
 
+_BODY_LAYER = re.compile(r"^(?:model\.layers|transformer\.h|model\.model\.layers)\.(\d+)\.")
+
+
+def layer_releaser(hf_model: Any) -> Callable[[int], None]:
+    """``release(i)`` empties the parameters of the HF body's layer ``i`` (for a model the
+    loader owns: it is unusable afterwards, and host memory holds one copy of each block)."""
+    by_layer: dict[int, list[torch.nn.Parameter]] = {}
+    for name, p in hf_model.named_parameters():
+        m = _BODY_LAYER.match(name)
+        if m:
+            by_layer.setdefault(int(m.group(1)), []).append(p)
+
+    def release(layer: int) -> None:
+        for p in by_layer.pop(layer, []):
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    return release
+
+
 def from_hf_model(
     cls: type[HookedRewardModel],
     hf_model: Any,
@@ -108,11 +147,27 @@ def from_hf_model(
     objective_names: Sequence[str] | None = None,
     n_ctx: int | None = None,
     model_name: str | None = None,
+    lm_head_rows: Sequence[int] | None = None,
+    release_hf: bool = False,
 ) -> HookedRewardModel:
-    """Convert an in-memory HF reward model (registered architecture) to ``cls``."""
-    arch = architecture_of(hf_model)
+    """Convert an in-memory HF reward model (registered architecture) to ``cls``; with
+    ``lm_head_rows`` a causal LM whose LM-head rows become ``W_U``.
+
+    Conversion streams block by block: each block is converted and processed on the CPU, loaded,
+    moved to ``device`` and (``release_hf=True``, for an HF model the loader owns) its HF
+    weights are freed, so host memory holds the checkpoint plus one block in float32 beside the
+    model (nothing of the converted model when ``device`` is a GPU)."""
     hf_config = hf_model.config
-    head_layer = arch.head(hf_model)
+    if lm_head_rows is not None:
+        from tl_reward.architectures.lm_head import causal_lm_architecture, lm_head_rows_layer
+
+        arch = causal_lm_architecture(hf_model)
+        head_layer = lm_head_rows_layer(hf_model, lm_head_rows)
+        if objective_names is None and len(lm_head_rows) > 1:
+            objective_names = [f"lm_head_row_{int(r)}" for r in lm_head_rows]
+    else:
+        arch = architecture_of(hf_model)
+        head_layer = arch.head(hf_model)
     k = int(head_layer.weight.shape[0])
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     fields = arch.config(hf_config)
@@ -128,7 +183,8 @@ def from_hf_model(
     cfg = tl_backend.make_config(**fields)
     _check_tokenizer(tokenizer, cfg.d_vocab)
     with torch.no_grad():
-        state_dict = tl_backend.convert_state_dict(arch.convert, hf_model, head_layer, cfg)
+        state_dict = tl_backend.convert_state_dict(arch.convert, hf_model, head_layer,
+                                                   tl_backend.cpu_config(cfg))
         gain = state_dict["ln_final.w"].detach().float().clone()
     objectives = _objective_names(hf_config, k, objective_names or arch.objective_names)
     pad = getattr(hf_config, "pad_token_id", None)
@@ -136,13 +192,21 @@ def from_hf_model(
         pad = tokenizer.pad_token_id
     model = cls(cfg, tokenizer, move_to_device=False, pooling=check_rule(pooling or arch.pooling),
                 pad_token_id=pad)
-    tl_backend.process_weights(model, state_dict)
+    tl_backend.process_weights(model, state_dict,
+                               release=layer_releaser(hf_model) if release_hf else None,
+                               device=cfg.device)
+    del state_dict
     head = (
         arch.reward_head(hf_model, gain, objectives)
         if arch.reward_head is not None
         else LinearRewardHead(objectives)
     )
     model.reward_head = head.to(dtype)
+    model.suffix_ids = tuple(arch.suffix_ids(hf_config)) if arch.suffix_ids else ()
+    if head.nonlinear:  # no fixed direction exists: make any use of W_U fail loudly
+        with torch.no_grad():
+            model.unembed.W_U.fill_(float("nan"))
+            model.unembed.b_U.fill_(float("nan"))
     model.setup()
     model.move_model_modules_to_device()
     model.reward_head.to(cfg.device)
@@ -184,9 +248,11 @@ def load_reward_model(
     objective_names: Sequence[str] | None = None,
     n_ctx: int | None = None,
     trust_remote_code: bool = False,
+    lm_head_rows: Sequence[int] | None = None,
     **hf_kwargs: Any,
 ) -> HookedRewardModel:
     """Resolve ``name_or_path``/``hf_model``/``tokenizer`` and convert (see ``from_pretrained``)."""
+    owned = hf_model is None  # loaded here: its weights may be freed as they convert
     if hf_model is None:
         if name_or_path is None:
             raise TLRewardError("pass a model name or path, or hf_model=")
@@ -194,7 +260,8 @@ def load_reward_model(
             hf_model, builtin_tok = BUILTIN_MODELS[name_or_path](dtype)
             tokenizer = tokenizer or builtin_tok
         else:
-            hf_model = load_hf_reward_model(name_or_path, dtype, trust_remote_code, **hf_kwargs)
+            hf_model = load_hf_reward_model(name_or_path, dtype, trust_remote_code,
+                                            lm_head_rows, **hf_kwargs)
     if tokenizer is None:
         source = name_or_path or getattr(hf_model, "name_or_path", None)
         if not source or not (Path(source).exists() or name_or_path):
@@ -206,4 +273,5 @@ def load_reward_model(
     hf_model.eval()
     return from_hf_model(cls, hf_model, tokenizer, device=device, dtype=dtype, pooling=pooling,
                          objective_names=objective_names, n_ctx=n_ctx,
-                         model_name=name_or_path)
+                         model_name=name_or_path, lm_head_rows=lm_head_rows,
+                         release_hf=owned)

@@ -1,9 +1,17 @@
 """Where a reward is read: the last real token, by one of three rules.
 
+Every rule is defined on the *real* tokens of a row, so left padding, right padding and no
+padding give the same position within the text (hence the same reward). A row's real tokens are
+those whose attention mask is 1; without a mask they are the row minus its leading pad tokens
+(right padding needs no mask for any rule: trailing pads are never read).
+
 * ``"hf"``: HF's current rule, the rightmost token that is not ``pad_token_id``.
-* ``"legacy"``: the first pad token minus one (older HF code and custom RMs such as ArmoRM);
-  it differs when the pad token also occurs inside the text (e.g. pad = EOS = end of turn).
-* ``"mask"``: the rightmost position whose attention mask is 1.
+* ``"legacy"``: the real token just before the first ``pad_token_id`` among the real tokens
+  (older HF code and custom RMs such as ArmoRM), or the last real token when the text holds no
+  pad token. It differs from ``"hf"`` when the pad token also occurs inside the text (pad = EOS
+  = end of turn): it then lands at the end of the first turn. On a right-padded or unpadded row
+  it is HF's old ``(first pad - 1) % length``.
+* ``"mask"``: the rightmost position whose attention mask is 1 (the last position without one).
 """
 
 from __future__ import annotations
@@ -26,6 +34,14 @@ def check_rule(rule: str) -> PoolingRule:
     return rule  # type: ignore[return-value]
 
 
+def _first_true(x: torch.Tensor, default: torch.Tensor) -> torch.Tensor:
+    """Index of the first True of each row, ``default`` where a row has none."""
+    seq = x.shape[-1]
+    idx = torch.arange(seq, device=x.device)
+    first = torch.where(x, idx, seq).min(-1).values
+    return torch.where(first == seq, default, first)
+
+
 def pool_positions(
     tokens: Int[torch.Tensor, "batch pos"],
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
@@ -35,11 +51,12 @@ def pool_positions(
     """The position of the token whose head output is the reward, per sequence."""
     check_rule(rule)
     batch, seq = tokens.shape
-    idx = torch.arange(seq, device=tokens.device)
+    device = tokens.device
+    idx = torch.arange(seq, device=device)
+    last = torch.full((batch,), seq - 1, dtype=torch.long, device=device)
+    real = None if attention_mask is None else attention_mask.to(device).bool()
     if rule == "mask":
-        if attention_mask is None:
-            return torch.full((batch,), seq - 1, dtype=torch.long, device=tokens.device)
-        return (idx * attention_mask.to(tokens.device).long()).argmax(-1)
+        return last if real is None else (idx * real.long()).argmax(-1)
     if pad_token_id is None:
         if batch > 1:
             raise MissingPadTokenError(
@@ -47,8 +64,15 @@ def pool_positions(
                 f"pooled with the {rule!r} rule; set tokenizer.pad_token (and the model's "
                 "pad_token_id), score one sequence at a time, or use pooling='mask'"
             )
-        return torch.full((batch,), seq - 1, dtype=torch.long, device=tokens.device)
+        return last if real is None else (idx * real.long()).argmax(-1)
     is_pad = tokens == pad_token_id
+    if real is None:  # leading pad tokens are left padding
+        start = _first_true(~is_pad, last)
+        real = idx >= start[:, None]
     if rule == "hf":
-        return (idx * (~is_pad).long()).argmax(-1)
-    return (is_pad.long().argmax(-1) - 1) % seq
+        return (idx * (real & ~is_pad).long()).argmax(-1)
+    start = _first_true(real, last)
+    end = (idx * real.long()).argmax(-1)  # last real token
+    first_pad = _first_true(real & is_pad, end + 1)
+    # the pad opens the text: HF's old rule wraps to the last real token
+    return torch.where(first_pad == start, end, first_pad - 1)

@@ -78,7 +78,7 @@ def score_batch(
     normed = model.ln_final(resid)
     pos = model.pool_positions(tokens, attention_mask, pooling)
     rows = torch.arange(tokens.shape[0], device=tokens.device)
-    rewards = model.unembed(normed[rows, pos][:, None])[:, 0]
+    rewards = model.head_outputs(normed[rows, pos][:, None])[:, 0]
     c = model.reward_head.combination(normed, tokens)
     score = None if c is None else (rewards * c).sum(-1)
     gating = None

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
+from tl_reward.analysis.readout import objective_at_pooled
 from tl_reward.errors import SAEError
 
 
@@ -65,43 +66,22 @@ def decoder_directions(sae: Any) -> Float[torch.Tensor, "d_sae d_in"]:
     return w
 
 
-def objective_values(
-    model: Any,
-    logits: Float[torch.Tensor, "batch pos K"],
-    normed: Float[torch.Tensor, "batch pos d_model"],
-    tokens: Int[torch.Tensor, "batch pos"],
-    mask: Int[torch.Tensor, "batch pos"],
-    names: Sequence[str],
-) -> Float[torch.Tensor, "batch n_obj"]:
-    """Each named objective (``"score"`` or an objective name) at the pooled token; stays
-    differentiable (ArmoRM's gate included)."""
-    pos = model.pool_positions(tokens, mask)
-    rewards = logits[torch.arange(tokens.shape[0], device=tokens.device), pos]
-    cols = [(rewards * model.reward_head.objective_weights(n, normed, tokens)).sum(-1)
-            for n in names]
-    return torch.stack(cols, -1)
-
-
 def run_objectives(
     model: Any, tokens: Int[torch.Tensor, "batch pos"], mask: Int[torch.Tensor, "batch pos"],
     names: Sequence[str], resid: Float[torch.Tensor, "batch pos d_model"] | None = None,
     start_at_layer: int | None = None,
 ) -> Float[torch.Tensor, "batch n_obj"]:
-    """One forward pass (with whatever SAEs and hooks are attached) giving the objectives;
-    from ``resid`` entering block ``start_at_layer`` when given."""
-    store: dict[str, torch.Tensor] = {}
-
-    def keep(t: torch.Tensor, hook: Any) -> torch.Tensor:
-        store["normed"] = t
-        return t
-
-    with model.hooks(fwd_hooks=[("ln_final.hook_normalized", keep)]):
-        if resid is None:
-            logits = model(tokens, attention_mask=mask, return_type="logits")
-        else:
-            logits = model(resid, start_at_layer=start_at_layer, tokens=tokens,
-                           attention_mask=mask, return_type="logits")
-    return objective_values(model, logits, store["normed"], tokens, mask, names)
+    """One forward pass (with whatever SAEs and hooks are attached) giving each named objective
+    (``"score"`` or an objective name) at the pooled token, through the shared readout (float32
+    at least; differentiable, ArmoRM's gate included); from ``resid`` entering block
+    ``start_at_layer`` when given."""
+    n_layers = model.cfg.n_layers
+    if resid is None:
+        final = model(tokens, attention_mask=mask, stop_at_layer=n_layers)
+    else:
+        final = model(resid, start_at_layer=start_at_layer, tokens=tokens, attention_mask=mask,
+                      stop_at_layer=n_layers)
+    return objective_at_pooled(model, final, tokens, mask, list(names))
 
 
 def resid_post_layer(hook: str) -> int | None:

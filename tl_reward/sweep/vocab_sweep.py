@@ -247,15 +247,20 @@ def shard_range(candidates: Sequence[int], batch_size: int, shard: tuple[int, in
 
 
 def _objective_values(model: HookedRewardModel, normed_new: torch.Tensor,
-                      normed_prefix: torch.Tensor, tokens: torch.Tensor
+                      normed_prefix: torch.Tensor, tokens: torch.Tensor,
+                      new_rows: torch.Tensor | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rewards ``[b, K]`` and score ``[b]`` read where the model's pooling rule says."""
+    """Rewards ``[b, K]`` and score ``[b]`` read where the model's pooling rule says.
+
+    ``normed_new``: the normalised new positions, or (with ``new_rows``, ``[b]`` indices into
+    them) only the rows the readout needs."""
     b, past = tokens.shape[0], normed_prefix.shape[0]
     pos = model.pool_positions(tokens, torch.ones_like(tokens))
     rows = torch.arange(b, device=tokens.device)
-    pooled = torch.where((pos >= past)[:, None], normed_new[rows, (pos - past).clamp(min=0)],
+    at = (pos - past).clamp(min=0) if new_rows is None else new_rows
+    pooled = torch.where((pos >= past)[:, None], normed_new[rows, at],
                          normed_prefix[pos.clamp(max=past - 1)])
-    rewards = model.unembed(pooled[:, None])[:, 0]
+    rewards = model.head_outputs(pooled[:, None])[:, 0]
     head = model.reward_head
     if isinstance(head, LinearRewardHead):  # its combination does not read the states
         c = head.combination(normed_new, tokens)
@@ -289,8 +294,16 @@ def score_candidates(
 
         rewards, score, _ = score_batch(model, tokens, torch.ones_like(tokens))
         return rewards, score
-    normed_new = model.ln_final(tl_backend.run_after_prefix(model, cache, new))
     normed_prefix = model.ln_final(cache.resid[None])[0]
+    if isinstance(model.reward_head, LinearRewardHead):
+        # only the pooled position is read: the last block's MLP runs there alone
+        past = cache.length
+        pos = model.pool_positions(tokens, torch.ones_like(tokens))
+        resid = tl_backend.final_residual_at(model, cache, new, (pos - past).clamp(min=0))
+        normed = model.ln_final(resid[:, None])
+        return _objective_values(model, normed, normed_prefix, tokens,
+                                 torch.zeros_like(pos))
+    normed_new = model.ln_final(tl_backend.run_after_prefix(model, cache, new))
     return _objective_values(model, normed_new, normed_prefix, tokens)
 
 
@@ -379,6 +392,83 @@ def score_vocabulary(
     Returns:
         A :class:`VocabSweep`.
     """
+    plan = plan_sweep(model, prompts, ids, labels=labels, include_special=include_special,
+                      batch_size=batch_size, mode=mode, cache=cache, shard=shard,
+                      id_range=id_range)
+    spec, bounds = plan.spec, plan.bounds
+    writer = (SweepWriter(output, spec, len(bounds), resume=resume, overwrite=overwrite)
+              if output is not None else None)
+    done = writer.done() if writer is not None else set()
+    results: dict[int, pa.Table] = {}
+    pending = [c for c in range(len(bounds)) if c not in done]
+    if pending:
+        caches = prefix_caches(model, plan)
+        n_done = sum(bounds[c][1] - bounds[c][0] for c in done)
+        show = progress if progress is not None else len(pending) > 4
+        bar = tqdm(total=len(plan.todo), initial=n_done, disable=not show, unit="id",
+                   smoothing=0.1, desc=f"sweep {len(spec.labels)} prompt(s)", dynamic_ncols=True)
+        try:
+            for c in pending:
+                table = score_chunk(model, plan, caches, c)
+                if writer is not None:
+                    writer.write(c, table)
+                else:
+                    results[c] = table
+                n_done += table.num_rows
+                bar.update(table.num_rows)
+                if callback is not None:
+                    callback(n_done, len(plan.todo))
+        finally:
+            bar.close()
+    if writer is not None:
+        table = writer.finish()
+    else:
+        tables = [results[c] for c in sorted(results)]
+        table = (pa.concat_tables(tables) if tables else
+                 make_table(spec, [], [], {c: np.zeros(0) for c in spec.columns()}))
+    return VocabSweep.from_table(table, spec)
+
+
+@dataclass
+class SweepPlan:
+    """What one sweep scores, in which chunks (everything but the model's forward passes).
+
+    Attributes:
+        spec: the sweep's :class:`~tl_reward.sweep.store.SweepSpec`.
+        templates: one response template per prompt.
+        todo: the candidate ids in this sweep's id range, ascending.
+        bounds: ``[start, stop)`` into ``todo`` of each chunk (one forward batch, one part file).
+        method: how continuations run (``"fast"``, ``"stock"`` or ``"none"``).
+    """
+
+    spec: SweepSpec
+    templates: list[ResponseTemplate]
+    todo: list[int]
+    bounds: list[tuple[int, int]]
+    method: str
+
+    def chunk_ids(self, chunk: int) -> list[int]:
+        """The candidate ids of chunk ``chunk``."""
+        start, stop = self.bounds[chunk]
+        return self.todo[start:stop]
+
+
+def plan_sweep(
+    model: HookedRewardModel,
+    prompts: Prompt | Sequence[Prompt] | Mapping[str, Prompt],
+    ids: Sequence[int] | torch.Tensor | None = None,
+    *,
+    labels: Sequence[str] | None = None,
+    include_special: bool = False,
+    batch_size: int = 128,
+    mode: str = "ids",
+    cache: str = "auto",
+    shard: tuple[int, int] | None = None,
+    id_range: tuple[int, int] | None = None,
+) -> SweepPlan:
+    """Validate a sweep's arguments (as :func:`score_vocabulary` takes them) and split it into
+    chunks. Executors score the chunks anywhere with :func:`score_chunk`; the chunks, and so the
+    file, are the same however they are spread."""
     if mode not in MODES:
         raise TLRewardError(f"mode must be one of {MODES}, got {mode!r}")
     if batch_size < 1:
@@ -407,41 +497,24 @@ def score_vocabulary(
         suffixes=tuple(t.suffix for t in templates), objectives=tuple(model.objectives),
         has_score=_has_score(model), batch_size=batch_size, n_candidates=len(candidates),
         candidates_digest=digest_ids(candidates), id_range=(lo, hi))
-    bounds = chunk_bounds(len(todo), batch_size)
-    writer = (SweepWriter(output, spec, len(bounds), resume=resume, overwrite=overwrite)
-              if output is not None else None)
-    done = writer.done() if writer is not None else set()
-    results: dict[int, pa.Table] = {}
-    pending = [c for c in range(len(bounds)) if c not in done]
-    if pending:
-        caches = ([tl_backend.build_prefix_cache(model, torch.tensor(t.prefix), method)
-                   for t in templates] if method != "none" else [None] * len(templates))
-        n_done = sum(bounds[c][1] - bounds[c][0] for c in done)
-        show = progress if progress is not None else len(pending) > 4
-        bar = tqdm(total=len(todo), initial=n_done, disable=not show, unit="id", smoothing=0.1,
-                   desc=f"sweep {len(labels)} prompt(s)", dynamic_ncols=True)
-        try:
-            for c in pending:
-                start, stop = bounds[c]
-                chunk_ids = todo[start:stop]
-                table = _score_chunk(model, spec, templates, caches, chunk_ids, mode)
-                if writer is not None:
-                    writer.write(c, table)
-                else:
-                    results[c] = table
-                n_done += len(chunk_ids)
-                bar.update(len(chunk_ids))
-                if callback is not None:
-                    callback(n_done, len(todo))
-        finally:
-            bar.close()
-    if writer is not None:
-        table = writer.finish()
-    else:
-        tables = [results[c] for c in sorted(results)]
-        table = (pa.concat_tables(tables) if tables else
-                 make_table(spec, [], [], {c: np.zeros(0) for c in spec.columns()}))
-    return VocabSweep.from_table(table, spec)
+    return SweepPlan(spec, templates, todo, chunk_bounds(len(todo), batch_size), method)
+
+
+def prefix_caches(model: HookedRewardModel, plan: SweepPlan) -> list[Any]:
+    """One prefix cache per prompt of ``plan`` (``None`` each for the naive method); the fused
+    Q/K/V weights are built once and shared."""
+    if plan.method == "none":
+        return [None] * len(plan.templates)
+    fused = tl_backend.fuse_qkv(model) if plan.method == "fast" else None
+    return [tl_backend.build_prefix_cache(model, torch.tensor(t.prefix), plan.method, fused)
+            for t in plan.templates]
+
+
+def score_chunk(model: HookedRewardModel, plan: SweepPlan, caches: list[Any],
+                chunk: int) -> pa.Table:
+    """Chunk ``chunk`` of ``plan`` scored for every prompt: its rows in the on-disk schema."""
+    return _score_chunk(model, plan.spec, plan.templates, caches, plan.chunk_ids(chunk),
+                        plan.spec.mode)
 
 
 def _score_chunk(model: HookedRewardModel, spec: SweepSpec, templates: list[ResponseTemplate],

@@ -3,9 +3,11 @@ tutorials and users' own checks)."""
 
 from tl_reward.testing.tiny import (
     ARCHITECTURES,
+    CUSTOM_ARCHITECTURES,
     save_tiny_reward_model,
     tiny_hf_reward_model,
     tiny_tokenizer,
 )
 
-__all__ = ["ARCHITECTURES", "save_tiny_reward_model", "tiny_hf_reward_model", "tiny_tokenizer"]
+__all__ = ["ARCHITECTURES", "CUSTOM_ARCHITECTURES", "save_tiny_reward_model",
+           "tiny_hf_reward_model", "tiny_tokenizer"]

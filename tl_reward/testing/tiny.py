@@ -13,7 +13,17 @@ from typing import Any
 import torch
 from torch import nn
 
-ARCHITECTURES: tuple[str, ...] = ("llama", "llama3", "mistral", "gemma2", "qwen2", "gpt2", "armorm")
+ARCHITECTURES: tuple[str, ...] = (
+    "llama", "llama3", "mistral", "gemma2", "qwen2", "qwen3", "gpt2", "armorm"
+)
+#: Tiny models of custom-code reward models beyond plain linear heads (reference modules in
+#: ``tl_reward.testing``), saved with their modeling code like the real checkpoints.
+CUSTOM_ARCHITECTURES: tuple[str, ...] = ("inform", "nemotron", "qrm", "internlm2")
+#: Custom-code architecture -> its reference class (saved with ``trust_remote_code``).
+_CUSTOM_CLASSES = {"armorm": "LlamaForRewardModelWithGating",
+                   "inform": "INFORMForSequenceClassification",
+                   "qrm": "LlamaForRewardModelWithGating31",
+                   "internlm2": "InternLM2ForRewardModel"}
 
 SPECIAL_TOKENS = {
     "bos_token": "<|begin_of_text|>",
@@ -84,6 +94,8 @@ def _config(arch: str, vocab: int, num_labels: int, tokenizer: Any) -> Any:
         return tf.MistralConfig(**llama_like, sliding_window=6)
     if arch == "qwen2":
         return tf.Qwen2Config(**llama_like)
+    if arch == "qwen3":  # head_dim != hidden / heads, as in every real Qwen3
+        return tf.Qwen3Config(**llama_like, head_dim=24, tie_word_embeddings=False)
     if arch == "gemma2":
         return tf.Gemma2Config(**{**llama_like, "intermediate_size": 96}, head_dim=16,
                                query_pre_attn_scalar=24, sliding_window=6,
@@ -92,6 +104,24 @@ def _config(arch: str, vocab: int, num_labels: int, tokenizer: Any) -> Any:
     if arch == "gpt2":
         return tf.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=3, n_head=4, n_positions=256,
                              **ids)
+    if arch in ("inform", "nemotron"):
+        return tf.LlamaConfig(**llama_like)
+    if arch == "internlm2":
+        from tl_reward.testing.internlm2_reference import InternLM2Config
+
+        keep = {k: v for k, v in llama_like.items() if k != "num_labels"}
+        # the reward token: the first id past the tokenizer (real ones use an unused token)
+        return InternLM2Config(**keep, rope_theta=1000000.0, reward_token_id=len(tokenizer),
+                               rope_scaling={"type": "dynamic", "factor": 2.0})
+    if arch == "qrm":
+        cfg = tf.LlamaConfig(**{**llama_like, "num_labels": num_labels})
+        cfg.num_objectives = num_labels
+        cfg.num_quantiles = num_labels  # the published reward_quantiles broadcast needs q = K
+        cfg.gating_hidden_dim = 32
+        cfg.gating_n_hidden = 2
+        cfg.gating_temperature = 0.5  # a gate that visibly depends on the prompt
+        cfg.gating_token_pattern = assistant_pattern(tokenizer)
+        return cfg
     if arch == "armorm":
         cfg = tf.LlamaConfig(**{**llama_like, "num_labels": num_labels})
         cfg.num_objectives = num_labels
@@ -100,7 +130,8 @@ def _config(arch: str, vocab: int, num_labels: int, tokenizer: Any) -> Any:
         cfg.gating_temperature = 10
         cfg.gating_token_pattern = assistant_pattern(tokenizer)
         return cfg
-    raise ValueError(f"unknown tiny architecture {arch!r}; choose from {ARCHITECTURES}")
+    raise ValueError(f"unknown tiny architecture {arch!r}; choose from "
+                     f"{ARCHITECTURES + CUSTOM_ARCHITECTURES}")
 
 
 def randomize_(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -139,16 +170,36 @@ def tiny_hf_reward_model(
         from tl_reward.testing.armorm_reference import LlamaForRewardModelWithGating
 
         model = LlamaForRewardModelWithGating(cfg)
+    elif arch == "nemotron":  # a causal LM read through LM-head rows (``lm_head_rows=``)
+        model = tf.LlamaForCausalLM._from_config(cfg, attn_implementation="eager")
+    elif arch == "qrm":
+        from tl_reward.testing.qrm_reference import LlamaForRewardModelWithGating31
+
+        model = LlamaForRewardModelWithGating31(cfg)
+    elif arch == "internlm2":
+        from tl_reward.testing.internlm2_reference import InternLM2ForRewardModel
+
+        model = InternLM2ForRewardModel(cfg)
+    elif arch == "inform":
+        from tl_reward.testing.inform_reference import INFORMForSequenceClassification
+
+        model = INFORMForSequenceClassification(cfg)
     else:
         cls = {"llama": tf.LlamaForSequenceClassification,
                "llama3": tf.LlamaForSequenceClassification,
                "mistral": tf.MistralForSequenceClassification,
                "qwen2": tf.Qwen2ForSequenceClassification,
+               "qwen3": tf.Qwen3ForSequenceClassification,
                "gemma2": tf.Gemma2ForSequenceClassification,
                "gpt2": tf.GPT2ForSequenceClassification}[arch]
         kwargs = {"attn_implementation": "eager"}
         model = cls._from_config(cfg, **kwargs)
     randomize_(model, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for m in model.modules():  # inference statistics that matter (QRM's gating BatchNorm)
+        if isinstance(m, nn.BatchNorm1d):
+            m.running_mean.copy_(0.3 * torch.randn(m.num_features, generator=gen))
+            m.running_var.copy_(0.5 + torch.rand(m.num_features, generator=gen))
     return model.eval(), tokenizer
 
 
@@ -157,9 +208,11 @@ def save_tiny_reward_model(path: str | Path, arch: str = "llama", num_labels: in
     """Build a tiny model and save it (with tokenizer, and custom code for ArmoRM) to ``path``."""
     model, tok = tiny_hf_reward_model(arch, num_labels, seed)
     path = Path(path)
-    if arch == "armorm":
-        model.config.architectures = ["LlamaForRewardModelWithGating"]
+    if arch in _CUSTOM_CLASSES:
+        model.config.architectures = [_CUSTOM_CLASSES[arch]]
         type(model).register_for_auto_class("AutoModelForSequenceClassification")
+        if arch == "internlm2":  # its config class is custom code too
+            type(model.config).register_for_auto_class("AutoConfig")
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path

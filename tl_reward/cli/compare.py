@@ -1,0 +1,136 @@
+"""``tl-reward compare``: do two or more reward models agree? One offline HTML report."""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from tl_reward.errors import TLRewardError
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "compare", help="compare reward models on a corpus (behaviour and representations)",
+        description="Compare two or more reward models on a JSONL corpus whose lines hold "
+                    "'messages', 'prompt'+'response' or 'text' (corpus items), or 'prompt', "
+                    "'chosen' and 'rejected' (preference pairs; their chosen conversations join "
+                    "the corpus). Writes rank agreement with CIs, pairwise-preference agreement, "
+                    "reward readability and (with --layers) layer x layer similarity maps with "
+                    "permutation nulls to one HTML file that opens offline.")
+    p.add_argument("--model", action="append", required=True,
+                   help="a reward model (hub name, local directory or built-in name); give at "
+                        "least two")
+    p.add_argument("--input", type=Path, required=True, help="JSONL corpus and/or pairs")
+    p.add_argument("--output", type=Path, default=Path("compare.html"), help="HTML report path")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if present)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow custom modeling code (ArmoRM)")
+    p.add_argument("--max-items", type=int, default=None, help="use the first N lines only")
+    p.add_argument("--layers", action="store_true",
+                   help="add layer x layer similarity maps between the first model and each other")
+    p.add_argument("--measure", action="append", default=None,
+                   choices=["debiased_cka", "rv2", "rv", "linear_cka"],
+                   help="similarity measure(s) for --layers (default: debiased_cka and rv2)")
+    p.add_argument("--permutations", type=int, default=199, help="permutations for the nulls")
+    p.add_argument("--readability-layer", type=int, default=-1,
+                   help="block whose residual stream (pooled token) predicts the other reward")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for CIs")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--cdn", action="store_true",
+                   help="load plotly from a CDN (smaller file, needs a network to view)")
+    p.set_defaults(run=run)
+
+
+def read_compare_input(path: Path, limit: int | None = None) -> tuple[list[Any], list[Any]]:
+    """``(corpus items, preference pairs)`` from a JSONL file (see the command's help)."""
+    from tl_reward.data.preference import PreferencePair
+
+    corpus: list[Any] = []
+    pairs: list[PreferencePair] = []
+    lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    for i, line in enumerate(lines[:limit]):
+        rec = json.loads(line)
+        if {"prompt", "chosen", "rejected"} <= rec.keys():
+            prompt = rec["prompt"]
+            msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            pair = PreferencePair(prompt=msgs, chosen=rec["chosen"], rejected=rec["rejected"])
+            pairs.append(pair)
+            corpus.append(pair.chosen_conversation())
+        elif "messages" in rec:
+            corpus.append(rec["messages"])
+        elif "prompt" in rec and "response" in rec:
+            corpus.append((rec["prompt"], rec["response"]))
+        elif "text" in rec:
+            corpus.append(rec["text"])
+        else:
+            raise TLRewardError(f"{path}:{i + 1}: need 'messages', 'prompt'+'response', 'text', "
+                                "or 'prompt'+'chosen'+'rejected'")
+    if len(corpus) < 10:
+        raise TLRewardError(f"{path} gives {len(corpus)} items; comparing models needs at "
+                            "least 10 (readability uses 5-fold cross-validation)")
+    return corpus, pairs
+
+
+def _name(spec: str, taken: set[str]) -> str:
+    base = Path(spec).name or spec
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
+
+
+def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
+                 args: argparse.Namespace) -> list[Any]:
+    """The report's parts: tables, figures and headings."""
+    from tl_reward.compare.behaviour import compare_models
+    from tl_reward.compare.layers import compare_layers
+
+    rep = compare_models(models, corpus, pairs=pairs or None,
+                         readability_layer=args.readability_layer, n_resamples=args.bootstrap,
+                         batch_size=args.batch_size)
+    table = rep.to_dataframe()
+    parts: list[Any] = [
+        f"<p>{len(models)} models ({html.escape(', '.join(models))}), {len(corpus)} corpus "
+        f"items, {len(pairs)} preference pairs. Intervals are 95% percentile bootstrap CIs. "
+        "Agreement of rewards is behavioural; readability (held-out R^2 of a ridge from one "
+        "model's pooled activations to the other's reward) says a reward is linearly "
+        "available in a representation, not that the model computes it.</p>",
+        "<h2>Behavioural agreement</h2>", table, rep.plot()]
+    if args.layers:
+        names = list(models)
+        measures = args.measure or ["debiased_cka", "rv2"]
+        parts.append("<h2>Layer x layer similarity</h2><p>Residual stream after each block at "
+                     "the pooled token. Debiased CKA is the headline (about 0 for unrelated "
+                     "representations); RV2 and the others are biased upward when d_model "
+                     "exceeds the number of items, so read them as observed minus the mean of "
+                     f"their permutation null ({args.permutations} row permutations). A "
+                     "similar geometry is not the same mechanism.</p>")
+        for other in names[1:]:
+            lc = compare_layers(models[names[0]], models[other], corpus, measure=measures,
+                                n_permutations=args.permutations, batch_size=args.batch_size)
+            lc.model_a, lc.model_b = names[0], other
+            parts += [f"<h3>{html.escape(names[0])} vs {html.escape(other)}</h3>",
+                      lc.plot(kind="observed"), lc.plot(kind="excess")]
+    return parts
+
+
+def run(args: argparse.Namespace) -> int:
+    if len(args.model) < 2:
+        raise TLRewardError("give at least two --model options to compare")
+    corpus, pairs = read_compare_input(args.input, args.max_items)
+    from tl_reward import HookedRewardModel
+    from tl_reward.viz.html import save_html
+
+    taken: set[str] = set()
+    models = {_name(m, taken): HookedRewardModel.from_pretrained(
+        m, device=args.device, trust_remote_code=args.trust_remote_code) for m in args.model}
+    parts = build_report(models, corpus, pairs, args)
+    path = save_html(args.output, *parts, title="Do these reward models agree?",
+                     offline=not args.cdn)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    return 0

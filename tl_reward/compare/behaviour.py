@@ -1,0 +1,330 @@
+"""Do two reward models behave alike? Rank, preference, vocabulary and readability agreement.
+
+For every pair of models (A, B):
+
+* **Rank agreement over a corpus**: Kendall's tau-b, Spearman's rho and rank-biased overlap
+  (``p = 0.9``, top of the ranking) of their rewards on the same inputs, each with a percentile
+  bootstrap CI over inputs.
+* **Pairwise-preference agreement** on preference pairs: the share of pairs on which both models
+  prefer the same reply (``sign(margin_A) == sign(margin_B)``; a zero margin is its own side),
+  with a bootstrap CI over pairs, beside each model's accuracy (chosen preferred).
+* **Vocabulary agreement**: :func:`tl_reward.sweep.agreement.model_agreement` of their sweeps,
+  when sweeps are given.
+* **Reward readability**: how well B's reward is a linear function of A's activations at the
+  pooled token (a chosen hook point): ridge regression with the penalty chosen by inner
+  cross-validation (``RidgeCV``) on each outer training fold, R^2 of the pooled held-out
+  predictions (``1 - SSE / SST``; can be negative). Both directions, and each model from itself.
+
+Agreement of rewards is behavioural; readability says B's reward is *linearly available* in A's
+representation, not that A computes it.
+
+Example:
+    >>> rep = compare_models({"a": model_a, "b": model_b}, corpus, pairs=pairs)
+    >>> rep.to_dataframe(); rep.plot()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations, permutations
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from jaxtyping import Float
+
+from tl_reward.compare.layers import activations, model_label
+from tl_reward.data.preference import PreferencePair
+from tl_reward.errors import TLRewardError
+from tl_reward.stats.ranks import kendall_tau_b, rank_biased_overlap, spearman_rho, top_ranking
+
+DEFAULT_ALPHAS: tuple[float, ...] = tuple(float(a) for a in np.logspace(-3, 5, 17))
+
+
+def bootstrap_indices(n: int, n_resamples: int, seed: int) -> np.ndarray:
+    """``[n_resamples, n]`` item indices drawn with replacement (seeded)."""
+    return np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
+
+
+def _percentile_ci(values: np.ndarray, confidence: float) -> tuple[float, float]:
+    v = values[~np.isnan(values)]
+    if v.size == 0:
+        return float("nan"), float("nan")
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(v, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+def _rbo(a: np.ndarray, b: np.ndarray, p: float) -> float:
+    ids = list(range(len(a)))
+    return rank_biased_overlap(top_ranking(ids, a), top_ranking(ids, b), p)
+
+
+RANK_STATS: dict[str, Callable[..., float]] = {
+    "kendall_tau_b": lambda a, b, p: kendall_tau_b(a, b).statistic,
+    "spearman_rho": lambda a, b, p: spearman_rho(a, b).statistic,
+    "rbo_top": _rbo,
+}
+
+
+@dataclass
+class Estimate:
+    """A statistic with its percentile bootstrap CI and sample size."""
+
+    value: float
+    ci_low: float
+    ci_high: float
+    n: int
+
+    def __str__(self) -> str:
+        return f"{self.value:.3f} [{self.ci_low:.3f}, {self.ci_high:.3f}] (n = {self.n})"
+
+
+@dataclass
+class RankAgreement:
+    """Agreement of two models' rewards over the same corpus."""
+
+    model_a: str
+    model_b: str
+    kendall_tau_b: Estimate
+    spearman_rho: Estimate
+    rbo_top: Estimate
+
+
+@dataclass
+class PreferenceAgreement:
+    """Share of preference pairs on which two models prefer the same reply."""
+
+    model_a: str
+    model_b: str
+    agreement: Estimate
+    accuracy_a: float
+    accuracy_b: float
+
+
+@dataclass
+class Readability:
+    """Held-out R^2 of a ridge from ``source``'s activations (``hook``) to ``target``'s reward.
+
+    Attributes:
+        alphas: the penalty chosen on each outer fold's training part.
+        predicted: ``[n]`` held-out predictions, in input order.
+    """
+
+    source: str
+    target: str
+    hook: str
+    r2: float
+    alphas: list[float]
+    n: int
+    predicted: np.ndarray = field(repr=False)
+
+
+def rank_agreement(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("a", "b"),
+                   n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
+                   rbo_p: float = 0.9) -> RankAgreement:
+    """Kendall tau-b, Spearman rho and RBO of two reward vectors, with bootstrap CIs."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1 or len(a) < 4:
+        raise TLRewardError(f"need two reward vectors of the same length >= 4, got {a.shape} "
+                            f"and {b.shape}")
+    idx = bootstrap_indices(len(a), n_resamples, seed)
+    out = {}
+    for name, fn in RANK_STATS.items():
+        boot = np.array([fn(a[i], b[i], rbo_p) for i in idx])
+        out[name] = Estimate(fn(a, b, rbo_p), *_percentile_ci(boot, confidence), len(a))
+    return RankAgreement(names[0], names[1], **out)
+
+
+def preference_agreement(margin_a: np.ndarray, margin_b: np.ndarray,
+                         names: tuple[str, str] = ("a", "b"), n_resamples: int = 2000,
+                         confidence: float = 0.95, seed: int = 0) -> PreferenceAgreement:
+    """Share of pairs with ``sign(margin_a) == sign(margin_b)``, bootstrap CI over pairs."""
+    ma, mb = np.asarray(margin_a, dtype=np.float64), np.asarray(margin_b, dtype=np.float64)
+    if ma.shape != mb.shape or ma.ndim != 1 or len(ma) < 2:
+        raise TLRewardError("need two margin vectors over the same >= 2 pairs")
+    same = (np.sign(ma) == np.sign(mb)).astype(np.float64)
+    boot = same[bootstrap_indices(len(same), n_resamples, seed)].mean(1)
+    return PreferenceAgreement(names[0], names[1],
+                               Estimate(float(same.mean()), *_percentile_ci(boot, confidence),
+                                        len(same)),
+                               float((ma > 0).mean()), float((mb > 0).mean()))
+
+
+def ridge_readability(
+    x: Float[np.ndarray, "n d"], y: Float[np.ndarray, " n"],
+    alphas: Sequence[float] = DEFAULT_ALPHAS, n_splits: int = 5, seed: int = 0,
+) -> tuple[float, list[float], np.ndarray]:
+    """Held-out R^2 of ridge from ``x`` to ``y``: outer K-fold (shuffled, seeded); on each
+    training part features are standardised and ``RidgeCV`` picks the penalty by efficient
+    leave-one-out; R^2 of the pooled held-out predictions. Returns ``(r2, alphas, predicted)``."""
+    from sklearn.linear_model import RidgeCV
+    from sklearn.model_selection import KFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(x) < 2 * n_splits:
+        raise TLRewardError(f"reward readability needs at least {2 * n_splits} inputs for "
+                            f"{n_splits}-fold cross-validation, got {len(x)}")
+    pred = np.zeros_like(y)
+    chosen = []
+    for train, test in KFold(n_splits, shuffle=True, random_state=seed).split(x):
+        fit = make_pipeline(StandardScaler(), RidgeCV(alphas=list(alphas))).fit(x[train],
+                                                                                 y[train])
+        pred[test] = fit.predict(x[test])
+        chosen.append(float(fit[-1].alpha_))
+    sst = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float(((y - pred) ** 2).sum()) / sst if sst > 0 else float("nan")
+    return r2, chosen, pred
+
+
+@dataclass
+class BehaviourComparison:
+    """Behavioural agreement of several reward models (:func:`compare_models`).
+
+    Attributes:
+        models: model names.
+        rewards: per model, ``[n]`` rewards over the corpus (or ``None`` without one).
+        rank: one :class:`RankAgreement` per model pair.
+        preference: one :class:`PreferenceAgreement` per model pair (pairs given).
+        readability: one :class:`Readability` per ordered model pair and per model itself.
+        vocabulary: the :class:`~tl_reward.sweep.agreement.ModelAgreement` of the sweeps.
+    """
+
+    models: list[str]
+    rewards: dict[str, np.ndarray] = field(repr=False)
+    rank: list[RankAgreement]
+    preference: list[PreferenceAgreement]
+    readability: list[Readability]
+    vocabulary: Any = None
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per model pair and measure: value, CI, n."""
+        rows: list[dict[str, Any]] = []
+        for r in self.rank:
+            for m in ("kendall_tau_b", "spearman_rho", "rbo_top"):
+                e: Estimate = getattr(r, m)
+                rows.append({"model_a": r.model_a, "model_b": r.model_b, "measure": m,
+                             "value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high,
+                             "n": e.n})
+        for p in self.preference:
+            e = p.agreement
+            rows.append({"model_a": p.model_a, "model_b": p.model_b,
+                         "measure": "preference_agreement", "value": e.value,
+                         "ci_low": e.ci_low, "ci_high": e.ci_high, "n": e.n})
+        for r in self.readability:
+            rows.append({"model_a": r.source, "model_b": r.target,
+                         "measure": f"readability_r2 ({r.hook})", "value": r.r2,
+                         "ci_low": np.nan, "ci_high": np.nan, "n": r.n})
+        if self.vocabulary is not None:
+            for _, v in self.vocabulary.to_dataframe().iterrows():
+                for m in ("kendall_tau_b", "spearman_rho", "rbo_top", "rbo_bottom"):
+                    rows.append({"model_a": v.model_a, "model_b": v.model_b,
+                                 "measure": f"vocabulary_{m}", "value": v[m], "ci_low": np.nan,
+                                 "ci_high": np.nan, "n": int(v.n_shared)})
+        return pd.DataFrame(rows)
+
+    def plot(self) -> Any:
+        """Bar chart of every measure per model pair with its CI, beside a reward scatter."""
+        from tl_reward.viz.compare import plot_behaviour
+
+        return plot_behaviour(self.to_dataframe(), self.rewards)
+
+
+def _named(models: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any]:
+    if isinstance(models, Mapping):
+        named = dict(models)
+    else:
+        named = {}
+        for i, m in enumerate(models):
+            name = model_label(m)
+            named[name if name not in named else f"{name}_{i}"] = m
+    if len(named) < 2:
+        raise TLRewardError("compare_models needs at least two models")
+    return named
+
+
+def _scores(model: Any, inputs: Sequence[Any], objective: str, batch_size: int) -> np.ndarray:
+    res = model.rewards(list(inputs), batch_size=batch_size)
+    if objective == "score":
+        if res.score is None:
+            raise TLRewardError("a model has no combined score; pass objective=<name>")
+        vals = res.score
+    else:
+        vals = res.rewards[:, model.objective_index(objective)]
+    return vals.double().numpy()
+
+
+def compare_models(
+    models: Mapping[str, Any] | Sequence[Any],
+    data: Sequence[Any] | None = None,
+    *,
+    pairs: Sequence[PreferencePair] | None = None,
+    sweeps: Mapping[str, Any] | None = None,
+    readability_hook: str | None = "blocks.{layer}.hook_resid_post",
+    readability_layer: int = -1,
+    objective: str = "score",
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    batch_size: int = 8,
+    rbo_p: float = 0.9,
+) -> BehaviourComparison:
+    """Behavioural agreement of reward models (``{name: HookedRewardModel}`` or a list).
+
+    Args:
+        data: the corpus (any reward inputs), or preference pairs (then used as ``pairs``, and
+            their chosen conversations as the corpus).
+        pairs: preference pairs for pairwise-preference agreement.
+        sweeps: ``{name: VocabSweep}`` for vocabulary agreement (names as in ``models``).
+        readability_hook, readability_layer: where A's activations are read for the ridge to
+            B's reward (default: the last block's residual stream; ``None`` skips readability).
+        objective: ``"score"`` or an objective name present in every model.
+    """
+    named = _named(models)
+    names = list(named)
+    corpus: list[Any] | None = None
+    if data is not None:
+        data = list(data)
+        if data and all(isinstance(d, PreferencePair) for d in data):
+            pairs = data if pairs is None else pairs
+            corpus = [p.chosen_conversation() for p in data]
+        else:
+            corpus = data
+    if corpus is None and pairs is None and sweeps is None:
+        raise TLRewardError("give a corpus (data=...), preference pairs or sweeps to compare")
+    rewards: dict[str, np.ndarray] = {}
+    rank, pref, read = [], [], []
+    if corpus is not None:
+        rewards = {n: _scores(m, corpus, objective, batch_size) for n, m in named.items()}
+        for a, b in combinations(names, 2):
+            rank.append(rank_agreement(rewards[a], rewards[b], (a, b), n_resamples, confidence,
+                                       seed, rbo_p))
+        if readability_hook is not None:
+            acts = {n: activations(m, corpus, readability_hook, readability_layer,
+                                   batch_size=batch_size) for n, m in named.items()}
+            hook_of = {n: (readability_hook.format(
+                layer=readability_layer % m.cfg.n_layers) if "{layer}" in readability_hook
+                else readability_hook) for n, m in named.items()}
+            for a, b in [*((n, n) for n in names), *permutations(names, 2)]:
+                r2, alphas, pred = ridge_readability(acts[a], rewards[b], seed=seed)
+                read.append(Readability(a, b, hook_of[a], r2, alphas, len(corpus), pred))
+    if pairs is not None:
+        margins = {}
+        for n, m in named.items():
+            convs = [c for p in pairs for c in (p.chosen_conversation(),
+                                                 p.rejected_conversation())]
+            s = _scores(m, convs, objective, batch_size)
+            margins[n] = s[0::2] - s[1::2]
+        for a, b in combinations(names, 2):
+            pref.append(preference_agreement(margins[a], margins[b], (a, b), n_resamples,
+                                             confidence, seed))
+    vocabulary = None
+    if sweeps is not None:
+        from tl_reward.sweep.agreement import model_agreement
+
+        vocabulary = model_agreement(dict(sweeps), p=rbo_p)
+    return BehaviourComparison(names, rewards, rank, pref, read, vocabulary)
+

@@ -1,0 +1,442 @@
+"""Layer x layer similarity maps within one model or between two (RV, RV2, linear/debiased CKA).
+
+For every hook point (default: the residual stream after each block, ``hook_resid_post``) the
+activations of the n inputs are read at the pooled token (``positions="pooled"``: the shared
+readout convention, ``model.pool_positions`` for a :class:`HookedRewardModel`, the last real
+token for a plain ``HookedTransformer`` causal LM) or at every response token
+(``positions="response"``: rows are tokens, inputs must end with an assistant reply). Each batch
+runs once through the model with hooks that copy only those rows (float32, on the CPU) and stop
+the forward after the last requested block; no activation cache is kept. After the inputs of a
+group of ``layer_chunk`` hook points have been read their rows become one centred ``n x n`` Gram
+in float64 and are dropped, so memory is ``layer_chunk x n x d_model`` activations plus
+``n_hooks x n x n`` Grams (with ``layer_chunk=1``, one hook point's rows at a time, at the cost of
+one pass over the inputs per hook point). Every measure then comes from the Grams alone,
+including the permutation null (one set of B row permutations shared by the whole map).
+
+Debiased CKA is the headline measure: RV, RV2 and linear CKA are biased upward when
+``d_model >> n`` and must be read against their null (``excess = observed - null_mean``).
+A similarity of representational geometry is not evidence of a shared mechanism.
+
+Example:
+    >>> res = compare_layers(model_a, model_b, conversations, measure=("debiased_cka", "rv2"))
+    >>> res.to_dataframe(); res.plot(kind="excess")
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from tqdm.auto import tqdm
+
+from tl_reward.compare.similarity import (
+    MEASURES,
+    permutations,
+    transform_gram,
+)
+from tl_reward.errors import TLRewardError
+from tl_reward.model.inputs import EncodedInput, collate, encode
+from tl_reward.model.pooling import pool_positions as pool_by_rule
+
+Positions = Literal["pooled", "response"]
+DEFAULT_HOOK = "blocks.{layer}.hook_resid_post"
+_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+
+
+def model_label(model: Any) -> str:
+    """A short name for a model (its config's ``model_name``, else its class name)."""
+    return str(getattr(getattr(model, "cfg", None), "model_name", None) or type(model).__name__)
+
+
+def hook_names(model: Any, hook: str | Sequence[str] = DEFAULT_HOOK,
+               layers: Sequence[int] | None = None) -> list[str]:
+    """Hook point names: ``hook`` formatted with each layer (``"{layer}"``), or a list as is."""
+    if not isinstance(hook, str):
+        names = list(hook)
+    elif "{layer}" in hook:
+        idx = range(model.cfg.n_layers) if layers is None else layers
+        names = [hook.format(layer=layer) for layer in idx]
+    else:
+        names = [hook]
+    missing = [n for n in names if n not in model.hook_dict]
+    if missing:
+        raise TLRewardError(f"unknown hook point(s) {missing[:3]}; use names from "
+                            "model.hook_dict, e.g. 'blocks.{layer}.hook_resid_post'")
+    return names
+
+
+def _encode_all(model: Any, inputs: Sequence[Any]) -> list[EncodedInput]:
+    if hasattr(model, "encode"):
+        return [model.encode(x) for x in inputs]
+    if getattr(model, "tokenizer", None) is None:
+        raise TLRewardError("the model has no tokenizer; pass token ids or attach one")
+    return [encode(model.tokenizer, x) for x in inputs]
+
+
+def _pad_id(model: Any) -> int | None:
+    pad = getattr(model, "pad_token_id", None)
+    if pad is None and getattr(model, "tokenizer", None) is not None:
+        pad = model.tokenizer.pad_token_id
+        if pad is None:
+            pad = model.tokenizer.eos_token_id
+    return pad
+
+
+def _positions(model: Any, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Pooled position: the model's own rule for a reward model, the last real token else."""
+    if hasattr(model, "pool_positions"):
+        return model.pool_positions(tokens, mask)
+    return pool_by_rule(tokens, mask, None, "mask")
+
+
+def _row_index(positions: Positions, batch_pos: torch.Tensor, lengths: torch.Tensor,
+               starts: Sequence[int | None], offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if positions == "pooled":
+        return torch.arange(len(batch_pos)), batch_pos.cpu()
+    rows, cols = [], []
+    for i, (length, start) in enumerate(zip(lengths.tolist(), starts, strict=True)):
+        if start is None:
+            raise TLRewardError("positions='response' needs inputs that end with an assistant "
+                                "reply (conversations or (prompt, response) tuples)")
+        off = int(offsets[i])
+        idx = torch.arange(start + off, length + off)
+        rows.append(torch.full_like(idx, i))
+        cols.append(idx)
+    return torch.cat(rows), torch.cat(cols)
+
+
+@dataclass
+class LayerGrams:
+    """Centred Gram matrices of one model's activations at several hook points.
+
+    Attributes:
+        model: the model's name.
+        hooks: the hook point names (one Gram each).
+        grams: ``[n_hooks, n, n]`` float64, ``X_c X_c'`` of the column-centred rows.
+        positions: ``"pooled"`` or ``"response"``.
+        row_item: ``[n]`` which input each row came from.
+    """
+
+    model: str
+    hooks: list[str]
+    grams: Float[np.ndarray, "hooks n n"] = field(repr=False)
+    positions: str
+    row_item: np.ndarray = field(repr=False)
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.grams.shape[1])
+
+    def labels(self) -> list[str]:
+        """Short labels: ``L`` for ``blocks.L.hook_resid_post``, ``embed`` for
+        ``blocks.0.hook_resid_pre``, ``final_norm`` for ``ln_final.hook_normalized``, else the
+        hook name."""
+        return [hook_label(h) for h in self.hooks]
+
+
+def hook_label(hook: str) -> str:
+    """Short label of a hook point (see :meth:`LayerGrams.labels`)."""
+    m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", hook)
+    if m:
+        return m.group(1)
+    return {"blocks.0.hook_resid_pre": "embed", "ln_final.hook_normalized": "final_norm",
+            "hook_embed": "embed"}.get(hook, hook)
+
+
+@torch.no_grad()
+def read_rows(
+    model: Any,
+    encoded: Sequence[EncodedInput],
+    hooks: Sequence[str],
+    positions: Positions = "pooled",
+    batch_size: int = 8,
+    bar: Any = None,
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Rows of each hook point's activations (float32, CPU, input order) and the input of each
+    row, in one pass over length-sorted, right-padded batches; the forward stops after the last
+    requested block, and only the selected rows are copied out of each batch."""
+    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))
+    pad, device = _pad_id(model), model.cfg.device
+    rows: dict[str, list[torch.Tensor]] = {h: [] for h in hooks}
+    items: list[np.ndarray] = []
+    blocks = [int(m.group(1)) for h in hooks if (m := _BLOCK.match(h))]
+    stop = (max(blocks) + 1) if len(blocks) == len(hooks) else None
+    for start in range(0, len(order), batch_size):
+        idx = order[start: start + batch_size]
+        batch = collate([encoded[i] for i in idx], pad, "right", model.cfg.n_ctx,
+                        model.cfg.d_vocab).to(device)
+        pos = _positions(model, batch.tokens, batch.attention_mask)
+        r, c = _row_index(positions, pos, batch.lengths.cpu(), batch.response_starts,
+                          batch.offsets().cpu())
+        items.append(np.asarray(idx)[r.numpy()])
+        r, c = r.to(device), c.to(device)
+
+        def grab(act: torch.Tensor, hook: Any, r: torch.Tensor = r, c: torch.Tensor = c) -> None:
+            rows[hook.name].append(act[r, c].float().cpu())
+
+        kwargs: dict[str, Any] = {"attention_mask": batch.attention_mask}
+        if stop is not None and stop < model.cfg.n_layers:
+            kwargs["stop_at_layer"] = stop
+        else:
+            kwargs["return_type"] = None
+        model.run_with_hooks(batch.tokens, fwd_hooks=[(h, grab) for h in hooks], **kwargs)
+        if bar is not None:
+            bar.update(1)
+    item_of_row = np.concatenate(items)
+    # rows in input order (stable within an input, so response tokens keep their order)
+    perm = np.argsort(item_of_row, kind="stable")
+    return ({h: torch.cat(rows.pop(h)).numpy()[perm] for h in hooks}, item_of_row[perm])
+
+
+def activations(
+    model: Any,
+    inputs: Sequence[Any],
+    hook: str = "blocks.{layer}.hook_resid_post",
+    layer: int = -1,
+    positions: Positions = "pooled",
+    batch_size: int = 8,
+) -> Float[np.ndarray, "n d"]:
+    """``[n, d]`` float32 activations at one hook point (``{layer}`` filled in, negative layers
+    count from the end), read at the pooled token (or every response token)."""
+    if "{layer}" in hook:
+        hook = hook.format(layer=layer % model.cfg.n_layers)
+    names = hook_names(model, hook)
+    rows, _ = read_rows(model, _encode_all(model, list(inputs)), names, positions, batch_size)
+    return rows[names[0]]
+
+
+def layer_grams(
+    model: Any,
+    inputs: Sequence[Any],
+    hook: str | Sequence[str] = DEFAULT_HOOK,
+    layers: Sequence[int] | None = None,
+    positions: Positions = "pooled",
+    batch_size: int = 8,
+    layer_chunk: int | None = None,
+    progress: bool | None = None,
+    max_gram_bytes: float = 4e9,
+) -> LayerGrams:
+    """Centred ``n x n`` Grams of ``model``'s activations at each hook point, read batch by batch.
+
+    ``model`` is a :class:`HookedRewardModel` or any TransformerLens ``HookedTransformer`` with a
+    tokenizer; ``inputs`` are strings, conversations, ``(prompt, response)`` tuples or token ids.
+    ``layer_chunk``: how many hook points' rows are held at once (``None``: all, one pass).
+    With ``positions="response"`` rows are tokens and the Grams grow as (tokens)^2: a request
+    whose Grams would exceed ``max_gram_bytes`` is refused before any forward pass.
+    """
+    if positions not in ("pooled", "response"):
+        raise TLRewardError(f"positions must be 'pooled' or 'response', got {positions!r}")
+    if len(inputs) < 4:
+        raise TLRewardError(f"need at least 4 inputs to compare representations, got "
+                            f"{len(inputs)}")
+    names = hook_names(model, hook, layers)
+    encoded = _encode_all(model, list(inputs))
+    if positions == "response":
+        n_rows = sum(len(e.ids) - (e.response_start or 0) for e in encoded)
+        need = len(names) * n_rows**2 * 8
+        if need > max_gram_bytes:
+            raise TLRewardError(
+                f"positions='response' gives {n_rows} rows, so {len(names)} float64 Grams need "
+                f"{need / 1e9:.1f} GB (more than max_gram_bytes = {max_gram_bytes / 1e9:.1f} "
+                "GB); use fewer or shorter inputs, fewer layers, positions='pooled', or raise "
+                "max_gram_bytes")
+    chunk = len(names) if layer_chunk is None else max(1, int(layer_chunk))
+    groups = [names[i: i + chunk] for i in range(0, len(names), chunk)]
+    grams: np.ndarray | None = None
+    row_item = np.zeros(0, dtype=np.int64)
+    show = progress if progress is not None else len(encoded) * len(groups) > 32 * batch_size
+    bar = tqdm(total=len(groups) * ((len(encoded) + batch_size - 1) // batch_size),
+               disable=not show, desc="reading activations", unit="batch")
+    for group in groups:
+        rows, row_item = read_rows(model, encoded, group, positions, batch_size, bar)
+        if grams is None:
+            grams = np.zeros((len(names), len(row_item), len(row_item)))
+        for h in group:
+            x = rows.pop(h).astype(np.float64)
+            x -= x.mean(0, keepdims=True)
+            grams[names.index(h)] = x @ x.T  # float64 Gram of the centred rows
+    bar.close()
+    assert grams is not None
+    return LayerGrams(model_label(model), names, grams, positions, row_item)
+
+
+@dataclass
+class LayerComparison:
+    """Layer x layer similarity of two models (or one model with itself), with permutation nulls.
+
+    Attributes:
+        model_a, model_b: model names (equal for a within-model map).
+        layers_a, layers_b: row and column labels (layer indices or hook names).
+        measures: the measures computed.
+        observed: per measure, ``[layers_a, layers_b]`` similarities.
+        null_mean: per measure, the mean over B row permutations (the chance level for this n
+            and these dimensions).
+        p_value: per measure, ``(1 + #{null >= observed}) / (1 + B)``, one-sided, per cell.
+        n_rows: items (pooled) or tokens (response) compared.
+        n_permutations: B (0: no null).
+        positions: ``"pooled"`` or ``"response"``.
+    """
+
+    model_a: str
+    model_b: str
+    layers_a: list[str]
+    layers_b: list[str]
+    measures: list[str]
+    observed: dict[str, np.ndarray] = field(repr=False)
+    null_mean: dict[str, np.ndarray] = field(repr=False)
+    p_value: dict[str, np.ndarray] = field(repr=False)
+    n_rows: int
+    n_permutations: int
+    positions: str
+
+    def excess(self, measure: str) -> np.ndarray:
+        """``observed - null_mean``: similarity beyond chance for this n and these dimensions."""
+        return self.observed[measure] - self.null_mean[measure]
+
+    def matrix(self, measure: str, kind: str = "observed") -> np.ndarray:
+        """``[layers_a, layers_b]`` of ``kind``: observed, null_mean, excess or p_value."""
+        if measure not in self.measures:
+            raise TLRewardError(f"measure {measure!r} was not computed; have {self.measures}")
+        if kind == "excess":
+            return self.excess(measure)
+        if kind not in ("observed", "null_mean", "p_value"):
+            raise TLRewardError("kind must be observed, null_mean, excess or p_value")
+        return getattr(self, kind)[measure]
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per measure and layer pair: observed, null mean, excess, p."""
+        frames = []
+        for m in self.measures:
+            ia, ib = np.meshgrid(np.arange(len(self.layers_a)), np.arange(len(self.layers_b)),
+                                 indexing="ij")
+            frames.append(pd.DataFrame({
+                "measure": m, "layer_a": np.asarray(self.layers_a)[ia.ravel()],
+                "layer_b": np.asarray(self.layers_b)[ib.ravel()],
+                "observed": self.observed[m].ravel(), "null_mean": self.null_mean[m].ravel(),
+                "excess": self.excess(m).ravel(), "p_value": self.p_value[m].ravel()}))
+        return pd.concat(frames, ignore_index=True)
+
+    def diagonal(self, measure: str, kind: str = "observed") -> pd.Series:
+        """Same-index cells (layer i of A against layer i of B), for equal-depth models."""
+        mat = self.matrix(measure, kind)
+        k = min(mat.shape)
+        return pd.Series(np.diag(mat[:k, :k]), index=self.layers_a[:k], name=measure)
+
+    def plot(self, kind: str = "observed") -> Any:
+        """One heatmap per measure of ``kind`` (observed, excess, null_mean, p_value)."""
+        from tl_reward.viz.compare import plot_layer_maps
+
+        maps = {m: self.matrix(m, kind) for m in self.measures}
+        zr = (0.0, 1.0) if kind == "p_value" else (-1.0, 1.0)
+        return plot_layer_maps(maps, self.layers_a, self.layers_b,
+                               row_title=self.model_a, col_title=self.model_b,
+                               title=f"Layer x layer similarity ({kind}, {self.positions} "
+                                     f"positions, n = {self.n_rows})", zmin=zr[0], zmax=zr[1])
+
+
+def compare_grams(
+    grams_a: LayerGrams,
+    grams_b: LayerGrams | None = None,
+    measure: str | Sequence[str] = ("debiased_cka", "rv2"),
+    n_permutations: int = 199,
+    seed: int = 0,
+) -> LayerComparison:
+    """Similarity maps from precomputed :class:`LayerGrams` (``grams_b=None``: A with itself)."""
+    measures = [measure] if isinstance(measure, str) else list(measure)
+    for m in measures:
+        if m not in MEASURES:
+            raise TLRewardError(f"unknown measure {m!r}; choose from {MEASURES}")
+    b = grams_a if grams_b is None else grams_b
+    if grams_a.n_rows != b.n_rows or not np.array_equal(grams_a.row_item, b.row_item):
+        raise TLRewardError(
+            f"the two models give different rows ({grams_a.n_rows} vs {b.n_rows}); with "
+            "positions='response' both tokenizers must split every response alike: use "
+            "positions='pooled' for models with different tokenizers")
+    perms = permutations(grams_a.n_rows, n_permutations, seed)
+    obs, null_mean, pval = {}, {}, {}
+    for m in measures:
+        ta, ok_a = _flat_unit(grams_a.grams, m)
+        tb, ok_b = _flat_unit(b.grams, m)
+        n = b.n_rows
+        o = ta @ tb.T
+        nan = ~(ok_a[:, None] & ok_b[None, :])
+        count = np.zeros_like(o)
+        total = np.zeros_like(o)
+        tol = 1e-12 * np.maximum(1.0, np.abs(o))
+        for p in perms:
+            # P T(L) P' for every hook point at once: one gather of the flattened Grams
+            null = ta @ np.take(tb, (p[:, None] * n + p[None, :]).ravel(), axis=1).T
+            total += null
+            count += null >= o - tol
+        o[nan] = np.nan
+        obs[m] = o
+        if n_permutations:
+            null_mean[m] = np.where(nan, np.nan, total / n_permutations)
+            pval[m] = np.where(nan, np.nan, (1 + count) / (1 + n_permutations))
+        else:
+            null_mean[m] = np.full_like(o, np.nan)
+            pval[m] = np.full_like(o, np.nan)
+    return LayerComparison(grams_a.model, b.model, grams_a.labels(), b.labels(), measures, obs,
+                           null_mean, pval, grams_a.n_rows, n_permutations, grams_a.positions)
+
+
+def _unit_grams(grams: np.ndarray, measure: str) -> tuple[np.ndarray, np.ndarray]:
+    """``[H, n, n]`` transformed Grams scaled to unit Frobenius norm, and which are non-zero."""
+    t = np.stack([transform_gram(k, measure) for k in grams])
+    norm = np.sqrt((t * t).sum((1, 2)))
+    ok = norm > 1e-12 * max(1.0, float(norm.max(initial=0.0)))
+    t = np.where(ok[:, None, None], t / np.where(ok, norm, 1.0)[:, None, None], 0.0)
+    return t, ok
+
+
+def _flat_unit(grams: np.ndarray, measure: str) -> tuple[np.ndarray, np.ndarray]:
+    t, ok = _unit_grams(grams, measure)
+    return t.reshape(len(t), -1), ok
+
+
+def compare_layers(
+    model_a: Any,
+    model_b: Any | None = None,
+    inputs: Sequence[Any] = (),
+    measure: str | Sequence[str] = ("debiased_cka", "rv2"),
+    hook: str | Sequence[str] = DEFAULT_HOOK,
+    layers_a: Sequence[int] | None = None,
+    layers_b: Sequence[int] | None = None,
+    positions: Positions = "pooled",
+    n_permutations: int = 199,
+    seed: int = 0,
+    batch_size: int = 8,
+    layer_chunk: int | None = None,
+    progress: bool | None = None,
+) -> LayerComparison:
+    """Layer x layer similarity of ``model_a`` with ``model_b`` (``None``: with itself).
+
+    Args:
+        model_a, model_b: :class:`HookedRewardModel` or TransformerLens ``HookedTransformer``
+            causal LMs (pooled at the last real token), with tokenizers.
+        inputs: the same n inputs for both (strings, conversations, (prompt, response), ids).
+        measure: one or more of ``"debiased_cka"`` (headline), ``"rv2"``, ``"rv"``,
+            ``"linear_cka"``.
+        hook: a hook name with ``{layer}`` (default ``blocks.{layer}.hook_resid_post``) or a
+            list of hook names; ``layers_a`` / ``layers_b`` pick layers (default: all).
+        positions: ``"pooled"`` (one row per input) or ``"response"`` (one per response token).
+        n_permutations: B row permutations for the null (0: none).
+        layer_chunk: hook points read per pass (bounds memory; see the module docstring).
+    """
+    inputs = list(inputs)
+    ga = layer_grams(model_a, inputs, hook, layers_a, positions, batch_size, layer_chunk,
+                     progress)
+    gb = None
+    if model_b is not None:
+        gb = layer_grams(model_b, inputs, hook, layers_b, positions, batch_size, layer_chunk,
+                         progress)
+    elif layers_b is not None:
+        gb = layer_grams(model_a, inputs, hook, layers_b, positions, batch_size, layer_chunk,
+                         progress)
+    return compare_grams(ga, gb, measure, n_permutations, seed)

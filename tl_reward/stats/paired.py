@@ -1,0 +1,168 @@
+"""Paired (one-sample) statistics for per-item differences: sign-flip tests, effect sizes,
+Benjamini-Hochberg adjustment.
+
+A probe gives one difference per base item, ``delta_i = r(perturbed_i) - r(neutral_i)``. Under
+the null of no effect each delta is symmetric about 0, so its sign is exchangeable: the
+sign-flip test enumerates all ``2^n`` sign patterns when ``n <= exact_max_n`` (exact) and
+otherwise draws ``B`` random patterns, with ``p = (1 + #{|sum*| >= |sum|}) / (1 + B)`` (the
+observed pattern counted, so ``p > 0`` and the test keeps its level).
+
+Example:
+    >>> sign_flip_test([0.3, 0.1, -0.05, 0.4]).pvalue     # exact, 2^4 patterns
+    >>> paired_effect_size([0.3, 0.1, -0.05, 0.4]).value   # mean / sd (ddof 1)
+    >>> benjamini_hochberg([0.01, 0.04, 0.3])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tl_reward.stats.resampling import ArrayLike, _array
+
+#: Largest ``n`` enumerated exactly by default (2^20 sums, 8 MB).
+EXACT_MAX_N = 20
+
+
+def _clean(x: ArrayLike) -> np.ndarray:
+    arr = np.asarray(_array(x), dtype=np.float64).ravel()
+    return arr[~np.isnan(arr)]
+
+
+def _tolerance(arr: np.ndarray) -> float:
+    # sums of the same magnitudes in another order differ by a few ulps of sum(|x|)
+    return 1e-9 * max(float(np.abs(arr).sum()), 1e-300)
+
+
+def sign_flip_null_sums(x: ArrayLike) -> np.ndarray:
+    """All ``2^n`` sums ``sum_i s_i x_i`` over sign patterns ``s`` (n <= 26), by doubling."""
+    arr = _clean(x)
+    if arr.size > 26:
+        raise ValueError(f"exact enumeration of 2^{arr.size} sign patterns is too large; use "
+                         "the Monte Carlo test")
+    sums = np.zeros(1)
+    for v in arr:
+        sums = np.concatenate([sums + v, sums - v])
+    return sums
+
+
+@dataclass(frozen=True)
+class SignFlipResult:
+    """A two-sided sign-flip test of ``mean(x) != 0``.
+
+    Attributes:
+        pvalue: two-sided p-value (NaN when ``n == 0``).
+        method: ``"exact"`` (all ``2^n`` patterns), ``"monte_carlo"`` or ``"undefined"``.
+        n: number of non-NaN values; n_resamples: patterns drawn (Monte Carlo), else ``2^n``.
+    """
+
+    pvalue: float
+    method: str
+    n: int
+    n_resamples: int
+
+
+def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_resamples: int = 9_999,
+                   seed: int = 0) -> SignFlipResult:
+    """Two-sided sign-flip permutation test for ``mean(x) != 0`` (NaNs dropped).
+
+    Exact for ``n <= exact_max_n`` (every sign pattern, ``p = #{|sum*| >= |sum|} / 2^n``);
+    otherwise Monte Carlo with ``p = (1 + count) / (1 + n_resamples)``.
+    """
+    arr = _clean(x)
+    n = int(arr.size)
+    if n == 0:
+        return SignFlipResult(float("nan"), "undefined", 0, 0)
+    observed = abs(float(arr.sum()))
+    tol = _tolerance(arr)
+    if n <= exact_max_n:
+        null = np.abs(sign_flip_null_sums(arr))
+        return SignFlipResult(float((null >= observed - tol).mean()), "exact", n, 2**n)
+    rng = np.random.default_rng(seed)
+    count, done = 0, 0
+    step = max(1, min(n_resamples, 4_000_000 // n))  # bound memory to ~32 MB per block
+    while done < n_resamples:
+        b = min(step, n_resamples - done)
+        signs = rng.integers(0, 2, size=(b, n), dtype=np.int8) * 2 - 1
+        count += int((np.abs(signs @ arr) >= observed - tol).sum())
+        done += b
+    return SignFlipResult((1 + count) / (1 + n_resamples), "monte_carlo", n, n_resamples)
+
+
+@dataclass(frozen=True)
+class EffectSize:
+    """Paired standardised effect ``mean / sd`` (sd with ddof 1).
+
+    Attributes:
+        value: the effect size, or NaN when undefined (never inf or an invented 0).
+        reason: why it is undefined (``None`` when defined).
+        mean, sd: the mean and the ddof-1 standard deviation of the values; n: their count.
+    """
+
+    value: float
+    reason: str | None
+    mean: float
+    sd: float
+    n: int
+
+    @property
+    def defined(self) -> bool:
+        return self.reason is None
+
+
+def paired_effect_size(x: ArrayLike, zero_tol: float = 0.0) -> EffectSize:
+    """``mean(x) / sd(x, ddof=1)`` of paired differences; NaN with a reason when undefined.
+
+    Undefined when ``n < 2`` (no spread can be estimated) or when the spread is 0 (``sd <=
+    zero_tol``): then ``mean / sd`` is ``0/0`` or ``c/0`` and no finite standardised size exists.
+    """
+    arr = _clean(x)
+    n = int(arr.size)
+    mean = float(arr.mean()) if n else float("nan")
+    if n < 2:
+        return EffectSize(float("nan"), f"n = {n}: a spread needs at least 2 items", mean,
+                          float("nan"), n)
+    sd = float(arr.std(ddof=1))
+    if not sd > zero_tol:
+        what = "all differences are equal" if mean != 0 else "all differences are 0"
+        return EffectSize(float("nan"), f"zero spread ({what}): mean/sd is undefined", mean, sd,
+                          n)
+    return EffectSize(mean / sd, None, mean, sd, n)
+
+
+def published_cohens_d(x: ArrayLike) -> float:
+    """The reward-lens v1.0.0 "Cohen's d" of a probe dimension, for comparison only.
+
+    ``mean / std`` with ``ddof = 0``; ``std`` is taken as 0 when ``n == 1`` and then the value
+    is ``+inf`` whenever ``|mean| > 1e-8`` (whatever the sign of the mean), else ``0``. So one
+    probe gives an infinite effect, and so does a dimension of identical deltas. Do not use it
+    for inference.
+    """
+    arr = _clean(x)
+    mean = float(arr.mean())
+    std = float(arr.std()) if arr.size > 1 else 0.0
+    if std > 1e-8:
+        return mean / std
+    return float("inf") if abs(mean) > 1e-8 else 0.0
+
+
+def benjamini_hochberg(pvalues: ArrayLike) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (step-up, monotone, capped at 1); NaNs kept as NaN
+    and not counted among the hypotheses."""
+    p = np.asarray(_array(pvalues), dtype=np.float64).ravel()
+    out = np.full(p.shape, np.nan)
+    ok = ~np.isnan(p)
+    m = int(ok.sum())
+    if m == 0:
+        return out
+    if ((p[ok] < 0) | (p[ok] > 1)).any():
+        raise ValueError("p-values must lie in [0, 1]")
+    vals = p[ok]
+    order = np.argsort(vals)
+    scaled = vals[order] * m / np.arange(1, m + 1)
+    adj = np.minimum.accumulate(scaled[::-1])[::-1]
+    res = np.empty(m)
+    res[order] = np.minimum(adj, 1.0)
+    out[ok] = res
+    return out
