@@ -163,7 +163,7 @@ def main() -> None:
             pairs = heldout_pairs()
             items = [(p["prompt"], p["chosen"]) for p in pairs] + [(p["prompt"], p["rejected"])
                                                                    for p in pairs]
-            ex = rm.rewards(items)[:, k].float().numpy() if hasattr(rm, "rewards") else None
+            ex = rm.rewards(items).rewards[:, k].float().numpy()
             irm_pairs = np.load(OUT.with_name("irm_vader_pairs.npy"))
             n = len(pairs)
             # the explicit RM's own order of each pair, then the IRM's agreement with it
@@ -171,7 +171,7 @@ def main() -> None:
             agr = pair_agreement(sign * (irm_pairs[:n] - irm_pairs[n:]), np.zeros(n))
             vs_vader = pair_agreement(ex[:n], ex[n:])
             citems, cvader = corpus_items(args.corpus_limit)
-            cex = rm.rewards(citems)[:, k].float().numpy()
+            cex = rm.rewards(citems).rewards[:, k].float().numpy()
             cirm = np.load(OUT.with_name("irm_vader_corpus.npy"))[0]
             results["explicit"] = {
                 "model": "tl-reward/smollm2-135m-multi", "objective": obj,
