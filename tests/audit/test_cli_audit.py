@@ -37,3 +37,18 @@ def test_audit_command_writes_an_offline_report(tmp_path: Path, capsys) -> None:
     assert [c.stat().st_mtime_ns for c in sorted(runs.glob("*/chunk-*.parquet"))] == mtimes
     assert main(["audit", "--model", str(path), "--device", "cpu"]) == 1
     assert "no base items" in capsys.readouterr().err
+
+
+def test_audit_command_adds_conflict_and_concepts_for_two_objectives(tmp_path: Path) -> None:
+    path = save_tiny_reward_model(tmp_path / "rm2", "llama", num_labels=2)
+    items = tmp_path / "items.jsonl"
+    items.write_text("\n".join(json.dumps(
+        {"prompt": f"Why is item {i} blue?", "reply": f"Light {i} scatters. Air helps."})
+        for i in range(8)))
+    out = tmp_path / "audit.html"
+    assert main(["audit", "--model", str(path), "--device", "cpu", "--items", str(items),
+                 "--dimensions", "length,flattery", "--resamples", "100", "--no-published",
+                 "--concepts", "--output", str(out)]) == 0
+    text = out.read_text()
+    assert "<h2>Reward-term conflict" in text and "whitened cosine" in text
+    assert "<h2>Concept alignments of the probe dimensions" in text
