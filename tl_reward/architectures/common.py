@@ -61,3 +61,26 @@ def require_false(hf_config: Any, *flags: str) -> None:
                 f"{type(hf_config).__name__}.{flag}=True is not supported by this converter; "
                 "register a custom Architecture that maps those weights"
             )
+
+
+def gated_rms_fields(hf_config: Any, d_head: int, rope_config: Any = None) -> dict[str, Any]:
+    """The fields every Llama-like body shares (RMSNorm, gated MLP, rotary; grouped-query
+    attention only when there are fewer key/value heads than query heads). ``rope_config``
+    overrides where the rotary settings are read from (default ``hf_config``)."""
+    n_kv = hf_config.num_key_value_heads or hf_config.num_attention_heads
+    return {
+        "d_model": hf_config.hidden_size,
+        "d_head": d_head,
+        "n_heads": hf_config.num_attention_heads,
+        "n_key_value_heads": n_kv if n_kv != hf_config.num_attention_heads else None,
+        "d_mlp": hf_config.intermediate_size,
+        "n_layers": hf_config.num_hidden_layers,
+        "n_ctx": hf_config.max_position_embeddings,
+        "eps": hf_config.rms_norm_eps,
+        "d_vocab": hf_config.vocab_size,
+        "act_fn": hf_config.hidden_act,
+        "normalization_type": "RMS",
+        "final_rms": True,
+        "gated_mlp": True,
+        **rotary_fields(rope_config if rope_config is not None else hf_config, d_head),
+    }

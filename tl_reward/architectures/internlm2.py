@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from transformer_lens import HookedTransformerConfig
 
-from tl_reward.architectures.common import require_false, rotary_fields
+from tl_reward.architectures.common import gated_rms_fields, require_false
 from tl_reward.architectures.registry import Architecture, register_architecture
 
 
@@ -30,28 +30,12 @@ def internlm2_config(hf_config: Any) -> dict[str, Any]:
     """HookedTransformerConfig fields for an InternLM2 config."""
     require_false(hf_config, "bias")
     d_head = hf_config.hidden_size // hf_config.num_attention_heads
-    n_kv = hf_config.num_key_value_heads or hf_config.num_attention_heads
     scaling = dict(getattr(hf_config, "rope_scaling", None) or {})
     rope_src = hf_config
     if str(scaling.get("type", scaling.get("rope_type", ""))).lower() == "dynamic":
         rope_src = SimpleNamespace(rope_theta=hf_config.rope_theta, rope_scaling=None,
                                    max_position_embeddings=hf_config.max_position_embeddings)
-    return {
-        "d_model": hf_config.hidden_size,
-        "d_head": d_head,
-        "n_heads": hf_config.num_attention_heads,
-        "n_key_value_heads": n_kv if n_kv != hf_config.num_attention_heads else None,
-        "d_mlp": hf_config.intermediate_size,
-        "n_layers": hf_config.num_hidden_layers,
-        "n_ctx": hf_config.max_position_embeddings,
-        "eps": hf_config.rms_norm_eps,
-        "d_vocab": hf_config.vocab_size,
-        "act_fn": hf_config.hidden_act,
-        "normalization_type": "RMS",
-        "final_rms": True,
-        "gated_mlp": True,
-        **rotary_fields(rope_src, d_head),
-    }
+    return gated_rms_fields(hf_config, d_head, rope_config=rope_src)
 
 
 def convert_internlm2(hf_model: nn.Module, cfg: HookedTransformerConfig) -> dict[str, Any]:

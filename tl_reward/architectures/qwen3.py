@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tl_reward.architectures.common import head_dim, require_false, rotary_fields
+from tl_reward.architectures.common import gated_rms_fields, head_dim, require_false
 from tl_reward.architectures.registry import Architecture, register_architecture
 from tl_reward.errors import UnsupportedArchitectureError
 from tl_reward.tl_backend import tl_converter
@@ -26,24 +26,7 @@ def qwen3_config(hf_config: Any) -> dict[str, Any]:
             "schedule has no TransformerLens equivalent yet)"
         )
     d_head = head_dim(hf_config)
-    n_kv = hf_config.num_key_value_heads or hf_config.num_attention_heads
-    return {
-        "d_model": hf_config.hidden_size,
-        "d_head": d_head,
-        "n_heads": hf_config.num_attention_heads,
-        "n_key_value_heads": n_kv if n_kv != hf_config.num_attention_heads else None,
-        "d_mlp": hf_config.intermediate_size,
-        "n_layers": hf_config.num_hidden_layers,
-        "n_ctx": hf_config.max_position_embeddings,
-        "eps": hf_config.rms_norm_eps,
-        "d_vocab": hf_config.vocab_size,
-        "act_fn": hf_config.hidden_act,
-        "normalization_type": "RMS",
-        "final_rms": True,
-        "gated_mlp": True,
-        "use_qk_norm": True,
-        **rotary_fields(hf_config, d_head),
-    }
+    return {**gated_rms_fields(hf_config, d_head), "use_qk_norm": True}
 
 
 QWEN3 = register_architecture(
