@@ -11,6 +11,8 @@ is in. The executor decides where units run:
 * :class:`RayExecutor`: a pool of Ray actors, one model load per actor (and per GPU with
   ``num_gpus=1``), on a local or remote cluster (``address``).
 
+(Both live in :mod:`tl_reward.scale.executors`, shared with the other long jobs.)
+
 Both write the same bytes as :func:`~tl_reward.sweep.vocab_sweep.score_vocabulary` with the
 same arguments (same batch size, same torch threads). Resuming: run the same call again;
 chunks already on disk are skipped, so after a killed worker (Ray restarts the actor and retries
@@ -36,22 +38,28 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import torch
 from tqdm.auto import tqdm
 
 from tl_reward.errors import TLRewardError
+from tl_reward.scale.executors import (
+    LocalExecutor,
+    ModelSpec,
+    Pool,
+    RayExecutor,
+    RayNotInstalledError,
+    Worker,
+    batched,
+)
 from tl_reward.sweep.store import SweepSpec, SweepWriter
 
-
-class RayNotInstalledError(TLRewardError):
-    """The Ray executor was asked for but ``ray`` is not installed."""
+__all__ = ["LocalExecutor", "RayExecutor", "RayNotInstalledError", "SweepJob", "jobs_from",
+           "run_sweeps"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,10 @@ class SweepJob:
     id_range: tuple[int, int] | None = None
     trust_remote_code: bool = False
 
+    def spec(self) -> ModelSpec:
+        """What a worker loads."""
+        return ModelSpec(self.model, self.dtype, self.trust_remote_code)
+
     def key(self) -> str:
         """A stable identifier of the job (everything that determines its rows)."""
         raw = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -84,104 +96,44 @@ class SweepJob:
 
 def load_model(job: SweepJob, device: str) -> Any:
     """``HookedRewardModel.from_pretrained(job.model)`` on ``device`` in the job's dtype."""
-    from tl_reward import HookedRewardModel
-
-    return HookedRewardModel.from_pretrained(job.model, device=device,
-                                             dtype=getattr(torch, job.dtype),
-                                             trust_remote_code=job.trust_remote_code)
+    return job.spec().load(device)
 
 
-class SweepWorker:
-    """Scores units of sweep jobs; keeps one model and each job's plan and prefix caches.
+def _plan(worker: Worker, job: SweepJob) -> tuple[Any, Any, list[Any]]:
+    """The worker's model, the job's plan and its prefix caches (kept on the worker)."""
+    from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, plan_sweep
 
-    Used in-process by :class:`LocalExecutor` and as a Ray actor by :class:`RayExecutor`.
-
-    Args:
-        threads: torch CPU threads (``None``: leave as is).
-        device: ``None`` picks CUDA when a GPU is visible (on Ray: assigned), else CPU.
-        crash_after_units: test hook: the process exits (``os._exit``) in the middle of its
-            n-th unit, once (a restarted Ray actor does not crash again), first creating a
-            file in the folder ``crash_marker`` if given.
-    """
-
-    def __init__(self, threads: int | None = None, device: str | None = None,
-                 crash_after_units: int | None = None, crash_marker: str | None = None) -> None:
-        if threads:
-            torch.set_num_threads(threads)
-        self.device = device or ("cuda" if torch.cuda.is_available() and _gpu_ids() else "cpu")
-        self._model_key: tuple[str, str] | None = None
-        self._model: Any = None
-        self._jobs: dict[str, tuple[Any, list[Any]]] = {}
-        self._crash_after = crash_after_units
-        self._crash_marker = crash_marker
-        self._units = 0
-
-    def info(self) -> dict[str, Any]:
-        """Where this worker runs: process id, device, Ray GPU ids, torch threads."""
-        return {"pid": os.getpid(), "device": self.device, "gpu_ids": _gpu_ids(),
-                "threads": torch.get_num_threads()}
-
-    def _model_for(self, job: SweepJob) -> Any:
-        key = (job.model, job.dtype)
-        if key != self._model_key:
-            self._model, self._jobs = None, {}  # one model in memory at a time
-            self._model = load_model(job, self.device)
-            self._model_key = key
-        return self._model
-
-    def _plan(self, job: SweepJob) -> tuple[Any, Any]:
-        from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, plan_sweep
-
-        model = self._model_for(job)
-        if job.key() not in self._jobs:
-            plan = plan_sweep(model, PAPER_PROMPTS if job.prompts is None else job.prompts,
-                              None if job.ids is None else list(job.ids),
-                              labels=job.labels, include_special=job.include_special,
-                              batch_size=job.batch_size, mode=job.mode, cache=job.cache,
-                              shard=job.shard, id_range=job.id_range)
-            self._jobs[job.key()] = (plan, [])
-        return model, self._jobs[job.key()]
-
-    def plan(self, job: SweepJob) -> tuple[SweepSpec, int]:
-        """The job's spec and number of chunks."""
-        _, (plan, _) = self._plan(job)
-        return plan.spec, len(plan.bounds)
-
-    def score(self, job: SweepJob, chunks: Sequence[int]) -> list[tuple[int, pa.Table]]:
-        """Score ``chunks`` of ``job``: ``(chunk index, rows)`` each."""
-        from tl_reward.sweep.vocab_sweep import prefix_caches, score_chunk
-
-        model, (plan, caches) = self._plan(job)
-        if not caches:
-            caches.extend(prefix_caches(model, plan))
-        self._units += 1
-        out = []
-        for i, c in enumerate(chunks):
-            if self._units == self._crash_after and i == len(chunks) // 2 and not _restarted():
-                if self._crash_marker:
-                    Path(self._crash_marker, f"crashed-{os.getpid()}").touch()
-                os._exit(1)
-            out.append((c, score_chunk(model, plan, caches, c)))
-        return out
+    model = worker.model(job.spec())
+    if ("sweep", job.key()) not in worker.state:
+        plan = plan_sweep(model, PAPER_PROMPTS if job.prompts is None else job.prompts,
+                          None if job.ids is None else list(job.ids),
+                          labels=job.labels, include_special=job.include_special,
+                          batch_size=job.batch_size, mode=job.mode, cache=job.cache,
+                          shard=job.shard, id_range=job.id_range)
+        worker.state[("sweep", job.key())] = (plan, [])
+    plan, caches = worker.state[("sweep", job.key())]
+    return model, plan, caches
 
 
-def _gpu_ids() -> list[Any]:
-    try:
-        import ray
-
-        return list(ray.get_gpu_ids()) if ray.is_initialized() else []
-    except ImportError:
-        return []
+def plan_job(worker: Worker, job: SweepJob) -> tuple[SweepSpec, int]:
+    """The job's spec and number of chunks (run on a worker)."""
+    _, plan, _ = _plan(worker, job)
+    return plan.spec, len(plan.bounds)
 
 
-def _restarted() -> bool:
-    try:
-        import ray
+def score_unit(worker: Worker, job: SweepJob, chunks: Sequence[int]
+               ) -> list[tuple[int, pa.Table]]:
+    """Score ``chunks`` of ``job`` (run on a worker): ``(chunk index, rows)`` each."""
+    from tl_reward.sweep.vocab_sweep import prefix_caches, score_chunk
 
-        return bool(ray.is_initialized()
-                    and ray.get_runtime_context().was_current_actor_reconstructed)
-    except ImportError:
-        return False
+    model, plan, caches = _plan(worker, job)
+    if not caches:
+        caches.extend(prefix_caches(model, plan))
+    out = []
+    for i, c in enumerate(chunks):
+        worker.checkpoint(i, len(chunks))
+        out.append((c, score_chunk(model, plan, caches, c)))
+    return out
 
 
 @dataclass
@@ -233,125 +185,25 @@ class _Driver:
 
 
 def _units(chunks: set[int], size: int) -> list[list[int]]:
-    todo = sorted(chunks)
-    return [todo[i : i + size] for i in range(0, len(todo), size)]
+    return batched(sorted(chunks), size)
 
 
-@dataclass
-class LocalExecutor:
-    """Runs every unit in this process (no Ray), job after job.
-
-    Args:
-        threads: torch CPU threads (``None``: leave as is).
-        device: ``None``: CUDA if available, else CPU.
-    """
-
-    threads: int | None = None
-    device: str | None = None
-
-    def run(self, jobs: Sequence[SweepJob], driver: _Driver, unit_chunks: int) -> None:
-        worker = SweepWorker(self.threads, self.device or (
-            "cuda" if torch.cuda.is_available() else "cpu"))
-        for job in jobs:
-            spec, n = worker.plan(job)
+def _run(pool: Pool, jobs: Sequence[SweepJob], driver: _Driver, unit_chunks: int) -> None:
+    """Plan the jobs on the workers, then stream their units; one worker: job after job."""
+    groups = [[j] for j in jobs] if pool.n_workers == 1 else [list(jobs)]
+    for group in groups:
+        units: list[tuple[_Book, list[int]]] = []
+        for job, (spec, n) in zip(group, pool.gather(plan_job, [(j,) for j in group]),
+                                  strict=True):
             book = driver.open(job, spec, n)
-            for unit in _units(book.missing, unit_chunks):
-                for c, table in worker.score(job, unit):
-                    driver.write(book, c, table)
+            units += [(book, u) for u in _units(book.missing, unit_chunks)]
 
-
-@dataclass
-class RayExecutor:
-    """Runs units on a pool of Ray actors (``pip install "tl-reward[ray]"``).
-
-    Args:
-        address: the cluster (``"auto"``, ``"ray://host:10001"``); ``None`` connects to a
-            running ``ray.init`` or starts a local one.
-        num_workers: actors in the pool (default: as many as the cluster's GPUs, or CPUs, allow).
-        num_gpus: GPUs per actor (1 puts one model on each GPU; 0 for CPU workers).
-        num_cpus: CPUs per actor.
-        threads: torch threads per actor (default: ``num_cpus``).
-        max_unit_retries: resubmissions of a unit whose actor died for good.
-        crash_after_units, crash_marker: test hooks, see :class:`SweepWorker`.
-        init_kwargs: extra ``ray.init`` arguments when this executor starts Ray.
-    """
-
-    address: str | None = None
-    num_workers: int | None = None
-    num_gpus: float = 0
-    num_cpus: float = 1
-    threads: int | None = None
-    max_unit_retries: int = 3
-    crash_after_units: int | None = None
-    crash_marker: str | None = None
-    init_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def _ray(self) -> Any:
-        try:
-            import ray
-        except ImportError as exc:
-            raise RayNotInstalledError(
-                "the Ray executor needs Ray: pip install \"tl-reward[ray]\" (or pip install ray), "
-                "or run with LocalExecutor / without --ray") from exc
-        if not ray.is_initialized():
-            kw = {"include_dashboard": False, "log_to_driver": False, **self.init_kwargs}
-            ray.init(address=self.address, **kw)
-        return ray
-
-    def workers(self) -> list[Any]:
-        """Start the actor pool (one model load per actor happens at its first unit)."""
-        ray = self._ray()
-        n = self.num_workers
-        if n is None:
-            res = ray.cluster_resources()
-            n = (int(res.get("GPU", 0) // self.num_gpus) if self.num_gpus
-                 else int(res.get("CPU", 1) // max(self.num_cpus, 1e-9)))
-            n = max(1, n)
-        actor = ray.remote(SweepWorker).options(
-            num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_restarts=-1,
-            max_task_retries=-1)
-        threads = self.threads or max(1, int(self.num_cpus))
-        return [actor.remote(threads, None, self.crash_after_units, self.crash_marker)
-                for _ in range(n)]
-
-    def run(self, jobs: Sequence[SweepJob], driver: _Driver, unit_chunks: int) -> None:
-        ray = self._ray()
-        actors = self.workers()
-        try:
-            self._run(ray, actors, jobs, driver, unit_chunks)
-        finally:
-            for a in actors:
-                ray.kill(a)
-
-    def _run(self, ray: Any, actors: list[Any], jobs: Sequence[SweepJob], driver: _Driver,
-             unit_chunks: int) -> None:
-        plans = ray.get([actors[i % len(actors)].plan.remote(job)
-                         for i, job in enumerate(jobs)])
-        queue: list[tuple[_Book, list[int], int]] = []
-        for job, (spec, n) in zip(jobs, plans, strict=True):
-            book = driver.open(job, spec, n)
-            queue += [(book, unit, 0) for unit in _units(book.missing, unit_chunks)]
-        queue.reverse()  # pop() from the end hands units out in job order (model locality)
-        inflight: dict[Any, tuple[Any, _Book, list[int], int]] = {}
-        idle = list(actors) * 2  # two units in flight per actor: the next one is queued
-        while queue or inflight:
-            while queue and idle:
-                a = idle.pop(0)
-                book, unit, tries = queue.pop()
-                inflight[a.score.remote(book.job, unit)] = (a, book, unit, tries)
-            done, _ = ray.wait(list(inflight), num_returns=1)
-            a, book, unit, tries = inflight.pop(done[0])
-            try:
-                results = ray.get(done[0])
-            except ray.exceptions.RayActorError:
-                if tries >= self.max_unit_retries:
-                    raise
-                queue.append((book, unit, tries + 1))
-                idle.append(a)  # Ray restarts it (max_restarts=-1)
-                continue
-            idle.append(a)
+        def write(i: int, results: list[tuple[int, pa.Table]],
+                  units: list[tuple[_Book, list[int]]] = units) -> None:
             for c, table in results:
-                driver.write(book, c, table)
+                driver.write(units[i][0], c, table)
+
+        pool.stream(score_unit, [(book.job, u) for book, u in units], write)
 
 
 def run_sweeps(
@@ -381,7 +233,8 @@ def run_sweeps(
         raise TLRewardError(f"unit_chunks must be positive, got {unit_chunks}")
     driver = _Driver(overwrite, progress, callback)
     try:
-        (executor or LocalExecutor()).run(jobs, driver, unit_chunks)
+        with (executor or LocalExecutor()).session() as pool:
+            _run(pool, jobs, driver, unit_chunks)
     finally:
         paths = driver.close()
     return paths

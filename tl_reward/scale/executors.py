@@ -1,0 +1,300 @@
+"""Where the units of a long job run: this process, or a pool of Ray actors.
+
+A long job (vocabulary sweeps, a faithfulness report, a probe battery, layer Grams) is split by
+its driver into *units*: small, independent pieces whose results the driver writes (it is the
+only writer, so workers need no shared file system) and which it skips on a rerun once their
+results are on disk. Executors run the units:
+
+* :class:`LocalExecutor`: one in-process :class:`Worker` (no Ray needed);
+* :class:`RayExecutor`: a pool of :class:`Worker` Ray actors (``max_restarts=-1``), each loading
+  a model once (and onto its own GPU with ``num_gpus=1``); two units are in flight per actor
+  (the next one is queued while one runs), and the unit of an actor that died is handed out
+  again, so no unit is lost.
+
+Workers receive a :class:`ModelSpec` (hub name or local directory, dtype, trust_remote_code),
+never a loaded model: the driver never loads the model itself, even to plan a job (planning is a
+call on a worker, see :meth:`Pool.gather`). A unit is a module-level function
+``fn(worker, *args)`` (picklable by reference) that gets the model from
+:meth:`Worker.model`; :meth:`Worker.state` keeps per-model state (plans, prefix caches) between
+units on the same worker.
+
+Example:
+    >>> with RayExecutor(num_gpus=1).session() as pool:
+    ...     plans = pool.gather(plan_fn, [(spec,)])
+    ...     pool.stream(unit_fn, [(spec, 0), (spec, 1)], lambda i, result: ...)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tl_reward.errors import TLRewardError
+
+
+class RayNotInstalledError(TLRewardError):
+    """The Ray executor was asked for but ``ray`` is not installed."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a worker loads: ``model`` (hub name or local directory) in ``dtype``."""
+
+    model: str
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+
+    def load(self, device: str) -> Any:
+        """``HookedRewardModel.from_pretrained(model)`` on ``device`` in ``dtype``."""
+        from tl_reward import HookedRewardModel
+
+        return HookedRewardModel.from_pretrained(self.model, device=device,
+                                                 dtype=getattr(torch, self.dtype),
+                                                 trust_remote_code=self.trust_remote_code)
+
+
+def as_spec(model: str | Path | ModelSpec) -> ModelSpec:
+    """A :class:`ModelSpec` from a spec or a hub name / local directory (float32)."""
+    return model if isinstance(model, ModelSpec) else ModelSpec(str(model))
+
+
+class Worker:
+    """Runs units; keeps one model (and that model's :attr:`state`) between units.
+
+    Used in-process by :class:`LocalExecutor` and as a Ray actor by :class:`RayExecutor`.
+
+    Args:
+        threads: torch CPU threads (``None``: leave as is).
+        device: ``None`` picks CUDA when a GPU is visible (on Ray: assigned), else CPU.
+        crash_after_units: test hook: the process exits (``os._exit``) in the middle of its
+            n-th unit (at the :meth:`checkpoint` halfway through it), once (a restarted Ray
+            actor does not crash again), first creating a file in the folder ``crash_marker``.
+    """
+
+    def __init__(self, threads: int | None = None, device: str | None = None,
+                 crash_after_units: int | None = None, crash_marker: str | None = None) -> None:
+        if threads:
+            torch.set_num_threads(threads)
+        self.device = device or ("cuda" if torch.cuda.is_available() and _gpu_ids() else "cpu")
+        self._model_key: Any = None
+        self._model: Any = None
+        self.state: dict[Any, Any] = {}
+        self._crash_after = crash_after_units
+        self._crash_marker = crash_marker
+        self._units = 0
+
+    def info(self) -> dict[str, Any]:
+        """Where this worker runs: process id, device, Ray GPU ids, torch threads."""
+        return {"pid": os.getpid(), "device": self.device, "gpu_ids": _gpu_ids(),
+                "threads": torch.get_num_threads()}
+
+    def model(self, spec: ModelSpec, loader: Callable[[str], Any] | None = None) -> Any:
+        """The model of ``spec``, loaded at most once while consecutive units use it (one model
+        in memory at a time; :attr:`state` is cleared when the model changes)."""
+        if spec != self._model_key:
+            self._model, self.state = None, {}
+            self._model = (loader or spec.load)(self.device)
+            self._model_key = spec
+        return self._model
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(self, *args)``: a planning call (not counted as a unit)."""
+        return fn(self, *args)
+
+    def unit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(self, *args)``: one unit of work."""
+        self._units += 1
+        return fn(self, *args)
+
+    def checkpoint(self, i: int, n: int) -> None:
+        """Called by units at step ``i`` of ``n``: the crash hook fires halfway through."""
+        if self._units == self._crash_after and i == n // 2 and not _restarted():
+            if self._crash_marker:
+                Path(self._crash_marker, f"crashed-{os.getpid()}").touch()
+            os._exit(1)
+
+
+def _gpu_ids() -> list[Any]:
+    try:
+        import ray
+
+        return list(ray.get_gpu_ids()) if ray.is_initialized() else []
+    except ImportError:
+        return []
+
+
+def _restarted() -> bool:
+    try:
+        import ray
+
+        return bool(ray.is_initialized()
+                    and ray.get_runtime_context().was_current_actor_reconstructed)
+    except ImportError:
+        return False
+
+
+class Pool:
+    """A started executor: runs planning calls and streams units (see :meth:`stream`)."""
+
+    n_workers: int = 1
+
+    def gather(self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``fn(worker, *args)`` for every ``args`` in ``calls`` (spread over the workers),
+        results in the order of ``calls``."""
+        raise NotImplementedError
+
+    def stream(self, fn: Callable[..., Any], units: Sequence[tuple[Any, ...]],
+               on_result: Callable[[int, Any], None]) -> None:
+        """Run ``fn(worker, *args)`` for every unit; ``on_result(index, result)`` on this
+        process as each finishes (in any order; exactly once per unit). Units are handed out in
+        order (keep a model's units together so each worker loads it once)."""
+        raise NotImplementedError
+
+
+class _LocalPool(Pool):
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def gather(self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+        return [self.worker.call(fn, *args) for args in calls]
+
+    def stream(self, fn: Callable[..., Any], units: Sequence[tuple[Any, ...]],
+               on_result: Callable[[int, Any], None]) -> None:
+        for i, args in enumerate(units):
+            on_result(i, self.worker.unit(fn, *args))
+
+
+class _RayPool(Pool):
+    def __init__(self, ray: Any, actors: list[Any], max_unit_retries: int) -> None:
+        self.ray, self.actors, self.max_unit_retries = ray, actors, max_unit_retries
+        self.n_workers = len(actors)
+
+    def gather(self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+        n = len(self.actors)
+        return self.ray.get([self.actors[i % n].call.remote(fn, *args)
+                             for i, args in enumerate(calls)])
+
+    def stream(self, fn: Callable[..., Any], units: Sequence[tuple[Any, ...]],
+               on_result: Callable[[int, Any], None]) -> None:
+        ray = self.ray
+        queue = [(i, 0) for i in reversed(range(len(units)))]  # pop() hands out in order
+        inflight: dict[Any, tuple[Any, int, int]] = {}
+        idle = list(self.actors) * 2  # two units in flight per actor: the next one is queued
+        while queue or inflight:
+            while queue and idle:
+                a = idle.pop(0)
+                i, tries = queue.pop()
+                inflight[a.unit.remote(fn, *units[i])] = (a, i, tries)
+            done, _ = ray.wait(list(inflight), num_returns=1)
+            a, i, tries = inflight.pop(done[0])
+            try:
+                result = ray.get(done[0])
+            except ray.exceptions.RayActorError:
+                if tries >= self.max_unit_retries:
+                    raise
+                queue.append((i, tries + 1))
+                idle.append(a)  # Ray restarts it (max_restarts=-1)
+                continue
+            idle.append(a)
+            on_result(i, result)
+
+
+@dataclass
+class LocalExecutor:
+    """Runs every unit in this process (no Ray), one after another.
+
+    Args:
+        threads: torch CPU threads (``None``: leave as is).
+        device: ``None``: CUDA if available, else CPU.
+    """
+
+    threads: int | None = None
+    device: str | None = None
+
+    @contextmanager
+    def session(self) -> Iterator[Pool]:
+        """One in-process worker for the duration of a job."""
+        yield _LocalPool(Worker(self.threads, self.device or (
+            "cuda" if torch.cuda.is_available() else "cpu")))
+
+
+@dataclass
+class RayExecutor:
+    """Runs units on a pool of Ray actors (``pip install "tl-reward[ray]"``).
+
+    Args:
+        address: the cluster (``"auto"``, ``"ray://host:10001"``); ``None`` connects to a
+            running ``ray.init`` or starts a local one.
+        num_workers: actors in the pool (default: as many as the cluster's GPUs, or CPUs, allow).
+        num_gpus: GPUs per actor (1 puts one model on each GPU; 0 for CPU workers).
+        num_cpus: CPUs per actor.
+        threads: torch threads per actor (default: ``num_cpus``).
+        max_unit_retries: resubmissions of a unit whose actor died.
+        crash_after_units, crash_marker: test hooks, see :class:`Worker`.
+        init_kwargs: extra ``ray.init`` arguments when this executor starts Ray.
+    """
+
+    address: str | None = None
+    num_workers: int | None = None
+    num_gpus: float = 0
+    num_cpus: float = 1
+    threads: int | None = None
+    max_unit_retries: int = 3
+    crash_after_units: int | None = None
+    crash_marker: str | None = None
+    init_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def _ray(self) -> Any:
+        try:
+            import ray
+        except ImportError as exc:
+            raise RayNotInstalledError(
+                "the Ray executor needs Ray: pip install \"tl-reward[ray]\" (or pip install ray), "
+                "or run with LocalExecutor / without --ray") from exc
+        if not ray.is_initialized():
+            kw = {"include_dashboard": False, "log_to_driver": False, **self.init_kwargs}
+            ray.init(address=self.address, **kw)
+        return ray
+
+    def workers(self) -> list[Any]:
+        """Start the actor pool (one model load per actor happens at its first unit)."""
+        ray = self._ray()
+        n = self.num_workers
+        if n is None:
+            res = ray.cluster_resources()
+            n = (int(res.get("GPU", 0) // self.num_gpus) if self.num_gpus
+                 else int(res.get("CPU", 1) // max(self.num_cpus, 1e-9)))
+            n = max(1, n)
+        actor = ray.remote(Worker).options(
+            num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_restarts=-1,
+            max_task_retries=-1)
+        threads = self.threads or max(1, int(self.num_cpus))
+        return [actor.remote(threads, None, self.crash_after_units, self.crash_marker)
+                for _ in range(n)]
+
+    @contextmanager
+    def session(self) -> Iterator[Pool]:
+        """A fresh actor pool for the duration of a job (killed at the end)."""
+        ray = self._ray()
+        actors = self.workers()
+        try:
+            yield _RayPool(ray, actors, self.max_unit_retries)
+        finally:
+            for a in actors:
+                ray.kill(a)
+
+
+Executor = LocalExecutor | RayExecutor
+
+
+def batched(items: Sequence[Any], size: int) -> list[list[Any]]:
+    """``items`` in consecutive groups of ``size`` (the last may be shorter)."""
+    if size < 1:
+        raise TLRewardError(f"unit size must be positive, got {size}")
+    return [list(items[i: i + size]) for i in range(0, len(items), size)]
