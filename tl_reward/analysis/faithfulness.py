@@ -174,6 +174,13 @@ def _key(model: Any, tp: TokenizedPair, level: str, obj: str) -> str:
     return h.hexdigest()[:16]
 
 
+def write_record(path: Path, rec: dict[str, Any]) -> None:
+    """Write one pair's cache file atomically (the format :func:`faithfulness_report` reads)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec))
+    tmp.replace(path)
+
+
 def faithfulness_report(
     model: Any,
     pairs: Sequence[Any],
@@ -212,11 +219,16 @@ def faithfulness_report(
                 skipped.append({"pair": i, "id": key, "reason": str(err)})
                 continue
             if path is not None:
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(rec))
-                tmp.replace(path)
+                write_record(path, rec)
         done.append(rec)
         ids.append(key)
+    return assemble_report(level, obj, done, ids, skipped)
+
+
+def assemble_report(level: str, obj: str, done: list[dict[str, Any]], ids: list[str],
+                    skipped: list[dict[str, Any]]) -> FaithfulnessReport:
+    """The report from the scored pairs' records (in pair order), their keys and the skipped
+    pairs (also used by :mod:`tl_reward.scale.faithfulness`)."""
     if not done:
         why = (f"all {len(skipped)} pairs have a reward margin of exactly 0" if skipped
                else "no pairs were given")
