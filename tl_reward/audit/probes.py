@@ -367,34 +367,56 @@ def run_probes(
     if objective not in names:
         raise ProbeError(f"unknown objective {objective!r}; this model records {names}")
     fp = model_fingerprint(model)
+    model_name = str(model.cfg.model_name)
     by_id = {it.item_id: it for it in items}
     chunks = [items[i: i + chunk_size] for i in range(0, len(items), chunk_size)]
-    store = None
-    if output_dir is not None:
-        manifest = {
-            "format": FORMAT, "model_name": str(model.cfg.model_name), "model_fingerprint": fp,
-            "reward_names": names, "dimensions": [[d.name, d.description] for d in dims],
-            "items": hashlib.sha256(json.dumps([[it.item_id, it.prompt, it.reply, it.belief]
-                                                for it in items]).encode()).hexdigest(),
-            "seed": seed, "chunk_size": chunk_size, "n_items": len(items)}
-        digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:12]
-        store = _ChunkStore(Path(output_dir) / f"probes-{fp[:16]}-{digest}", manifest, overwrite)
+    store = probe_store(output_dir, model_name, fp, names, dims, items, seed, chunk_size,
+                        overwrite)
     frames = []
     show = progress if progress is not None else len(chunks) > 2
     for ci, chunk in enumerate(tqdm(chunks, desc="probes", unit="chunk", disable=not show)):
         if store is not None and store.has(ci):
             frames.append(store.read(ci))
             continue
-        rows = [r for it in chunk for r in _rows_for_item(it, dims, seed)]
-        df = _score_rows(model, by_id, rows, names, batch_size)
+        df = _score_rows(model, by_id, chunk_rows(chunk, dims, seed), names, batch_size)
         if store is not None:
             store.write(ci, df)
         frames.append(df)
         if on_chunk is not None:
             on_chunk(ci)
+    return finish_probes(frames, objective, names, dims, n_resamples, seed, model_name, fp,
+                         store)
+
+
+def chunk_rows(chunk: Sequence[ProbeItem], dims: Sequence[Dimension], seed: int
+               ) -> list[dict[str, Any]]:
+    """The unscored rows of a chunk of items (natural row, then one per dimension, per item)."""
+    return [r for it in chunk for r in _rows_for_item(it, dims, seed)]
+
+
+def probe_store(output_dir: str | Path | None, model_name: str, fp: str, names: list[str],
+                dims: Sequence[Dimension], items: Sequence[ProbeItem], seed: int,
+                chunk_size: int, overwrite: bool) -> _ChunkStore | None:
+    """The run's chunk folder under ``output_dir`` (``None`` without one)."""
+    if output_dir is None:
+        return None
+    manifest = {
+        "format": FORMAT, "model_name": model_name, "model_fingerprint": fp,
+        "reward_names": names, "dimensions": [[d.name, d.description] for d in dims],
+        "items": hashlib.sha256(json.dumps([[it.item_id, it.prompt, it.reply, it.belief]
+                                            for it in items]).encode()).hexdigest(),
+        "seed": seed, "chunk_size": chunk_size, "n_items": len(items)}
+    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:12]
+    return _ChunkStore(Path(output_dir) / f"probes-{fp[:16]}-{digest}", manifest, overwrite)
+
+
+def finish_probes(frames: list[pd.DataFrame], objective: str, names: list[str],
+                  dims: Sequence[Dimension], n_resamples: int, seed: int, model_name: str,
+                  fp: str, store: _ChunkStore | None) -> ProbeReport:
+    """The report from every chunk's scored rows, in chunk order."""
     table = pd.concat(frames, ignore_index=True)
     return summarise(table, objective, names, {d.name: d.description for d in dims},
-                     n_resamples=n_resamples, seed=seed, model_name=str(model.cfg.model_name),
+                     n_resamples=n_resamples, seed=seed, model_name=model_name,
                      model_fingerprint=fp, run_dir=store.folder if store else None)
 
 
