@@ -1,6 +1,19 @@
-"""Long jobs past one process: vocabulary sweeps over many models x prompts x vocabulary shards,
-run locally or on a Ray cluster with the same call (see :mod:`tl_reward.scale.sweeps`)."""
+"""Long jobs past one process, run locally or on a Ray cluster with the same call.
 
-from tl_reward.scale.sweeps import LocalExecutor, RayExecutor, SweepJob, run_sweeps
+* :mod:`~tl_reward.scale.executors`: where units run (:class:`LocalExecutor`,
+  :class:`RayExecutor`; a started pool is an executor too);
+* :mod:`~tl_reward.scale.sweeps`: vocabulary sweeps over many models x prompts x shards;
+* :mod:`~tl_reward.scale.faithfulness`: the faithfulness report over many pairs;
+* :mod:`~tl_reward.scale.probes`: the reward-hacking probe battery over many items;
+* :mod:`~tl_reward.scale.compare`: layer Grams / layer x layer maps over many inputs and models.
+"""
 
-__all__ = ["LocalExecutor", "RayExecutor", "SweepJob", "run_sweeps"]
+from tl_reward.scale.compare import run_compare_layers, run_layer_grams
+from tl_reward.scale.executors import LocalExecutor, ModelSpec, RayExecutor, RayNotInstalledError
+from tl_reward.scale.faithfulness import run_faithfulness
+from tl_reward.scale.probes import run_probes
+from tl_reward.scale.sweeps import SweepJob, run_sweeps
+
+__all__ = ["LocalExecutor", "ModelSpec", "RayExecutor", "RayNotInstalledError", "SweepJob",
+           "run_compare_layers", "run_faithfulness", "run_layer_grams", "run_probes",
+           "run_sweeps"]

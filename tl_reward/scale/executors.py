@@ -18,10 +18,12 @@ call on a worker, see :meth:`Pool.gather`). A unit is a module-level function
 :meth:`Worker.model`; :meth:`Worker.state` keeps per-model state (plans, prefix caches) between
 units on the same worker.
 
-Example:
+A started pool is itself an executor, so several jobs can share one pool (and the model each
+worker has loaded)::
+
     >>> with RayExecutor(num_gpus=1).session() as pool:
-    ...     plans = pool.gather(plan_fn, [(spec,)])
-    ...     pool.stream(unit_fn, [(spec, 0), (spec, 1)], lambda i, result: ...)
+    ...     probes = run_probes("org/rm", items, executor=pool)
+    ...     report = run_faithfulness("org/rm", pairs, executor=pool)
 """
 
 from __future__ import annotations
@@ -143,6 +145,12 @@ class Pool:
     """A started executor: runs planning calls and streams units (see :meth:`stream`)."""
 
     n_workers: int = 1
+
+    @contextmanager
+    def session(self) -> Iterator[Pool]:
+        """This pool itself, so a started pool can be passed as the executor of several jobs
+        (its workers, and the model each holds, are kept between them)."""
+        yield self
 
     def gather(self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
         """``fn(worker, *args)`` for every ``args`` in ``calls`` (spread over the workers),
@@ -290,7 +298,7 @@ class RayExecutor:
                 ray.kill(a)
 
 
-Executor = LocalExecutor | RayExecutor
+Executor = LocalExecutor | RayExecutor | Pool
 
 
 def batched(items: Sequence[Any], size: int) -> list[list[Any]]:

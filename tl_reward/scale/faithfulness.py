@@ -36,9 +36,9 @@ from tl_reward.analysis.faithfulness import (
 )
 from tl_reward.errors import TLRewardError
 from tl_reward.scale.executors import (
+    Executor,
     LocalExecutor,
     ModelSpec,
-    RayExecutor,
     Worker,
     as_spec,
     batched,
@@ -80,7 +80,7 @@ def run_faithfulness(
     level: str = "sublayer",
     objective: int | str | None = None,
     cache_dir: str | Path | None = None,
-    executor: LocalExecutor | RayExecutor | None = None,
+    executor: Executor | None = None,
     *,
     pairs_per_unit: int = 4,
     chunk_size: int = 32,

@@ -40,9 +40,9 @@ from tl_reward.audit.probes import (
     reward_names,
 )
 from tl_reward.scale.executors import (
+    Executor,
     LocalExecutor,
     ModelSpec,
-    RayExecutor,
     Worker,
     as_spec,
     batched,
@@ -76,7 +76,7 @@ def run_probes(
     dimensions: Iterable[str | Dimension] | None = None,
     objective: str | None = None,
     output_dir: str | Path | None = None,
-    executor: LocalExecutor | RayExecutor | None = None,
+    executor: Executor | None = None,
     *,
     seed: int = 0,
     batch_size: int = 8,

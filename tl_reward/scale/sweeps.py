@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from tl_reward.errors import TLRewardError
 from tl_reward.scale.executors import (
+    Executor,
     LocalExecutor,
     ModelSpec,
     Pool,
@@ -208,7 +209,7 @@ def _run(pool: Pool, jobs: Sequence[SweepJob], driver: _Driver, unit_chunks: int
 
 def run_sweeps(
     jobs: Sequence[SweepJob] | SweepJob,
-    executor: LocalExecutor | RayExecutor | None = None,
+    executor: Executor | None = None,
     *,
     unit_chunks: int = 4,
     overwrite: bool = False,

@@ -1,0 +1,329 @@
+"""Layer Grams (and layer x layer maps) over many inputs and models on one process or Ray.
+
+:func:`run_layer_grams` is :func:`~tl_reward.compare.layers.layer_grams` for one or more models
+with the reading of activations spread over workers. A worker plans each model (hook names,
+token lengths, the model's name and fingerprint; the driver never loads a model). The driver
+sorts the inputs by length exactly as ``layer_grams`` does, cuts the sorted order into the same
+batches, and makes units of ``batches_per_unit`` consecutive batches per model and group of
+``layer_chunk`` hook points. A worker returns each unit's activation rows (float32, the
+selected positions only); the driver puts the rows back in input order and forms each hook
+point's centred float64 Gram as ``layer_grams`` does, so the Grams are identical to the
+single-process call's (same batches, same threads). The driver holds one hook group's rows of
+one model at a time (``layer_chunk`` bounds it, as in ``layer_grams``).
+
+Resuming: with ``cache_dir``, every unit's rows are written there (one ``.npz`` per unit, in a
+folder named by the model's fingerprint and the run's settings) and read back on a rerun
+instead of being recomputed.
+
+Example:
+    >>> grams = run_layer_grams(["org/rm-a", "org/rm-b"], corpus, executor=RayExecutor(),
+    ...                         cache_dir="grams_cache")
+    >>> res = run_compare_layers("org/rm-a", "org/rm-b", corpus, executor=RayExecutor())
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from tl_reward.compare.layers import (
+    DEFAULT_HOOK,
+    LayerComparison,
+    LayerGrams,
+    Positions,
+    compare_grams,
+)
+from tl_reward.errors import TLRewardError
+from tl_reward.scale.executors import (
+    Executor,
+    LocalExecutor,
+    ModelSpec,
+    Worker,
+    as_spec,
+    batched,
+)
+
+
+def plan_grams(worker: Worker, spec: ModelSpec, inputs: Sequence[Any],
+               hook: str | Sequence[str], layers: Sequence[int] | None) -> dict[str, Any]:
+    """The model's hook names, name, fingerprint, and the inputs' token lengths, response
+    rows and digest (run on a worker)."""
+    from tl_reward.compare.layers import _encode_all, hook_names, model_label
+    from tl_reward.model.fingerprint import model_fingerprint
+
+    model = worker.model(spec)
+    names = hook_names(model, hook, layers)
+    enc = _encode_all(model, list(inputs))
+    digest = hashlib.sha256(json.dumps([[list(e.ids), e.response_start] for e in enc]).encode())
+    return {"hooks": names, "label": model_label(model), "fingerprint": model_fingerprint(model),
+            "lengths": [len(e.ids) for e in enc],
+            "response_rows": sum(len(e.ids) - (e.response_start or 0) for e in enc),
+            "inputs": digest.hexdigest()}
+
+
+def read_unit(worker: Worker, spec: ModelSpec, batches: Sequence[Sequence[Any]],
+              hooks: Sequence[str], positions: Positions
+              ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Rows of ``hooks`` for consecutive batches of inputs (each read as one forward batch):
+    rows per hook in batch order and, per row, its input's place in the flattened batches
+    (run on a worker)."""
+    from tl_reward.compare.layers import _encode_all, read_rows
+
+    model = worker.model(spec)
+    rows: dict[str, list[np.ndarray]] = {h: [] for h in hooks}
+    items, offset = [], 0
+    for j, batch in enumerate(batches):
+        worker.checkpoint(j, len(batches))
+        enc = _encode_all(model, list(batch))
+        got, item = read_rows(model, enc, hooks, positions, batch_size=len(enc))
+        for h in hooks:
+            rows[h].append(got[h])
+        items.append(item + offset)
+        offset += len(batch)
+    return {h: np.concatenate(v) for h, v in rows.items()}, np.concatenate(items)
+
+
+@dataclass
+class _Group:
+    """The driver's side of one (model, hook group): its units' rows until all are in."""
+
+    job: int
+    hooks: list[str]
+    units: list[int]
+    results: dict[int, tuple[dict[str, np.ndarray], np.ndarray]] = field(default_factory=dict)
+
+
+class _UnitStore:
+    """One ``.npz`` per unit in a folder named by the model and the run's settings."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def path(self, group: int, unit: int) -> Path:
+        return self.folder / f"g{group:04d}-u{unit:06d}.npz"
+
+    def read(self, group: int, unit: int, hooks: Sequence[str]
+             ) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+        path = self.path(group, unit)
+        if not path.exists():
+            return None
+        with np.load(path) as z:
+            return {h: z[f"h{k}"] for k, h in enumerate(hooks)}, z["item"]
+
+    def write(self, group: int, unit: int, hooks: Sequence[str], rows: dict[str, np.ndarray],
+              item: np.ndarray) -> None:
+        tmp = self.folder / f"g{group:04d}-u{unit:06d}.tmp"
+        with open(tmp, "wb") as f:
+            np.savez(f, item=item, **{f"h{k}": rows[h] for k, h in enumerate(hooks)})
+        os.replace(tmp, self.path(group, unit))
+
+
+def _grams(hooks: list[str], rows: dict[str, np.ndarray]) -> np.ndarray:
+    """Centred float64 Grams, computed as :func:`~tl_reward.compare.layers.layer_grams` does."""
+    n = len(next(iter(rows.values())))
+    grams = np.zeros((len(hooks), n, n))
+    for k, h in enumerate(hooks):
+        x = rows.pop(h).astype(np.float64)
+        x -= x.mean(0, keepdims=True)
+        grams[k] = x @ x.T
+    return grams
+
+
+def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequence[Any],
+         hook: str | Sequence[str], positions: Positions, batch_size: int,
+         layer_chunk: int | None, executor: Executor | None,
+         cache_dir: str | Path | None, batches_per_unit: int, max_gram_bytes: float,
+         progress: bool | None, callback: Callable[[int, int, int], None] | None
+         ) -> list[LayerGrams]:
+    if positions not in ("pooled", "response"):
+        raise TLRewardError(f"positions must be 'pooled' or 'response', got {positions!r}")
+    inputs = list(inputs)
+    if len(inputs) < 4:
+        raise TLRewardError(f"need at least 4 inputs to compare representations, got "
+                            f"{len(inputs)}")
+    if batch_size < 1:
+        raise TLRewardError(f"batch_size must be positive, got {batch_size}")
+    out: list[LayerGrams | None] = [None] * len(jobs)
+    with (executor or LocalExecutor()).session() as pool:
+        plans = pool.gather(plan_grams, [(s, inputs, hook, layers) for s, layers in jobs])
+        groups: list[_Group] = []
+        units: list[tuple[int, int, list[int]]] = []  # (group, unit index, input indices)
+        stores: list[_UnitStore | None] = []
+        state: list[dict[str, Any]] = []
+        for j, plan in enumerate(plans):
+            names = plan["hooks"]
+            if positions == "response":
+                need = len(names) * plan["response_rows"] ** 2 * 8
+                if need > max_gram_bytes:
+                    raise TLRewardError(
+                        f"positions='response' gives {plan['response_rows']} rows, so "
+                        f"{len(names)} float64 Grams need {need / 1e9:.1f} GB (more than "
+                        f"max_gram_bytes = {max_gram_bytes / 1e9:.1f} GB); use fewer or "
+                        "shorter inputs, fewer layers, positions='pooled', or raise "
+                        "max_gram_bytes")
+            # the batches layer_grams reads: inputs sorted by length (longest first, stable)
+            order = sorted(range(len(inputs)), key=lambda i: -plan["lengths"][i])
+            batches = batched(order, batch_size)
+            chunk = len(names) if layer_chunk is None else max(1, int(layer_chunk))
+            store = None
+            if cache_dir is not None:
+                settings = [plan["fingerprint"], plan["inputs"], names, positions, batch_size,
+                            chunk, batches_per_unit]
+                digest = hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
+                store = _UnitStore(Path(cache_dir) / f"grams-{plan['fingerprint'][:16]}-"
+                                                     f"{digest}")
+            stores.append(store)
+            state.append({"grams": np.zeros(0), "row_item": None, "left": 0})
+            for g0 in range(0, len(names), chunk):
+                group = _Group(j, names[g0: g0 + chunk], [])
+                gi = len(groups)
+                groups.append(group)
+                state[j]["left"] += 1
+                for u, unit in enumerate(batched(batches, batches_per_unit)):
+                    group.units.append(u)
+                    units.append((gi, u, [i for b in unit for i in b]))
+        bar = tqdm(total=len(units), disable=progress is False if progress is not None
+                   else len(units) < 8, desc="reading activations", unit="unit")
+
+        def finish(gi: int) -> None:
+            group = groups[gi]
+            j, plan = group.job, plans[group.job]
+            parts = [group.results.pop(u) for u in group.units]  # in unit (= batch) order
+            items = np.concatenate([p[1] for p in parts])
+            perm = np.argsort(items, kind="stable")  # rows in input order, as in read_rows
+            rows = {h: np.concatenate([p[0][h] for p in parts])[perm] for h in group.hooks}
+            row_item = items[perm]
+            if positions == "pooled" and not np.array_equal(row_item, np.arange(len(inputs))):
+                raise TLRewardError("internal error: layer rows do not cover every input once")
+            st = state[j]
+            if st["row_item"] is None:
+                st["row_item"] = row_item
+                st["grams"] = np.zeros((len(plan["hooks"]), len(row_item), len(row_item)))
+            grams = _grams(group.hooks, rows)
+            for k, h in enumerate(group.hooks):
+                st["grams"][plan["hooks"].index(h)] = grams[k]
+            st["left"] -= 1
+            if st["left"] == 0:
+                out[j] = LayerGrams(plan["label"], plan["hooks"], st.pop("grams"), positions,
+                                    st["row_item"])
+
+        def arrive(gi: int, u: int, idx: list[int], rows: dict[str, np.ndarray],
+                   local: np.ndarray, from_disk: bool) -> None:
+            group = groups[gi]
+            store = stores[group.job]
+            if not from_disk and store is not None:
+                store.write(gi - _first_group(groups, group.job), u, group.hooks, rows, local)
+            group.results[u] = (rows, np.asarray(idx)[local])
+            bar.update(1)
+            if callback is not None and not from_disk:
+                callback(group.job, gi - _first_group(groups, group.job), u)
+            if len(group.results) == len(group.units):
+                finish(gi)
+
+        todo = []
+        for gi, u, idx in units:
+            group = groups[gi]
+            store = stores[group.job]
+            got = (store.read(gi - _first_group(groups, group.job), u, group.hooks)
+                   if store is not None else None)
+            if got is None:
+                todo.append((gi, u, idx))
+            else:
+                arrive(gi, u, idx, *got, from_disk=True)
+
+        def done(k: int, result: tuple[dict[str, np.ndarray], np.ndarray]) -> None:
+            gi, u, idx = todo[k]
+            arrive(gi, u, idx, *result, from_disk=False)
+
+        try:
+            pool.stream(read_unit, [
+                (jobs[groups[gi].job][0], [[inputs[i] for i in b]
+                                           for b in batched(idx, batch_size)],
+                 groups[gi].hooks, positions) for gi, u, idx in todo], done)
+        finally:
+            bar.close()
+    if any(g is None for g in out):
+        raise TLRewardError("internal error: some layer Grams were not finished")
+    return out  # type: ignore[return-value]
+
+
+def _first_group(groups: list[_Group], job: int) -> int:
+    return next(i for i, g in enumerate(groups) if g.job == job)
+
+
+def run_layer_grams(
+    models: str | Path | ModelSpec | Sequence[str | Path | ModelSpec],
+    inputs: Sequence[Any],
+    hook: str | Sequence[str] = DEFAULT_HOOK,
+    layers: Sequence[int] | None = None,
+    positions: Positions = "pooled",
+    batch_size: int = 8,
+    layer_chunk: int | None = None,
+    executor: Executor | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+    batches_per_unit: int = 4,
+    max_gram_bytes: float = 4e9,
+    progress: bool | None = None,
+    callback: Callable[[int, int, int], None] | None = None,
+) -> list[LayerGrams]:
+    """:func:`~tl_reward.compare.layers.layer_grams` of every model (hub name, local directory
+    or :class:`ModelSpec`, loaded by the workers) on ``executor``, one :class:`LayerGrams` per
+    model.
+
+    Args:
+        batches_per_unit: forward batches of ``batch_size`` inputs a worker reads per unit.
+        cache_dir: write each unit's rows there and resume from them.
+        callback: called as ``callback(model index, hook group, unit)`` after a unit arrives.
+        The rest: as in :func:`~tl_reward.compare.layers.layer_grams`.
+    """
+    many = isinstance(models, Sequence) and not isinstance(models, str)
+    specs = [as_spec(m) for m in (models if many else [models])]  # type: ignore[union-attr]
+    if batches_per_unit < 1:
+        raise TLRewardError(f"batches_per_unit must be positive, got {batches_per_unit}")
+    return _run([(s, layers) for s in specs], inputs, hook, positions, batch_size, layer_chunk,
+                executor, cache_dir, batches_per_unit, max_gram_bytes, progress, callback)
+
+
+def run_compare_layers(
+    model_a: str | Path | ModelSpec,
+    model_b: str | Path | ModelSpec | None = None,
+    inputs: Sequence[Any] = (),
+    measure: str | Sequence[str] = ("debiased_cka", "rv2"),
+    hook: str | Sequence[str] = DEFAULT_HOOK,
+    layers_a: Sequence[int] | None = None,
+    layers_b: Sequence[int] | None = None,
+    positions: Positions = "pooled",
+    n_permutations: int = 199,
+    seed: int = 0,
+    batch_size: int = 8,
+    layer_chunk: int | None = None,
+    executor: Executor | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+    batches_per_unit: int = 4,
+    progress: bool | None = None,
+    callback: Callable[[int, int, int], None] | None = None,
+) -> LayerComparison:
+    """:func:`~tl_reward.compare.layers.compare_layers` with the activations read on
+    ``executor`` (see :func:`run_layer_grams`); the similarity maps are computed here."""
+    jobs = [(as_spec(model_a), layers_a)]
+    if model_b is not None:
+        jobs.append((as_spec(model_b), layers_b))
+    elif layers_b is not None:
+        jobs.append((as_spec(model_a), layers_b))
+    if batches_per_unit < 1:
+        raise TLRewardError(f"batches_per_unit must be positive, got {batches_per_unit}")
+    grams = _run(jobs, inputs, hook, positions, batch_size, layer_chunk, executor, cache_dir,
+                 batches_per_unit, 4e9, progress, callback)
+    return compare_grams(grams[0], grams[1] if len(grams) > 1 else None, measure,
+                         n_permutations, seed)
