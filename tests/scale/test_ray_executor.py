@@ -24,18 +24,6 @@ PROMPTS = {"best": "What is best?", "worst": "What is worst?"}
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """One local cluster for the module: 2 CPUs and 2 logical GPUs (no real GPU needed)."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
-                 object_store_memory=80 * 2**20, configure_logging=False)
-    yield ray.get_runtime_context().gcs_address
-    if started:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("rms")
     return {a: save_tiny_reward_model(root / a, a, seed=3) for a in ("llama", "qwen2")}

@@ -1,0 +1,52 @@
+"""The one local Ray cluster shared by every Ray test in tests/scale (skipped without Ray)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from scale_jobs import DIMS, GRAM_KW, INPUTS, ITEMS, PAIRS, PROBE_KW, one_thread
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A local cluster for the session: 2 CPUs and 2 logical GPUs (no real GPU needed)."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=80 * 2**20, configure_logging=False)
+    yield ray.get_runtime_context().gcs_address
+    if started:
+        ray.shutdown()
+
+
+# -- the single-process references of the faithfulness, probe and Grams jobs ---------------
+@pytest.fixture(scope="session")
+def job_models(tmp_path_factory) -> dict[str, Any]:
+    """Two tiny seeded reward models saved to disk (what workers load) and loaded here."""
+    from tl_reward import HookedRewardModel
+    from tl_reward.testing.tiny import save_tiny_reward_model
+
+    root = tmp_path_factory.mktemp("job_rms")
+    paths = {"llama": save_tiny_reward_model(root / "llama", "llama", num_labels=2, seed=3),
+             "qwen2": save_tiny_reward_model(root / "qwen2", "qwen2", seed=4)}
+    return {a: (str(p), HookedRewardModel.from_pretrained(str(p), device="cpu"))
+            for a, p in paths.items()}
+
+
+@pytest.fixture(scope="session")
+def references(job_models) -> dict[str, Any]:
+    """The single-process results every executor must reproduce exactly."""
+    from tl_reward.analysis.faithfulness import faithfulness_report
+    from tl_reward.audit.probes import run_probes
+    from tl_reward.compare.layers import layer_grams
+
+    a, b = job_models["llama"][1], job_models["qwen2"][1]
+    return one_thread(lambda: {
+        "faith": faithfulness_report(a, PAIRS, "head", progress=False),
+        "probes": run_probes(a, ITEMS, DIMS, progress=False, **PROBE_KW),
+        "grams_pooled": [layer_grams(m, INPUTS, **GRAM_KW) for m in (a, b)],
+        "grams_response": layer_grams(a, INPUTS, positions="response", layer_chunk=2,
+                                      **GRAM_KW),
+    })

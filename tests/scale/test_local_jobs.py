@@ -1,0 +1,172 @@
+"""The faithfulness, probe and Grams jobs on the local executor (no Ray): exactly the
+single-process results, whatever order units finish in; an interrupted driver resumes with no
+unit lost or scored twice; a lost unit is an error, never a silently shorter result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scale_jobs import (
+    DIMS,
+    GRAM_KW,
+    INPUTS,
+    ITEMS,
+    PAIRS,
+    PROBE_KW,
+    assert_same_faithfulness,
+    assert_same_grams,
+    assert_same_probes,
+)
+
+import tl_reward.analysis.faithfulness as faith
+from tl_reward.audit.probes import run_probes as single_run_probes
+from tl_reward.errors import TLRewardError
+from tl_reward.scale import (
+    LocalExecutor,
+    run_compare_layers,
+    run_faithfulness,
+    run_layer_grams,
+    run_probes,
+)
+from tl_reward.scale.executors import Worker, _LocalPool
+
+
+class Stop(Exception):
+    """An interrupted driver."""
+
+
+def stop_after(k: int, seen: list) -> object:
+    def cb(*a: object) -> None:
+        seen.append(a if len(a) > 1 else a[0])
+        if len(seen) == k:
+            raise Stop
+    return cb
+
+
+class ReversedPool(_LocalPool):
+    """Finishes units last to first (Ray returns them in any order)."""
+
+    def stream(self, fn, units, on_result):  # noqa: ANN001, ANN201
+        for i in reversed(range(len(units))):
+            on_result(i, self.worker.unit(fn, *units[i]))
+
+
+class DroppingPool(_LocalPool):
+    """Loses the second unit (a retried unit that never came back)."""
+
+    def stream(self, fn, units, on_result):  # noqa: ANN001, ANN201
+        for i, args in enumerate(units):
+            if i != 1:
+                on_result(i, self.worker.unit(fn, *args))
+
+
+def local() -> LocalExecutor:
+    return LocalExecutor(threads=1)
+
+
+def test_faithfulness_local_equals_resumes_and_shares_the_cache(
+        job_models, references, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, model = job_models["llama"]
+    ref = references["faith"]
+    assert len(ref) == 9 and [s["pair"] for s in ref.meta["skipped"]] == [4]
+    first: list[int] = []
+    with pytest.raises(Stop):
+        run_faithfulness(path, PAIRS, "head", cache_dir=tmp_path, executor=local(),
+                         pairs_per_unit=2, progress=False, callback=stop_after(3, first))
+    assert first == [0, 1, 2] and len(list(tmp_path.glob("*.json"))) == 3
+    rest: list[int] = []
+    got = run_faithfulness(path, PAIRS, "head", cache_dir=tmp_path, executor=local(),
+                           pairs_per_unit=2, progress=False, callback=rest.append)
+    assert rest == list(range(3, 10))  # nothing scored twice (the zero-margin pair is not cached)
+    assert_same_faithfulness(got, ref)
+    # the files are faithfulness_report's own: it reads every pair and scores only the
+    # zero-margin one (never cached)
+    scored, real = [], faith.pair_scores
+    monkeypatch.setattr(faith, "pair_scores", lambda m, tp, *a: scored.append(tp) or real(
+        m, tp, *a))
+    assert_same_faithfulness(faith.faithfulness_report(model, PAIRS, "head", cache_dir=tmp_path,
+                                                       progress=False), ref)
+    assert [tp.chosen_ids == tp.rejected_ids for tp in scored] == [True]
+    assert json.loads(next(tmp_path.glob("*.json")).read_text()).keys() == {
+        "names", "delta", "chosen", "rejected", "scores"}
+    monkeypatch.undo()
+    # units finishing last-first are put back in pair order
+    assert_same_faithfulness(run_faithfulness(path, PAIRS, "head", executor=ReversedPool(
+        Worker(1)), pairs_per_unit=3, progress=False), ref)
+    # ... which the equality would catch: two pairs swapped give other tensors
+    assert not torch.equal(ref.scores["noising"][[1, 0]], ref.scores["noising"][[0, 1]])
+    with pytest.raises(TLRewardError, match="neither scored nor skipped"):
+        run_faithfulness(path, PAIRS, "head", executor=DroppingPool(Worker(1)),
+                         pairs_per_unit=3, progress=False)
+
+
+def test_probes_local_equal_resume_and_share_the_store(job_models, references,
+                                                       tmp_path: Path) -> None:
+    path, model = job_models["llama"]
+    ref = references["probes"]
+    first: list[int] = []
+    with pytest.raises(Stop):
+        run_probes(path, ITEMS, DIMS, output_dir=tmp_path, executor=local(), chunks_per_unit=2,
+                   progress=False, on_chunk=stop_after(3, first), **PROBE_KW)
+    run_dir = next(tmp_path.iterdir())
+    assert first == [0, 1, 2] and len(list(run_dir.glob("chunk-*.parquet"))) == 3
+    rest: list[int] = []
+    got = run_probes(path, ITEMS, DIMS, output_dir=tmp_path, executor=local(),
+                     chunks_per_unit=2, progress=False, on_chunk=rest.append, **PROBE_KW)
+    assert rest == [3, 4] and got.run_dir == run_dir
+    assert_same_probes(got, ref)
+    # the single-process run_probes finds every chunk in the same store and scores none
+    again = single_run_probes(model, ITEMS, DIMS, output_dir=tmp_path, progress=False,
+                              on_chunk=lambda i: pytest.fail("rescored"), **PROBE_KW)
+    assert_same_probes(again, ref)
+    assert_same_probes(run_probes(path, ITEMS, DIMS, executor=ReversedPool(Worker(1)),
+                                  chunks_per_unit=2, progress=False, **PROBE_KW), ref)
+    swapped = ref.rows.iloc[np.r_[ref.rows.index[9:18], ref.rows.index[:9],
+                                  ref.rows.index[18:]]].reset_index(drop=True)
+    assert not swapped.equals(ref.rows)  # two items' rows out of order: caught
+    with pytest.raises(TLRewardError, match="chunks are missing"):
+        run_probes(path, ITEMS, DIMS, executor=DroppingPool(Worker(1)), progress=False,
+                   **PROBE_KW)
+
+
+def test_grams_local_equal_resume_and_compare(job_models, references, tmp_path: Path) -> None:
+    paths = [job_models[a][0] for a in ("llama", "qwen2")]
+    for got, ref in zip(run_layer_grams(paths, INPUTS, executor=local(), batches_per_unit=3,
+                                        progress=False, **GRAM_KW),
+                        references["grams_pooled"], strict=True):
+        assert_same_grams(got, ref)
+    ref = references["grams_response"]
+    assert ref.n_rows > 3 * len(INPUTS)  # response tokens: several rows per input
+    kw = {"positions": "response", "layer_chunk": 2, "cache_dir": tmp_path,
+          "batches_per_unit": 1, "progress": False, **GRAM_KW}
+    first: list[tuple] = []
+    with pytest.raises(Stop):
+        run_layer_grams(paths[0], INPUTS, executor=local(), callback=stop_after(5, first), **kw)
+    assert len(list(tmp_path.rglob("*.npz"))) == 5
+    rest: list[tuple] = []
+    (got,) = run_layer_grams(paths[0], INPUTS, executor=local(),
+                             callback=lambda *a: rest.append(a), **kw)
+    assert_same_grams(got, ref)
+    units = {(m, g, u) for m in (0,) for g in (0, 1) for u in range(8)}  # 2 groups x 8 batches
+    assert len(first) + len(rest) == len(units) and set(first) | set(rest) == units
+    (got,) = run_layer_grams(paths[0], INPUTS, executor=ReversedPool(Worker(1)),
+                             **{**kw, "cache_dir": None, "batches_per_unit": 3})
+    assert_same_grams(got, ref)
+    perm = np.random.default_rng(0).permutation(ref.n_rows)
+    assert not np.array_equal(ref.grams[:, perm][:, :, perm], ref.grams)  # row order is seen
+    with pytest.raises(TLRewardError, match="not finished"):
+        run_layer_grams(paths[0], INPUTS, executor=DroppingPool(Worker(1)), progress=False,
+                        **GRAM_KW)
+    # the similarity maps: compare_layers' own on the same Grams
+    from tl_reward.compare.layers import compare_grams
+
+    res = run_compare_layers(paths[0], paths[1], INPUTS, n_permutations=19, executor=local(),
+                             progress=False, **GRAM_KW)
+    want = compare_grams(*references["grams_pooled"], n_permutations=19)
+    for m in want.measures:
+        np.testing.assert_array_equal(res.observed[m], want.observed[m])
+        np.testing.assert_array_equal(res.p_value[m], want.p_value[m])
