@@ -1,0 +1,128 @@
+"""The faithfulness, probe and Grams jobs on a local Ray cluster: exactly the single-process
+results; with both actors killed (``os._exit``) halfway through a unit and the driver
+interrupted after k results, a rerun gives the identical result, with no unit written twice
+or lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
+
+from scale_jobs import (  # noqa: E402
+    DIMS,
+    GRAM_KW,
+    INPUTS,
+    ITEMS,
+    PAIRS,
+    PROBE_KW,
+    assert_same_faithfulness,
+    assert_same_grams,
+    assert_same_probes,
+)
+
+from tl_reward.scale import (  # noqa: E402
+    RayExecutor,
+    run_faithfulness,
+    run_layer_grams,
+    run_probes,
+)
+
+# half a CPU per actor: the module's pool (2 actors) and a crashing pool (2) fit on 2 CPUs
+HALF = {"num_cpus": 0.5, "threads": 1}
+
+
+class Stop(Exception):
+    """An interrupted driver."""
+
+
+@pytest.fixture(scope="module")
+def pool(cluster):
+    """Two actors kept for the module: one pool serves every job (and every rerun)."""
+    with RayExecutor(num_workers=2, **HALF).session() as p:
+        yield p
+
+
+def crashing(tmp_path: Path) -> tuple[RayExecutor, Path]:
+    """Two actors that each die halfway through their second unit (then restart, once)."""
+    marker = tmp_path / "crashes"
+    marker.mkdir()
+    return RayExecutor(num_workers=2, crash_after_units=2, crash_marker=str(marker),
+                       **HALF), marker
+
+
+def stop_after(k: int, seen: list) -> object:
+    def cb(*a: object) -> None:
+        seen.append(a if len(a) > 1 else a[0])
+        if len(seen) == k:
+            raise Stop
+    return cb
+
+
+def test_jobs_on_one_ray_pool_equal_single_process(pool, job_models, references) -> None:
+    llama, qwen2 = job_models["llama"][0], job_models["qwen2"][0]
+    assert len({ray.get(a.info.remote())["pid"] for a in pool.actors}) == 2
+    assert_same_faithfulness(run_faithfulness(llama, PAIRS, "head", executor=pool,
+                                              pairs_per_unit=2, progress=False),
+                             references["faith"])
+    assert_same_probes(run_probes(llama, ITEMS, DIMS, executor=pool, progress=False,
+                                  **PROBE_KW), references["probes"])
+    for got, ref in zip(run_layer_grams([llama, qwen2], INPUTS, executor=pool,
+                                        batches_per_unit=2, progress=False, **GRAM_KW),
+                        references["grams_pooled"], strict=True):
+        assert_same_grams(got, ref)
+
+
+def test_faithfulness_killed_workers_and_driver_resume(pool, job_models, references,
+                                                       tmp_path: Path) -> None:
+    path = job_models["llama"][0]
+    executor, marker = crashing(tmp_path)
+    first: list[int] = []
+    with pytest.raises(Stop):
+        run_faithfulness(path, PAIRS, "head", cache_dir=tmp_path / "c", executor=executor,
+                         pairs_per_unit=1, progress=False, callback=stop_after(6, first))
+    assert len(list(marker.iterdir())) == 2  # both actors really died mid-unit
+    assert len(list((tmp_path / "c").glob("*.json"))) == len(set(first) - {4})
+    rest: list[int] = []
+    got = run_faithfulness(path, PAIRS, "head", cache_dir=tmp_path / "c", executor=pool,
+                           pairs_per_unit=2, progress=False, callback=rest.append)
+    assert_same_faithfulness(got, references["faith"])
+    scored = [i for i in first + rest if i != 4]  # the zero-margin pair is never cached
+    assert sorted(scored) == [i for i in range(len(PAIRS)) if i != 4]  # each once
+
+
+def test_probes_killed_workers_and_driver_resume(pool, job_models, references,
+                                                 tmp_path: Path) -> None:
+    path = job_models["llama"][0]
+    executor, marker = crashing(tmp_path)
+    first: list[int] = []
+    with pytest.raises(Stop):
+        run_probes(path, ITEMS, DIMS, output_dir=tmp_path / "o", executor=executor,
+                   chunks_per_unit=1, progress=False, on_chunk=stop_after(3, first),
+                   **PROBE_KW)
+    assert len(list(marker.iterdir())) == 2
+    rest: list[int] = []
+    got = run_probes(path, ITEMS, DIMS, output_dir=tmp_path / "o", executor=pool,
+                     progress=False, on_chunk=rest.append, **PROBE_KW)
+    assert_same_probes(got, references["probes"])
+    assert sorted(first + rest) == list(range(5))  # 5 chunks of 2 items, each written once
+
+
+def test_grams_killed_workers_and_driver_resume(pool, job_models, references,
+                                                tmp_path: Path) -> None:
+    path = job_models["llama"][0]
+    executor, marker = crashing(tmp_path)
+    kw = {"positions": "response", "layer_chunk": 2, "cache_dir": tmp_path / "g",
+          "batches_per_unit": 2, "progress": False, **GRAM_KW}
+    first: list[tuple] = []
+    with pytest.raises(Stop):
+        run_layer_grams(path, INPUTS, executor=executor, callback=stop_after(4, first), **kw)
+    assert len(list(marker.iterdir())) == 2
+    rest: list[tuple] = []
+    (got,) = run_layer_grams(path, INPUTS, executor=pool, callback=lambda *a: rest.append(a),
+                             **kw)
+    assert_same_grams(got, references["grams_response"])
+    # 2 hook groups x 4 units of 2 batches, each read once
+    assert sorted(first + rest) == [(0, g, u) for g in range(2) for u in range(4)]
