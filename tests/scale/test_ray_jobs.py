@@ -126,3 +126,39 @@ def test_grams_killed_workers_and_driver_resume(pool, job_models, references,
     assert_same_grams(got, references["grams_response"])
     # 2 hook groups x 4 units of 2 batches, each read once
     assert sorted(first + rest) == [(0, g, u) for g in range(2) for u in range(4)]
+
+
+def test_cli_audit_on_ray_writes_the_single_process_store(cluster, job_models, tmp_path: Path,
+                                                          capsys) -> None:
+    import json
+
+    from scale_jobs import one_thread
+
+    from tl_reward.audit.perturbations import user_items
+    from tl_reward.audit.probes import run_probes as single_run_probes
+    from tl_reward.cli import main
+
+    path, model = job_models["llama"]
+    rows = [{"prompt": it.user_turn, "reply": it.reply} for it in ITEMS]
+    src = tmp_path / "items.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "audit.html"
+    args = ["audit", "--model", path, "--items", str(src), "--dimensions", ",".join(DIMS),
+            "--resamples", "200", "--seed", "1", "--output", str(out), "--no-published",
+            "--ray", "--workers", "1", "--cpus-per-worker", "0.5"]  # published: > tiny n_ctx
+    assert main(args) == 0
+    assert "(Ray)" in capsys.readouterr().out
+    text = out.read_text()
+    assert "<h2>Probes" in text and "<h2>Cascade" in text
+    assert "<h2>Reward-term conflict" in text  # two objectives: loaded here for geometry
+    items = user_items(rows, source="items")
+    ref = one_thread(lambda: single_run_probes(model, items, DIMS, seed=1, n_resamples=200,
+                                               progress=False))
+    # the single-process call finds every chunk the Ray run wrote, and they are its own rows
+    again = single_run_probes(model, items, DIMS, seed=1, n_resamples=200, progress=False,
+                              output_dir=tmp_path / "audit.html.runs",
+                              on_chunk=lambda i: pytest.fail("rescored"))
+    assert_same_probes(again, ref)
+    with pytest.raises(SystemExit):
+        main(["audit", "--help"])
+    assert "--gpus-per-worker" in capsys.readouterr().out

@@ -7,6 +7,10 @@ probes with their "Cohen's d" beside ours and, when the geometry analyses are in
 (``tl_reward.audit.conflict`` / ``concepts``), the conflict matrix. Probe runs are resumable:
 finished chunks live in ``--runs`` (default ``<output>.runs``), so a killed audit started
 again with the same arguments continues where it stopped.
+
+With ``--ray`` the probe battery (and the 10 published probes) run on Ray actors that load the
+model; this process writes the chunks and the report, and loads the model itself only for the
+geometry sections (a model with two or more objectives, or ``--concepts``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, load_model
+from tl_reward.cli.common import add_model_options, add_ray_options, load_model, ray_executor
 from tl_reward.errors import TLRewardError
 
 
@@ -54,6 +58,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cdn", action="store_true",
                    help="load plotly from a CDN (smaller file, needs a network to view)")
     p.add_argument("--output", type=Path, default=Path("audit.html"), help="HTML report path")
+    add_ray_options(p, "the probe battery's chunks of items")
     p.set_defaults(run=run)
 
 
@@ -83,8 +88,13 @@ def collect_items(args: argparse.Namespace) -> list[Any]:
 def build_report(model: Any, items: list[Any], dimensions: list[str] | None = None,
                  objective: str | None = None, runs: Path | None = None, seed: int = 0,
                  batch_size: int = 8, n_resamples: int = 2000, published: bool = True,
-                 concepts: bool = False) -> list[Any]:
-    """The parts of the audit report (tables, figures, HTML headings)."""
+                 concepts: bool = False, executor: Any = None) -> list[Any]:
+    """The parts of the audit report (tables, figures, HTML headings).
+
+    With an ``executor`` (:mod:`tl_reward.scale`), ``model`` is what its workers load (hub
+    name, local directory or ``ModelSpec``): the probes run there, and the model is loaded here
+    only if a geometry section needs it.
+    """
     import numpy as np
     import pandas as pd
 
@@ -99,8 +109,15 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
     )
 
     t0 = time.time()
-    rep = run_probes(model, items, dimensions, objective=objective, output_dir=runs, seed=seed,
-                     batch_size=batch_size, n_resamples=n_resamples)
+    if executor is None:
+        rep = run_probes(model, items, dimensions, objective=objective, output_dir=runs,
+                         seed=seed, batch_size=batch_size, n_resamples=n_resamples)
+    else:
+        from tl_reward.scale import probes as scaled
+
+        rep = scaled.run_probes(model, items, dimensions, objective=objective, output_dir=runs,
+                                executor=executor, seed=seed, batch_size=batch_size,
+                                n_resamples=n_resamples)
     probe_s = time.time() - t0
     stats = rep.to_dataframe()
     table = stats[["dimension", "n", "n_skipped", "mean", "ci_low", "ci_high", "effect_size",
@@ -113,7 +130,7 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
     sources = pd.Series([getattr(it, "source", "user") for it in items]).value_counts()
     g_lo, g_hi = dist.index_ci
     parts: list[Any] = [
-        f"<p><b>Model:</b> {html.escape(str(model.cfg.model_name))} (fingerprint "
+        f"<p><b>Model:</b> {html.escape(rep.model_name)} (fingerprint "
         f"{rep.model_fingerprint[:16]}); <b>objective:</b> {rep.objective}; <b>base items:</b> "
         f"{len(items)} ({', '.join(f'{k}: {v}' for k, v in sources.items())}); "
         f"<b>natural-reply sd of r:</b> {rep.natural_sd:.4f} (n = {rep.natural_n}); "
@@ -139,16 +156,38 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
         cascade_heatmap(casc), casc.to_dataframe(),
     ]
     if published:
-        pub = run_published_probes(model, rep.objective, batch_size)
+        if executor is None:
+            pub = run_published_probes(model, rep.objective, batch_size)
+        else:
+            pub = scaled.run_published_probes(model, rep.objective, batch_size, executor)
         parts += ["<h2>The published probes (reward-lens v1.0.0)</h2><p>10 hand-written "
                   "triples; their biased texts also change content. n per dimension is 1-3, "
                   "so its \"Cohen's d\" is infinite at n = 1 and no p-value can reach 0.05 at "
                   "n = 2 (the smallest exact sign-flip p is 0.5).</p>", pub.table]
-    parts += _geometry_parts(model, rep, items, concepts, batch_size, seed)
+    if executor is not None:  # load the model here only when a geometry section needs it
+        n_obj = len([n for n in rep.reward_names if n != "score"])
+        if not (concepts or (n_obj >= 2 and _has_conflict())):
+            model = None
+        else:
+            import torch
+
+            from tl_reward.scale.executors import as_spec
+
+            model = as_spec(model).load("cuda" if torch.cuda.is_available() else "cpu")
+    if model is not None:
+        parts += _geometry_parts(model, rep, items, concepts, batch_size, seed)
     raw = rep.rows.drop(columns=[c for c in rep.rows.columns if c.startswith("neutral_user")])
     parts += ["<h2>Evidence: first 200 per-item rows</h2>",
               raw[raw.dimension != "__natural__"].head(200).replace({np.nan: None})]
     return parts
+
+
+def _has_conflict() -> bool:
+    try:
+        import tl_reward.audit.conflict  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _geometry_parts(model: Any, rep: Any, items: list[Any], concepts: bool, batch_size: int,
@@ -202,15 +241,23 @@ def _geometry_parts(model: Any, rep: Any, items: list[Any], concepts: bool, batc
 
 def run(args: argparse.Namespace) -> int:
     items = collect_items(args)
-    model = load_model(args)
     from tl_reward.viz.html import save_html
 
     dims = [d.strip() for d in args.dimensions.split(",")] if args.dimensions else None
     runs = args.runs or args.output.with_name(args.output.name + ".runs")
     t0 = time.time()
-    parts = build_report(model, items, dims, args.objective, runs, args.seed, args.batch_size,
-                         args.resamples, not args.no_published, args.concepts)
+    if args.ray:
+        from tl_reward.scale import ModelSpec
+
+        with ray_executor(args).session() as pool:
+            parts = build_report(ModelSpec(args.model, trust_remote_code=args.trust_remote_code),
+                                 items, dims, args.objective, runs, args.seed, args.batch_size,
+                                 args.resamples, not args.no_published, args.concepts, pool)
+    else:
+        parts = build_report(load_model(args), items, dims, args.objective, runs, args.seed,
+                             args.batch_size, args.resamples, not args.no_published,
+                             args.concepts)
     path = save_html(args.output, *parts, title="Reward model audit", offline=not args.cdn)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) in {time.time() - t0:.0f} s; "
-          f"probe chunks in {runs}")
+          f"probe chunks in {runs}{' (Ray)' if args.ray else ''}")
     return 0

@@ -1,4 +1,4 @@
-"""Options shared by subcommands: which model, which device."""
+"""Options shared by subcommands: which model, which device, which Ray cluster."""
 
 from __future__ import annotations
 
@@ -24,3 +24,35 @@ def load_model(args: argparse.Namespace) -> Any:
 
     return HookedRewardModel.from_pretrained(args.model, device=args.device,
                                              trust_remote_code=args.trust_remote_code)
+
+
+def add_ray_options(parser: argparse.ArgumentParser, what: str,
+                    resume: str = "rerun the same command after an interruption to resume"
+                    ) -> argparse._ArgumentGroup:
+    """The ``Ray`` group: ``--ray``, ``--address``, ``--workers``, ``--gpus-per-worker``,
+    ``--cpus-per-worker``; ``what`` says what the actors do, ``resume`` how to resume."""
+    ray = parser.add_argument_group(
+        "Ray", f"spread {what} over Ray actors (pip install \"tl-reward[ray]\"); each actor "
+               f"loads the model once, this process writes the results; {resume}")
+    ray.add_argument("--ray", action="store_true", help="run on a Ray cluster")
+    ray.add_argument("--address", help="Ray cluster address (e.g. auto, ray://host:10001; "
+                                       "default: start a local cluster)")
+    ray.add_argument("--workers", type=int, help="actors (default: what the cluster allows)")
+    ray.add_argument("--gpus-per-worker", type=float, default=0,
+                     help="GPUs per actor (1: one model per GPU; default 0, CPU actors)")
+    ray.add_argument("--cpus-per-worker", type=float, default=1, help="CPUs per actor")
+    return ray
+
+
+def ray_executor(args: argparse.Namespace, threads: int | None = None) -> Any:
+    """The :class:`~tl_reward.scale.RayExecutor` the Ray options name (``--device`` must be
+    unset: actors use the GPU Ray assigns them, or the CPU)."""
+    from tl_reward.errors import TLRewardError
+    from tl_reward.scale.executors import RayExecutor
+
+    if getattr(args, "device", None) not in (None, "auto"):
+        raise TLRewardError("--device does not apply with --ray; actors use the GPU Ray "
+                            "assigns them (--gpus-per-worker) or the CPU")
+    return RayExecutor(address=args.address, num_workers=args.workers,
+                       num_gpus=args.gpus_per_worker, num_cpus=args.cpus_per_worker,
+                       threads=threads)

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, load_model
+from tl_reward.cli.common import add_model_options, add_ray_options, load_model, ray_executor
 from tl_reward.errors import TLRewardError
 
 
@@ -53,17 +53,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--top", type=int, default=10, help="print the top and bottom K (0: none)")
     p.add_argument("--merge", nargs="+", type=Path, metavar="SHARD",
                    help="merge finished shard files into --output instead of sweeping")
-    ray = p.add_argument_group(
-        "Ray", "spread the sweep over Ray actors (pip install \"tl-reward[ray]\"); each actor "
-               "loads the model once and scores units of --unit-chunks batches, this process "
-               "writes the file; rerun with --resume after an interruption")
-    ray.add_argument("--ray", action="store_true", help="run on a Ray cluster")
-    ray.add_argument("--address", help="Ray cluster address (e.g. auto, ray://host:10001; "
-                                       "default: start a local cluster)")
-    ray.add_argument("--workers", type=int, help="actors (default: what the cluster allows)")
-    ray.add_argument("--gpus-per-worker", type=float, default=0,
-                     help="GPUs per actor (1: one model per GPU; default 0, CPU actors)")
-    ray.add_argument("--cpus-per-worker", type=float, default=1, help="CPUs per actor")
+    ray = add_ray_options(p, "the sweep's chunks (units of --unit-chunks batches)",
+                          "rerun with --resume after an interruption")
     ray.add_argument("--unit-chunks", type=int, default=4, help="batches per unit of work")
     p.set_defaults(run=run)
 
@@ -129,13 +120,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_ray(args: argparse.Namespace, prompts: Any, labels: Any,
              shard: tuple[int, int] | None, id_range: tuple[int, int] | None) -> int:
-    from tl_reward.scale.sweeps import RayExecutor, SweepJob, run_sweeps
+    from tl_reward.scale.sweeps import SweepJob, run_sweeps
     from tl_reward.sweep.store import parts_dir
     from tl_reward.sweep.vocab_sweep import load_sweep
 
-    if args.device not in (None, "auto"):
-        raise TLRewardError("--device does not apply with --ray; actors use the GPU Ray "
-                            "assigns them (--gpus-per-worker) or the CPU")
+    executor = ray_executor(args, args.threads)
     exists = args.output.exists() or parts_dir(args.output).exists()
     if exists and not (args.resume or args.overwrite):
         raise TLRewardError(f"{args.output} (or its parts) already exists; pass --resume to "
@@ -145,9 +134,6 @@ def _run_ray(args: argparse.Namespace, prompts: Any, labels: Any,
                    include_special=args.include_special, batch_size=args.batch_size,
                    mode=args.mode, cache=args.cache, shard=shard, id_range=id_range,
                    trust_remote_code=args.trust_remote_code)
-    executor = RayExecutor(address=args.address, num_workers=args.workers,
-                           num_gpus=args.gpus_per_worker, num_cpus=args.cpus_per_worker,
-                           threads=args.threads)
     run_sweeps([job], executor, unit_chunks=args.unit_chunks, overwrite=args.overwrite,
                progress=True)
     sweep = load_sweep(args.output)

@@ -33,6 +33,7 @@ from tl_reward.audit.perturbations import (
 )
 from tl_reward.audit.probes import (
     ProbeReport,
+    PublishedProbeReport,
     _score_rows,
     chunk_rows,
     finish_probes,
@@ -138,3 +139,18 @@ def run_probes(
         raise ProbeError("internal error: some probe chunks are missing")
     return finish_probes([frames[ci] for ci in range(len(chunks))], objective, names, dims,
                          n_resamples, seed, model_name, fp, store)
+
+
+def _published_on_worker(worker: Worker, spec: ModelSpec, objective: str | None,
+                         batch_size: int) -> PublishedProbeReport:
+    from tl_reward.audit.probes import run_published_probes as published
+
+    return published(worker.model(spec), objective, batch_size)
+
+
+def run_published_probes(model: str | Path | ModelSpec, objective: str | None = None,
+                         batch_size: int = 8, executor: Executor | None = None
+                         ) -> PublishedProbeReport:
+    """:func:`tl_reward.audit.probes.run_published_probes` (10 probes, one call) on a worker."""
+    with (executor or LocalExecutor()).session() as pool:
+        return pool.gather(_published_on_worker, [(as_spec(model), objective, batch_size)])[0]
