@@ -24,13 +24,14 @@ def cluster():
 # -- the single-process references of the faithfulness, probe and Grams jobs ---------------
 @pytest.fixture(scope="session")
 def job_models(tmp_path_factory) -> dict[str, Any]:
-    """Two tiny seeded reward models saved to disk (what workers load) and loaded here."""
+    """Three tiny seeded reward models saved to disk (what workers load) and loaded here."""
     from tl_reward import HookedRewardModel
     from tl_reward.testing.tiny import save_tiny_reward_model
 
     root = tmp_path_factory.mktemp("job_rms")
     paths = {"llama": save_tiny_reward_model(root / "llama", "llama", num_labels=2, seed=3),
-             "qwen2": save_tiny_reward_model(root / "qwen2", "qwen2", seed=4)}
+             "qwen2": save_tiny_reward_model(root / "qwen2", "qwen2", seed=4),
+             "llama1": save_tiny_reward_model(root / "llama1", "llama", seed=5)}
     return {a: (str(p), HookedRewardModel.from_pretrained(str(p), device="cpu"))
             for a, p in paths.items()}
 

@@ -162,3 +162,34 @@ def test_cli_audit_on_ray_writes_the_single_process_store(cluster, job_models, t
     with pytest.raises(SystemExit):
         main(["audit", "--help"])
     assert "--gpus-per-worker" in capsys.readouterr().out
+
+
+def test_cli_compare_layers_on_ray_equal_single_process(cluster, job_models, tmp_path: Path,
+                                                        monkeypatch, capsys) -> None:
+    import json
+
+    import numpy as np
+    from scale_jobs import one_thread
+
+    import tl_reward.compare.layers as layers
+    from tl_reward.cli import main
+    from tl_reward.cli.compare import read_compare_input
+
+    src = tmp_path / "corpus.jsonl"
+    src.write_text("\n".join(json.dumps({"prompt": p, "response": r}) for p, r in INPUTS[:12]))
+    maps, real, grams = [], layers.compare_grams, layers.layer_grams
+    monkeypatch.setattr(layers, "compare_grams", lambda *a: maps.append(real(*a)) or maps[-1])
+    monkeypatch.setattr(layers, "layer_grams", lambda *a, **k: pytest.fail("read here"))
+    (a, ma), (b, mb) = job_models["llama1"], job_models["qwen2"]  # one reward each
+    assert main(["compare", "--model", a, "--model", b, "--input", str(src), "--layers",
+                 "--permutations", "9", "--bootstrap", "50", "--output",
+                 str(tmp_path / "c.html"), "--ray", "--workers", "1", "--cpus-per-worker",
+                 "0.5"]) == 0
+    assert "Layer x layer" in (tmp_path / "c.html").read_text()
+    corpus, _ = read_compare_input(src)
+    want = one_thread(lambda: real(grams(ma, corpus), grams(mb, corpus),
+                                   ["debiased_cka", "rv2"], 9))
+    assert len(maps) == 1 and maps[0].measures == want.measures
+    for m in want.measures:
+        np.testing.assert_array_equal(maps[0].observed[m], want.observed[m])
+        np.testing.assert_array_equal(maps[0].p_value[m], want.p_value[m])

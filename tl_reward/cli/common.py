@@ -44,13 +44,15 @@ def add_ray_options(parser: argparse.ArgumentParser, what: str,
     return ray
 
 
-def ray_executor(args: argparse.Namespace, threads: int | None = None) -> Any:
+def ray_executor(args: argparse.Namespace, threads: int | None = None,
+                 device_applies: bool = False) -> Any:
     """The :class:`~tl_reward.scale.RayExecutor` the Ray options name (``--device`` must be
-    unset: actors use the GPU Ray assigns them, or the CPU)."""
+    unset unless it still applies to this process: actors use the GPU Ray assigns them, or the
+    CPU)."""
     from tl_reward.errors import TLRewardError
     from tl_reward.scale.executors import RayExecutor
 
-    if getattr(args, "device", None) not in (None, "auto"):
+    if not device_applies and getattr(args, "device", None) not in (None, "auto"):
         raise TLRewardError("--device does not apply with --ray; actors use the GPU Ray "
                             "assigns them (--gpus-per-worker) or the CPU")
     return RayExecutor(address=args.address, num_workers=args.workers,

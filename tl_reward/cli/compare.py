@@ -1,4 +1,9 @@
-"""``tl-reward compare``: do two or more reward models agree? One offline HTML report."""
+"""``tl-reward compare``: do two or more reward models agree? One offline HTML report.
+
+With ``--ray --layers`` the activations behind the layer x layer maps are read on Ray actors
+(each loads a model once; every model's Grams in one pass); the behavioural part still scores
+the corpus with the models loaded in this process (``--device`` applies to those).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tl_reward.cli.common import add_ray_options, ray_executor
 from tl_reward.errors import TLRewardError
 
 
@@ -41,6 +47,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--cdn", action="store_true",
                    help="load plotly from a CDN (smaller file, needs a network to view)")
+    add_ray_options(p, "reading the activations for --layers (units of 4 batches)")
     p.set_defaults(run=run)
 
 
@@ -85,10 +92,11 @@ def _name(spec: str, taken: set[str]) -> str:
 
 
 def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
-                 args: argparse.Namespace) -> list[Any]:
-    """The report's parts: tables, figures and headings."""
+                 args: argparse.Namespace, specs: list[Any] | None = None) -> list[Any]:
+    """The report's parts: tables, figures and headings (with ``--ray``, ``specs`` are what the
+    actors load for the layer maps, one per model)."""
     from tl_reward.compare.behaviour import compare_models
-    from tl_reward.compare.layers import compare_layers
+    from tl_reward.compare.layers import compare_grams, compare_layers
 
     rep = compare_models(models, corpus, pairs=pairs or None,
                          readability_layer=args.readability_layer, n_resamples=args.bootstrap,
@@ -110,9 +118,19 @@ def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
                      "exceeds the number of items, so read them as observed minus the mean of "
                      f"their permutation null ({args.permutations} row permutations). A "
                      "similar geometry is not the same mechanism.</p>")
-        for other in names[1:]:
-            lc = compare_layers(models[names[0]], models[other], corpus, measure=measures,
-                                n_permutations=args.permutations, batch_size=args.batch_size)
+        grams = None
+        if getattr(args, "ray", False):
+            from tl_reward.scale.compare import run_layer_grams
+
+            grams = run_layer_grams(specs, corpus, batch_size=args.batch_size,
+                                    executor=ray_executor(args, device_applies=True))
+        for k, other in enumerate(names[1:], 1):
+            if grams is not None:  # the same Grams, read on Ray actors
+                lc = compare_grams(grams[0], grams[k], measures, args.permutations)
+            else:
+                lc = compare_layers(models[names[0]], models[other], corpus, measure=measures,
+                                    n_permutations=args.permutations,
+                                    batch_size=args.batch_size)
             lc.model_a, lc.model_b = names[0], other
             parts += [f"<h3>{html.escape(names[0])} vs {html.escape(other)}</h3>",
                       lc.plot(kind="observed"), lc.plot(kind="excess")]
@@ -129,7 +147,10 @@ def run(args: argparse.Namespace) -> int:
     taken: set[str] = set()
     models = {_name(m, taken): HookedRewardModel.from_pretrained(
         m, device=args.device, trust_remote_code=args.trust_remote_code) for m in args.model}
-    parts = build_report(models, corpus, pairs, args)
+    from tl_reward.scale.executors import ModelSpec
+
+    specs = [ModelSpec(m, trust_remote_code=args.trust_remote_code) for m in args.model]
+    parts = build_report(models, corpus, pairs, args, specs)
     path = save_html(args.output, *parts, title="Do these reward models agree?",
                      offline=not args.cdn)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
