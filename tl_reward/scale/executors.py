@@ -96,12 +96,12 @@ class Worker:
         return {"pid": os.getpid(), "device": self.device, "gpu_ids": _gpu_ids(),
                 "threads": torch.get_num_threads()}
 
-    def model(self, spec: ModelSpec, loader: Callable[[str], Any] | None = None) -> Any:
+    def model(self, spec: ModelSpec) -> Any:
         """The model of ``spec``, loaded at most once while consecutive units use it (one model
         in memory at a time; :attr:`state` is cleared when the model changes)."""
         if spec != self._model_key:
             self._model, self.state = None, {}
-            self._model = (loader or spec.load)(self.device)
+            self._model = spec.load(self.device)
             self._model_key = spec
         return self._model
 
