@@ -182,6 +182,8 @@ class _RayPool(Pool):
     def __init__(self, ray: Any, actors: list[Any], max_unit_retries: int) -> None:
         self.ray, self.actors, self.max_unit_retries = ray, actors, max_unit_retries
         self.n_workers = len(actors)
+        self.resubmitted = 0  # units handed out again because their actor died
+        self.restart_timeout_s = 600.0  # how long a dead actor may take to come back
 
     def gather(self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
         n = len(self.actors)
@@ -190,27 +192,47 @@ class _RayPool(Pool):
 
     def stream(self, fn: Callable[..., Any], units: Sequence[tuple[Any, ...]],
                on_result: Callable[[int, Any], None]) -> None:
+        import time
+
         ray = self.ray
+        dead = tuple(getattr(ray.exceptions, n) for n in ("RayActorError", "ActorUnavailableError")
+                     if hasattr(ray.exceptions, n))  # died, or restarting when handed the unit
         queue = [(i, 0) for i in reversed(range(len(units)))]  # pop() hands out in order
-        inflight: dict[Any, tuple[Any, int, int]] = {}
+        # ref -> (actor, unit index or _PING, tries or the time the actor was first pinged)
+        inflight: dict[Any, tuple[Any, int, float]] = {}
         idle = list(self.actors) * 2  # two units in flight per actor: the next one is queued
-        while queue or inflight:
+        while queue or any(i != _PING for _, i, _ in inflight.values()):
             while queue and idle:
                 a = idle.pop(0)
                 i, tries = queue.pop()
                 inflight[a.unit.remote(fn, *units[i])] = (a, i, tries)
             done, _ = ray.wait(list(inflight), num_returns=1)
             a, i, tries = inflight.pop(done[0])
+            if i == _PING:  # a restarting actor's slot comes back once it answers
+                try:
+                    ray.get(done[0])
+                    idle.append(a)
+                except dead:
+                    if time.monotonic() - tries > self.restart_timeout_s:
+                        raise
+                    time.sleep(0.1)
+                    inflight[a.info.remote()] = (a, _PING, tries)
+                continue
             try:
                 result = ray.get(done[0])
-            except ray.exceptions.RayActorError:
+            except dead:
                 if tries >= self.max_unit_retries:
                     raise
-                queue.append((i, tries + 1))
-                idle.append(a)  # Ray restarts it (max_restarts=-1)
+                self.resubmitted += 1
+                queue.append((i, int(tries) + 1))
+                # Ray restarts it (max_restarts=-1); hand it no unit until it answers
+                inflight[a.info.remote()] = (a, _PING, time.monotonic())
                 continue
             idle.append(a)
             on_result(i, result)
+
+
+_PING = -1
 
 
 @dataclass
@@ -243,7 +265,10 @@ class RayExecutor:
         num_gpus: GPUs per actor (1 puts one model on each GPU; 0 for CPU workers).
         num_cpus: CPUs per actor.
         threads: torch threads per actor (default: ``num_cpus``).
-        max_unit_retries: resubmissions of a unit whose actor died.
+        max_unit_retries: resubmissions of a unit whose actor died (by this process).
+        max_task_retries: Ray's own retries of a dead actor's queued units on its restarted
+            process (-1: no limit, the default); with 0 every such unit comes back to this
+            process as failed and is resubmitted here (``max_unit_retries``).
         crash_after_units, crash_marker: test hooks, see :class:`Worker`.
         init_kwargs: extra ``ray.init`` arguments when this executor starts Ray.
     """
@@ -254,6 +279,7 @@ class RayExecutor:
     num_cpus: float = 1
     threads: int | None = None
     max_unit_retries: int = 3
+    max_task_retries: int = -1
     crash_after_units: int | None = None
     crash_marker: str | None = None
     init_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -281,7 +307,7 @@ class RayExecutor:
             n = max(1, n)
         actor = ray.remote(Worker).options(
             num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_restarts=-1,
-            max_task_retries=-1)
+            max_task_retries=self.max_task_retries)
         threads = self.threads or max(1, int(self.num_cpus))
         return [actor.remote(threads, None, self.crash_after_units, self.crash_marker)
                 for _ in range(n)]
