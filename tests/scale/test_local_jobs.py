@@ -170,3 +170,18 @@ def test_grams_local_equal_resume_and_compare(job_models, references, tmp_path: 
     for m in want.measures:
         np.testing.assert_array_equal(res.observed[m], want.observed[m])
         np.testing.assert_array_equal(res.p_value[m], want.p_value[m])
+
+
+def test_cli_ray_options_are_shared_and_checked(tmp_path: Path, capsys) -> None:
+    from tl_reward.cli import main
+
+    for cmd in ("sweep", "audit", "compare"):  # one argument group, from cli/common.py
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        out = capsys.readouterr().out
+        assert all(f in out for f in ("--ray", "--address", "--workers", "--gpus-per-worker",
+                                      "--cpus-per-worker"))
+    items = tmp_path / "items.jsonl"
+    items.write_text(json.dumps({"prompt": "Why?", "reply": "Because."}))
+    assert main(["audit", "--items", str(items), "--ray", "--device", "cpu"]) == 1
+    assert "--device does not apply with --ray" in capsys.readouterr().err
