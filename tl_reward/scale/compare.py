@@ -96,6 +96,7 @@ class _Group:
     """The driver's side of one (model, hook group): its units' rows until all are in."""
 
     job: int
+    local: int  # the group's index within its model (names the unit files)
     hooks: list[str]
     units: list[int]
     results: dict[int, tuple[dict[str, np.ndarray], np.ndarray]] = field(default_factory=dict)
@@ -184,7 +185,7 @@ def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequenc
             stores.append(store)
             state.append({"grams": np.zeros(0), "row_item": None, "left": 0})
             for g0 in range(0, len(names), chunk):
-                group = _Group(j, names[g0: g0 + chunk], [])
+                group = _Group(j, g0 // chunk, names[g0: g0 + chunk], [])
                 gi = len(groups)
                 groups.append(group)
                 state[j]["left"] += 1
@@ -221,11 +222,11 @@ def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequenc
             group = groups[gi]
             store = stores[group.job]
             if not from_disk and store is not None:
-                store.write(gi - _first_group(groups, group.job), u, group.hooks, rows, local)
+                store.write(group.local, u, group.hooks, rows, local)
             group.results[u] = (rows, np.asarray(idx)[local])
             bar.update(1)
             if callback is not None and not from_disk:
-                callback(group.job, gi - _first_group(groups, group.job), u)
+                callback(group.job, group.local, u)
             if len(group.results) == len(group.units):
                 finish(gi)
 
@@ -233,8 +234,7 @@ def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequenc
         for gi, u, idx in units:
             group = groups[gi]
             store = stores[group.job]
-            got = (store.read(gi - _first_group(groups, group.job), u, group.hooks)
-                   if store is not None else None)
+            got = store.read(group.local, u, group.hooks) if store is not None else None
             if got is None:
                 todo.append((gi, u, idx))
             else:
@@ -254,10 +254,6 @@ def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequenc
     if any(g is None for g in out):
         raise TLRewardError("internal error: some layer Grams were not finished")
     return out  # type: ignore[return-value]
-
-
-def _first_group(groups: list[_Group], job: int) -> int:
-    return next(i for i, g in enumerate(groups) if g.job == job)
 
 
 def run_layer_grams(
