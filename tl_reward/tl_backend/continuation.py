@@ -8,6 +8,7 @@ prefix (see :func:`_lean_attention`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -71,6 +72,154 @@ def _cached_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, values: to
     return torch.nn.functional.linear(z.reshape(b, s, h * d), w, attn.b_O)
 
 
+@dataclass
+class _LeanTables:
+    """One layer's constants for ``s`` new positions after ``past`` cached ones.
+
+    ``cos``/``sin``: ``[s, d_head]`` rotary tables (the keys') with the rotation's sign in
+    ``sin`` and ones/zeros on the dimensions rotary leaves alone (``None`` without rotary);
+    ``cos_q`` and ``sin_q``: ``[s, 1, d_head]``, the query's, times ``1 / attn_scale`` when
+    ``folded`` (float32/float64, where
+    scaling the query instead of the scores changes only the last bit). ``blocked``:
+    ``[s, 1, past + s]``, True where a query may not attend; ``prefix_blocked``: whether any
+    prefix key is (a sliding window shorter than the prefix), else only new keys are masked.
+    """
+
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    cos_q: torch.Tensor | None
+    sin_q: torch.Tensor | None
+    blocked: torch.Tensor
+    folded: bool
+    prefix_blocked: bool = True
+
+
+def _lean_tables(attn: Any, past: int, s: int, dtype: torch.dtype, device: torch.device
+                 ) -> _LeanTables | None:
+    """:class:`_LeanTables` of ``attn``, or ``None`` where its rotary buffers are too short
+    (TransformerLens's ``apply_rotary`` extends them: the caller falls back to it)."""
+    cfg = attn.cfg
+    blocked = ~_suffix_mask(attn, past, s, device)[:, None, :]
+    folded = dtype in (torch.float32, torch.float64)
+    cut = bool(blocked[..., :past].any())
+    if cfg.positional_embedding_type != "rotary":
+        return _LeanTables(None, None, None, None, blocked, folded, cut)
+    if past + s > attn.rotary_cos.shape[0]:
+        return None
+    d, rd = cfg.d_head, cfg.rotary_dim
+    cos, sin = attn.rotary_cos[past : past + s, :rd], attn.rotary_sin[past : past + s, :rd]
+    ones = torch.ones(rd // 2, dtype=cos.dtype, device=device)
+    sign = (torch.stack([-ones, ones], -1).flatten() if cfg.rotary_adjacent_pairs
+            else torch.cat([-ones, ones]))
+    rest = (s, d - rd)
+    cos = torch.cat([cos, torch.ones(rest, dtype=cos.dtype, device=device)], -1).to(dtype)
+    sin = torch.cat([sin * sign, torch.zeros(rest, dtype=sin.dtype, device=device)], -1
+                    ).to(dtype)
+    scale = 1.0 / float(attn.attn_scale) if folded else 1.0
+    return _LeanTables(cos, sin, (cos * scale)[:, None], (sin * scale)[:, None], blocked, folded,
+                       cut)
+
+
+def _swapped(x: torch.Tensor, rd: int, adjacent: bool) -> torch.Tensor:
+    """``x`` with its rotary halves (or adjacent pairs) swapped: times the signed ``sin`` this
+    is TransformerLens's ``rotate_every_two``."""
+    r = x[..., :rd]
+    if adjacent:
+        sw = r.unflatten(-1, (rd // 2, 2)).flip(-1).flatten(-2)
+    else:
+        sw = torch.cat([r[..., rd // 2 :], r[..., : rd // 2]], dim=-1)
+    return sw if rd == x.shape[-1] else torch.cat([sw, x[..., rd:]], dim=-1)
+
+
+def _rotate_into(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                 scale: float, attn: Any) -> torch.Tensor:
+    """``x`` rotated (TransformerLens's ``x * cos + rotate_every_two(x) * sin``), or only
+    times ``scale`` without rotary, as a new contiguous tensor in ``x``'s logical layout."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if cos is None or sin is None:
+        return torch.mul(x, scale, out=out) if scale != 1.0 else out.copy_(x)
+    torch.mul(x, cos, out=out)
+    sw = _swapped(x, attn.cfg.rotary_dim, attn.cfg.rotary_adjacent_pairs)
+    if x.dtype in (torch.float32, torch.float64):
+        return out.addcmul_(sw, sin)
+    return out.add_(sw.mul_(sin))  # two roundings then the sum, as TransformerLens does
+
+
+def _lean_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    past: int, qkv: FusedQKV, t: _LeanTables) -> torch.Tensor:
+    """:func:`_cached_attention` without hook points, laid out for few new positions.
+
+    Queries are arranged ``[kv head, batch, pos, group, d_head]`` as they are rotated, so each
+    key/value head meets every query of its group in one matmul against the shared prefix
+    (nothing is expanded over the batch) and the few new keys in one batched matmul; the
+    query carries ``1 / attn_scale`` (float32/float64). ``pattern @ v`` is accumulated in
+    float32 (at least) over both parts and rounded once, as in the hooked path.
+    """
+    b, s, _ = x.shape
+    h, n_kv = qkv.n_heads, qkv.n_kv
+    g, d = h // n_kv, keys.shape[-1]
+    q, k, v = _project_qkv(x, qkv)
+    if attn.cfg.use_qk_norm:  # as calculate_qkv_matrices does (Qwen3's per-head norms)
+        q = attn._apply_qk_norm(q, attn.q_norm)
+        k = attn._apply_qk_norm(k, attn.k_norm)
+    scale = 1.0 / float(attn.attn_scale) if t.folded else 1.0
+    qr = _rotate_into(q.reshape(b, s, n_kv, g, d).permute(2, 0, 1, 3, 4), t.cos_q, t.sin_q,
+                      scale, attn)
+    kr = _rotate_into(k.permute(2, 0, 1, 3), t.cos, t.sin, 1.0, attn)  # [n_kv, b, s, d]
+    scores = torch.cat(
+        [torch.matmul(qr.view(n_kv, b * s * g, d), keys.transpose(1, 2)
+                      ).view(n_kv, b, s, g, past),
+         torch.matmul(qr.view(n_kv, b, s * g, d), kr.transpose(2, 3)).view(n_kv, b, s, g, s)],
+        dim=-1)
+    if not t.folded:
+        scores = scores.div_(attn.attn_scale)
+    cap = attn.cfg.attn_scores_soft_cap
+    if cap is not None and cap > 0:
+        scores = cap * torch.tanh(scores / cap)
+    if t.prefix_blocked:
+        scores.masked_fill_(t.blocked, float("-inf"))
+    else:  # only the causal triangle of the new keys
+        scores[..., past:].masked_fill_(t.blocked[..., past:], float("-inf"))
+    pattern = torch.softmax(scores, dim=-1)
+    acc = torch.promote_types(values.dtype, torch.float32)
+    pa = pattern.to(values.dtype).to(acc)
+    z = torch.matmul(pa.view(n_kv, b * s * g, past + s)[..., :past], values.to(acc))
+    z = z.view(n_kv, b, s * g, d)
+    z += torch.matmul(pa.view(n_kv, b, s * g, past + s)[..., past:],
+                      v.permute(2, 0, 1, 3).to(acc))
+    z = z.view(n_kv, b, s, g, d).permute(1, 2, 0, 3, 4).reshape(b, s, h * d).to(values.dtype)
+    return torch.nn.functional.linear(z, attn.W_O.reshape(h * d, -1).T, qkv.b_O)
+
+
+def _lean_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` without its hook points: an ``RMSNormPre`` in float32/float64 as
+    ``x * rsqrt(|x|^2 / d + eps)`` from one norm reduction (two passes over ``x`` instead of
+    four; TransformerLens divides by ``sqrt(mean(x^2) + eps)``, a last-bit difference);
+    anything else, including half precision, through the module."""
+    from transformer_lens.components import RMSNormPre
+
+    if type(norm) is RMSNormPre and x.dtype in (torch.float32, torch.float64):
+        ss = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_()
+        return x * ss.div_(x.shape[-1]).add_(norm.eps).rsqrt_()
+    return norm(x)
+
+
+def _lean_mlp(block: Any, x: torch.Tensor, f: FusedQKV) -> torch.Tensor:
+    """:func:`_mlp` without hook points: a gated MLP works in place on its own intermediates
+    and adds no all-zero bias."""
+    from transformer_lens.components.mlps.gated_mlp import GatedMLP
+
+    mlp = block.mlp
+    if type(mlp) is not GatedMLP or mlp.cfg.is_layer_norm_activation():
+        return block.apply_mlp(x)
+    post = mlp.act_fn(x @ mlp.W_gate)
+    post.mul_(x @ mlp.W_in)
+    if f.b_in is not None:
+        post.add_(f.b_in)
+    out = torch.nn.functional.linear(post, mlp.W_out.T, f.b_out)
+    return block.ln2_post(out) if mlp.cfg.use_normalization_before_and_after else out
+
+
 def _project_qkv(x: torch.Tensor, qkv: FusedQKV
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Q, K, V ``[batch, pos, heads, d_head]`` (views into one matmul's output)."""
@@ -83,26 +232,21 @@ def _project_qkv(x: torch.Tensor, qkv: FusedQKV
 
 
 
-def _mlp(block: Any, x: torch.Tensor, hooks: bool = True) -> torch.Tensor:
-    """``block.apply_mlp``; a gated MLP runs on its weights in place (TransformerLens copies
-    each transposed weight on every call, a real cost when only a few positions are new).
-    With ``hooks=False`` (nothing attached) the gated MLP works in place on its own
-    intermediates, which no hook can have kept."""
+def _mlp(block: Any, x: torch.Tensor) -> torch.Tensor:
+    """``block.apply_mlp``, every hook firing; a gated MLP runs on its weights in place
+    (TransformerLens copies each transposed weight on every call, a real cost when only a few
+    positions are new)."""
     from transformer_lens.components.mlps.gated_mlp import GatedMLP
 
     mlp = block.mlp
     if type(mlp) is not GatedMLP or mlp.cfg.is_layer_norm_activation():
         return block.apply_mlp(x)
-    if hooks:
-        pre = mlp.hook_pre(x @ mlp.W_gate)
-        post = mlp.hook_post(mlp.act_fn(pre) * mlp.hook_pre_linear(x @ mlp.W_in) + mlp.b_in)
-    else:
-        post = mlp.act_fn(x @ mlp.W_gate)
-        post.mul_(x @ mlp.W_in).add_(mlp.b_in)
+    pre = mlp.hook_pre(x @ mlp.W_gate)
+    post = mlp.hook_post(mlp.act_fn(pre) * mlp.hook_pre_linear(x @ mlp.W_in) + mlp.b_in)
     out = torch.nn.functional.linear(post, mlp.W_out.T, mlp.b_out)
     if mlp.cfg.use_normalization_before_and_after:
         out = block.ln2_post(out)
-    return block.hook_mlp_out(out) if hooks else out
+    return block.hook_mlp_out(out)
 
 
 def _fast_suffix(model: Any, cache: PrefixCache, tokens: torch.Tensor,
@@ -134,14 +278,22 @@ def _fast_suffix(model: Any, cache: PrefixCache, tokens: torch.Tensor,
             resid = block.hook_resid_post(resid_mid + _mlp(block, block.ln2(mlp_in)))
             continue
         assert cache.fused is not None
-        attn_out = _cached_attention(block.attn, block.ln1(resid), cache.keys[i],
-                                     cache.values[i], past, cache.fused[i])
+        f = cache.fused[i]
+        key = (i, tokens.shape[1])
+        if key not in cache.tables:
+            cache.tables[key] = _lean_tables(block.attn, past, tokens.shape[1],
+                                             cache.values[i].dtype, resid.device)
+        t = cache.tables[key]
+        x = _lean_norm(block.ln1, resid)
+        attn_out = (_lean_attention(block.attn, x, cache.keys[i], cache.values[i], past, f, t)
+                    if t is not None else
+                    _cached_attention(block.attn, x, cache.keys[i], cache.values[i], past, f))
         if post_norm:
             attn_out = block.ln1_post(attn_out)
         resid = resid.add_(attn_out) if resid.dtype == attn_out.dtype else resid + attn_out
         if i == last and rows is not None:
             resid = resid[torch.arange(resid.shape[0], device=resid.device), rows][:, None]
-        out = _mlp(block, block.ln2(resid), hooks=False)
+        out = _lean_mlp(block, _lean_norm(block.ln2, resid), f)
         resid = resid.add_(out) if resid.dtype == out.dtype else resid + out
     if rows is None:
         return resid

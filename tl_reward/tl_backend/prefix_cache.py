@@ -18,16 +18,26 @@ from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValue
 
 @dataclass
 class FusedQKV:
-    """One layer's query, key and value projections as one ``nn.Linear``-layout matrix.
+    """One layer's query, key and value projections as one ``nn.Linear``-layout matrix, and the
+    layer's biases as the hook-free path uses them.
 
     ``weight``: ``[(n_heads + 2 n_kv) d_head, d_model]`` (query rows, then key, then value rows,
     head-major as TransformerLens's ``simple_attn_linear`` lays them out), ``bias`` likewise.
+    ``bias``, ``b_O`` and the MLP's ``b_in`` and ``b_out`` are ``None`` where they are all zero
+    (as TransformerLens stores a bias-free model's), so no zero is added.
     """
 
     weight: torch.Tensor
-    bias: torch.Tensor
+    bias: torch.Tensor | None
     n_heads: int
     n_kv: int
+    b_O: torch.Tensor | None = None
+    b_in: torch.Tensor | None = None
+    b_out: torch.Tensor | None = None
+
+
+def _nonzero(b: torch.Tensor | None) -> torch.Tensor | None:
+    return None if b is None or not bool(b.detach().any()) else b.detach()
 
 
 @torch.no_grad()
@@ -44,8 +54,11 @@ def fuse_qkv(model: Any) -> list[FusedQKV]:
         b_v = attn.b_V if ungroup or not hasattr(attn, "_b_V") else attn._b_V
         ws = [w.detach().permute(0, 2, 1).reshape(-1, w.shape[1]) for w in (attn.W_Q, w_k, w_v)]
         bs = [b.detach().reshape(-1) for b in (attn.b_Q, b_k, b_v)]
-        out.append(FusedQKV(torch.cat(ws).contiguous(), torch.cat(bs).contiguous(),
-                            attn.W_Q.shape[0], w_k.shape[0]))
+        mlp = block.mlp
+        out.append(FusedQKV(torch.cat(ws).contiguous(), _nonzero(torch.cat(bs).contiguous()),
+                            attn.W_Q.shape[0], w_k.shape[0], _nonzero(attn.b_O),
+                            _nonzero(getattr(mlp, "b_in", None)),
+                            _nonzero(getattr(mlp, "b_out", None))))
     return out
 
 
@@ -69,6 +82,8 @@ class PrefixCache:
         fused: per layer the query, key and value weights as one matrix (:func:`fuse_qkv`),
             used by ``"fast"`` when no hook is attached; share one list between the caches of
             one model. Like the keys and values, it goes stale if the weights change.
+        tables: the hook-free path's per-layer rotary tables and masks, by (layer, new
+            positions), built on first use.
     """
 
     tokens: Int[torch.Tensor, " pos"]
@@ -78,6 +93,7 @@ class PrefixCache:
     values: list[torch.Tensor] = field(default_factory=list)
     stock: TransformerLensKeyValueCache | None = None
     fused: list[FusedQKV] | None = None
+    tables: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
 
     @property
     def length(self) -> int:
