@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -32,6 +33,9 @@ def job_models(tmp_path_factory) -> dict[str, Any]:
     paths = {"llama": save_tiny_reward_model(root / "llama", "llama", num_labels=2, seed=3),
              "qwen2": save_tiny_reward_model(root / "qwen2", "qwen2", seed=4),
              "llama1": save_tiny_reward_model(root / "llama1", "llama", seed=5)}
+    cfg = json.loads((paths["llama"] / "config.json").read_text())
+    cfg["max_position_embeddings"] = 1024  # room for the published probes' longer texts
+    (paths["llama"] / "config.json").write_text(json.dumps(cfg))
     return {a: (str(p), HookedRewardModel.from_pretrained(str(p), device="cpu"))
             for a, p in paths.items()}
 

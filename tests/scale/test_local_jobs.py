@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from scale_jobs import (
@@ -20,6 +21,7 @@ from scale_jobs import (
     assert_same_faithfulness,
     assert_same_grams,
     assert_same_probes,
+    one_thread,
 )
 
 import tl_reward.analysis.faithfulness as faith
@@ -131,6 +133,14 @@ def test_probes_local_equal_resume_and_share_the_store(job_models, references,
     with pytest.raises(TLRewardError, match="chunks are missing"):
         run_probes(path, ITEMS, DIMS, executor=DroppingPool(Worker(1)), progress=False,
                    **PROBE_KW)
+    # the 10 published probes, scored on a worker: run_published_probes' own table
+    from tl_reward.audit.probes import run_published_probes
+    from tl_reward.scale.probes import run_published_probes as published_on
+
+    want = one_thread(lambda: run_published_probes(model, "objective_1"))
+    got = published_on(path, "objective_1", executor=local())
+    pd.testing.assert_frame_equal(got.rows, want.rows, check_exact=True)
+    assert got.table.equals(want.table) and want.table.n.tolist() == [3, 2, 2, 2, 1]
 
 
 def test_grams_local_equal_resume_and_compare(job_models, references, tmp_path: Path) -> None:

@@ -154,12 +154,13 @@ def test_cli_audit_on_ray_writes_the_single_process_store(cluster, job_models, t
     src.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "audit.html"
     args = ["audit", "--model", path, "--items", str(src), "--dimensions", ",".join(DIMS),
-            "--resamples", "200", "--seed", "1", "--output", str(out), "--no-published",
-            "--ray", "--workers", "1", "--cpus-per-worker", "0.5"]  # published: > tiny n_ctx
+            "--resamples", "200", "--seed", "1", "--output", str(out), "--ray", "--workers",
+            "1", "--cpus-per-worker", "0.5"]
     assert main(args) == 0
     assert "(Ray)" in capsys.readouterr().out
     text = out.read_text()
     assert "<h2>Probes" in text and "<h2>Cascade" in text
+    assert "<h2>The published probes" in text  # scored on the actor
     assert "<h2>Reward-term conflict" in text  # two objectives: loaded here for geometry
     items = user_items(rows, source="items")
     ref = one_thread(lambda: single_run_probes(model, items, DIMS, seed=1, n_resamples=200,
