@@ -133,6 +133,21 @@ def test_probes_local_equal_resume_and_share_the_store(job_models, references,
     with pytest.raises(TLRewardError, match="chunks are missing"):
         run_probes(path, ITEMS, DIMS, executor=DroppingPool(Worker(1)), progress=False,
                    **PROBE_KW)
+    # a bf16 spec: the workers load the model in bf16 (its own fingerprint), rows equal the
+    # in-process bf16 run's, and differ from float32's (so the dtype really reached them)
+    from tl_reward import HookedRewardModel
+    from tl_reward.scale import ModelSpec
+
+    bf16 = HookedRewardModel.from_pretrained(path, device="cpu", dtype=torch.bfloat16)
+    want_bf16 = one_thread(lambda: single_run_probes(bf16, ITEMS[:4], DIMS, progress=False,
+                                                     **PROBE_KW))
+    got_bf16 = run_probes(ModelSpec(path, "bfloat16"), ITEMS[:4], DIMS, executor=local(),
+                          progress=False, **PROBE_KW)
+    assert_same_probes(got_bf16, want_bf16)
+    assert got_bf16.rows["delta:objective_0"].dtype == np.float64  # float readout, bf16 model
+    assert not np.allclose(got_bf16.rows["neutral:objective_0"].to_numpy(),
+                           ref.rows["neutral:objective_0"].to_numpy()[:len(got_bf16.rows)],
+                           rtol=0, atol=1e-6)
     # the 10 published probes, scored on a worker: run_published_probes' own table
     from tl_reward.audit.probes import run_published_probes
     from tl_reward.scale.probes import run_published_probes as published_on
