@@ -166,6 +166,8 @@ class Pool:
 
 
 class _LocalPool(Pool):
+    """One in-process :class:`Worker`; units run in order."""
+
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
 
@@ -179,6 +181,8 @@ class _LocalPool(Pool):
 
 
 class _RayPool(Pool):
+    """Ray actors running :class:`Worker`; a unit whose actor died is handed out again."""
+
     def __init__(self, ray: Any, actors: list[Any], max_unit_retries: int) -> None:
         self.ray, self.actors, self.max_unit_retries = ray, actors, max_unit_retries
         self.n_workers = len(actors)
