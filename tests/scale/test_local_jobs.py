@@ -210,3 +210,6 @@ def test_cli_ray_options_are_shared_and_checked(tmp_path: Path, capsys) -> None:
     items.write_text(json.dumps({"prompt": "Why?", "reply": "Because."}))
     assert main(["audit", "--items", str(items), "--ray", "--device", "cpu"]) == 1
     assert "--device does not apply with --ray" in capsys.readouterr().err
+    assert main(["compare", "--model", "a", "--model", "b", "--input", str(items),
+                 "--ray"]) == 1
+    assert "add --layers" in capsys.readouterr().err

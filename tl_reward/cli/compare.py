@@ -140,6 +140,9 @@ def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
 def run(args: argparse.Namespace) -> int:
     if len(args.model) < 2:
         raise TLRewardError("give at least two --model options to compare")
+    if args.ray and not args.layers:
+        raise TLRewardError("--ray moves the --layers activations to Ray actors; add --layers "
+                            "(the behavioural comparison runs in this process)")
     corpus, pairs = read_compare_input(args.input, args.max_items)
     from tl_reward import HookedRewardModel
     from tl_reward.viz.html import save_html
