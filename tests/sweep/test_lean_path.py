@@ -63,3 +63,27 @@ def test_short_rotary_buffers_fall_back_to_apply_rotary() -> None:
     rows = attn.rotary_cos.shape[0]
     assert _lean_tables(attn, rows - 3, 3, torch.float32, torch.device("cpu")) is not None
     assert _lean_tables(attn, rows - 2, 3, torch.float32, torch.device("cpu")) is None
+
+
+def test_lean_path_with_short_rotary_buffers_equals_naive(tiny) -> None:
+    """End to end: a layer whose rotary buffers end inside the new positions takes the
+    fallback (no tables, ``apply_rotary`` extends the buffers) and scores equal naive ones."""
+    from tl_reward import tl_backend
+    from tl_reward.sweep.response_template import response_template
+    from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, candidate_ids, score_candidates
+
+    model, _, tok = tiny("llama")
+    template = response_template(tok, PAPER_PROMPTS["best"])
+    ids = torch.tensor(candidate_ids(model)[::9])
+    seqs = torch.tensor([template.ids(int(v)) for v in ids])
+    with torch.no_grad():
+        naive = model(seqs, attention_mask=torch.ones_like(seqs), return_type="score")
+    cache = tl_backend.build_prefix_cache(model, torch.tensor(template.prefix), "fast")
+    attn = model.blocks[1].attn
+    n = cache.length + 1  # the candidate's position is covered, the suffix's are not
+    attn.rotary_cos, attn.rotary_sin = attn.rotary_cos[:n].clone(), attn.rotary_sin[:n].clone()
+    _, score = score_candidates(model, template, ids, cache)
+    s = 1 + len(template.suffix)
+    assert cache.tables[(1, s)] is None and cache.tables[(0, s)] is not None
+    assert attn.rotary_cos.shape[0] > n  # apply_rotary extended them
+    torch.testing.assert_close(score, naive, atol=1e-4, rtol=0)

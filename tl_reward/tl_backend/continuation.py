@@ -94,13 +94,16 @@ class _LeanTables:
     prefix_blocked: bool = True
 
 
+_FOLDED = (torch.float32, torch.float64)
+
+
 def _lean_tables(attn: Any, past: int, s: int, dtype: torch.dtype, device: torch.device
                  ) -> _LeanTables | None:
     """:class:`_LeanTables` of ``attn``, or ``None`` where its rotary buffers are too short
     (TransformerLens's ``apply_rotary`` extends them: the caller falls back to it)."""
     cfg = attn.cfg
     blocked = ~_suffix_mask(attn, past, s, device)[:, None, :]
-    folded = dtype in (torch.float32, torch.float64)
+    folded = dtype in _FOLDED
     cut = bool(blocked[..., :past].any())
     if cfg.positional_embedding_type != "rotary":
         return _LeanTables(None, None, None, None, blocked, folded, cut)
@@ -139,15 +142,23 @@ def _rotate_into(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | 
     if cos is None or sin is None:
         return torch.mul(x, scale, out=out) if scale != 1.0 else out.copy_(x)
     torch.mul(x, cos, out=out)
-    sw = _swapped(x, attn.cfg.rotary_dim, attn.cfg.rotary_adjacent_pairs)
-    if x.dtype in (torch.float32, torch.float64):
-        return out.addcmul_(sw, sin)
+    rd = attn.cfg.rotary_dim
+    if x.dtype in _FOLDED:  # each half (or pair member) takes its partner's share in place
+        if attn.cfg.rotary_adjacent_pairs:
+            a, b = slice(0, rd, 2), slice(1, rd, 2)
+        else:
+            a, b = slice(0, rd // 2), slice(rd // 2, rd)
+        out[..., a].addcmul_(x[..., b], sin[..., a])
+        out[..., b].addcmul_(x[..., a], sin[..., b])
+        return out
+    sw = _swapped(x, rd, attn.cfg.rotary_adjacent_pairs)
     return out.add_(sw.mul_(sin))  # two roundings then the sum, as TransformerLens does
 
 
 def _lean_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     past: int, qkv: FusedQKV, t: _LeanTables) -> torch.Tensor:
-    """:func:`_cached_attention` without hook points, laid out for few new positions.
+    """:func:`_cached_attention` without hook points, laid out for few new positions, up to
+    ``z`` ``[batch, pos, n_heads * d_head]`` (the output projection is :func:`_add_out`'s).
 
     Queries are arranged ``[kv head, batch, pos, group, d_head]`` as they are rotated, so each
     key/value head meets every query of its group in one matmul against the shared prefix
@@ -187,8 +198,7 @@ def _lean_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, values: torc
     z = z.view(n_kv, b, s * g, d)
     z += torch.matmul(pa.view(n_kv, b, s * g, past + s)[..., past:],
                       v.permute(2, 0, 1, 3).to(acc))
-    z = z.view(n_kv, b, s, g, d).permute(1, 2, 0, 3, 4).reshape(b, s, h * d).to(values.dtype)
-    return torch.nn.functional.linear(z, attn.W_O.reshape(h * d, -1).T, qkv.b_O)
+    return z.view(n_kv, b, s, g, d).permute(1, 2, 0, 3, 4).reshape(b, s, h * d).to(values.dtype)
 
 
 def _lean_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
@@ -204,20 +214,64 @@ def _lean_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     return norm(x)
 
 
-def _lean_mlp(block: Any, x: torch.Tensor, f: FusedQKV) -> torch.Tensor:
-    """:func:`_mlp` without hook points: a gated MLP works in place on its own intermediates
-    and adds no all-zero bias."""
+def _add_out(resid: torch.Tensor, h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+             post: Any = None) -> torch.Tensor:
+    """``resid + post(h @ w + bias)`` with ``w`` ``[in, out]``, in place: in float32/float64
+    without a post-norm one ``addmm_`` into the residual (no output buffer, no separate sum;
+    the sum is rounded once less, a last-bit difference); otherwise as TransformerLens adds it.
+    """
+    if post is None and resid.dtype in _FOLDED and h.dtype == resid.dtype:
+        resid.view(-1, resid.shape[-1]).addmm_(h.reshape(-1, h.shape[-1]), w)
+        return resid if bias is None else resid.add_(bias)
+    out = torch.nn.functional.linear(h, w.T, bias)
+    if post is not None:
+        out = post(out)
+    return resid.add_(out) if resid.dtype == out.dtype else resid + out
+
+
+def _lean_mlp(block: Any, x: torch.Tensor, f: FusedQKV, resid: torch.Tensor) -> torch.Tensor:
+    """``resid`` plus :func:`_mlp` of ``x`` without hook points: a gated MLP works in place on
+    its own intermediates, adds no all-zero bias, and its down-projection goes through
+    :func:`_add_out`."""
     from transformer_lens.components.mlps.gated_mlp import GatedMLP
 
     mlp = block.mlp
     if type(mlp) is not GatedMLP or mlp.cfg.is_layer_norm_activation():
-        return block.apply_mlp(x)
-    post = mlp.act_fn(x @ mlp.W_gate)
-    post.mul_(x @ mlp.W_in)
+        out = block.apply_mlp(x)
+        return resid.add_(out) if resid.dtype == out.dtype else resid + out
+    gate = x @ mlp.W_gate
+    hidden = (torch.nn.functional.silu(gate, inplace=True)
+              if mlp.act_fn is torch.nn.functional.silu else mlp.act_fn(gate))
+    hidden.mul_(x @ mlp.W_in)
     if f.b_in is not None:
-        post.add_(f.b_in)
-    out = torch.nn.functional.linear(post, mlp.W_out.T, f.b_out)
-    return block.ln2_post(out) if mlp.cfg.use_normalization_before_and_after else out
+        hidden.add_(f.b_in)
+    post = block.ln2_post if mlp.cfg.use_normalization_before_and_after else None
+    return _add_out(resid, hidden, mlp.W_out, f.b_out, post)
+
+
+def _lean_block(block: Any, cache: PrefixCache, i: int, resid: torch.Tensor,
+                rows: torch.Tensor | None) -> torch.Tensor:
+    """Block ``i`` of the hook-free path on the new positions' residual ``resid`` (updated in
+    place where it can be); with ``rows`` its MLP runs only at ``rows`` (the last block)."""
+    assert cache.fused is not None
+    f, past, attn = cache.fused[i], cache.length, block.attn
+    key = (i, resid.shape[1])
+    if key not in cache.tables:
+        cache.tables[key] = _lean_tables(attn, past, resid.shape[1], cache.values[i].dtype,
+                                         resid.device)
+    t = cache.tables[key]
+    x = _lean_norm(block.ln1, resid)
+    post = block.ln1_post if block.cfg.use_normalization_before_and_after else None
+    if t is None:  # rotary buffers too short: TransformerLens's apply_rotary extends them
+        out = _cached_attention(attn, x, cache.keys[i], cache.values[i], past, f)
+        out = post(out) if post is not None else out
+        resid = resid.add_(out) if resid.dtype == out.dtype else resid + out
+    else:
+        z = _lean_attention(attn, x, cache.keys[i], cache.values[i], past, f, t)
+        resid = _add_out(resid, z, attn.W_O.reshape(z.shape[-1], -1), f.b_O, post)
+    if rows is not None:
+        resid = resid[torch.arange(resid.shape[0], device=resid.device), rows][:, None]
+    return _lean_mlp(block, _lean_norm(block.ln2, resid), f, resid)
 
 
 def _project_qkv(x: torch.Tensor, qkv: FusedQKV
@@ -277,24 +331,7 @@ def _fast_suffix(model: Any, cache: PrefixCache, tokens: torch.Tensor,
                       else resid_mid)
             resid = block.hook_resid_post(resid_mid + _mlp(block, block.ln2(mlp_in)))
             continue
-        assert cache.fused is not None
-        f = cache.fused[i]
-        key = (i, tokens.shape[1])
-        if key not in cache.tables:
-            cache.tables[key] = _lean_tables(block.attn, past, tokens.shape[1],
-                                             cache.values[i].dtype, resid.device)
-        t = cache.tables[key]
-        x = _lean_norm(block.ln1, resid)
-        attn_out = (_lean_attention(block.attn, x, cache.keys[i], cache.values[i], past, f, t)
-                    if t is not None else
-                    _cached_attention(block.attn, x, cache.keys[i], cache.values[i], past, f))
-        if post_norm:
-            attn_out = block.ln1_post(attn_out)
-        resid = resid.add_(attn_out) if resid.dtype == attn_out.dtype else resid + attn_out
-        if i == last and rows is not None:
-            resid = resid[torch.arange(resid.shape[0], device=resid.device), rows][:, None]
-        out = _lean_mlp(block, _lean_norm(block.ln2, resid), f)
-        resid = resid.add_(out) if resid.dtype == out.dtype else resid + out
+        resid = _lean_block(block, cache, i, resid, rows if i == last else None)
     if rows is None:
         return resid
     if lean:
