@@ -76,3 +76,16 @@ def assert_same_grams(got: Any, ref: Any) -> None:
     assert got.hooks == ref.hooks and got.model == ref.model and got.positions == ref.positions
     assert np.array_equal(got.row_item, ref.row_item)
     assert np.array_equal(got.grams, ref.grams)  # bit for bit
+
+
+def assert_same_behaviour(got: Any, ref: Any) -> None:
+    """Exactly ``compare_models``' result: names, rewards, every statistic, readability fits."""
+    import pandas as pd
+
+    assert got.models == ref.models and got.rewards.keys() == ref.rewards.keys()
+    for n in ref.rewards:
+        assert np.array_equal(got.rewards[n], ref.rewards[n]), n
+    pd.testing.assert_frame_equal(got.to_dataframe(), ref.to_dataframe(), check_exact=True)
+    for g, r in zip(got.readability, ref.readability, strict=True):
+        assert (g.source, g.target, g.hook) == (r.source, r.target, r.hook)
+        assert np.array_equal(g.predicted, r.predicted)

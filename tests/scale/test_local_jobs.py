@@ -18,6 +18,7 @@ from scale_jobs import (
     ITEMS,
     PAIRS,
     PROBE_KW,
+    assert_same_behaviour,
     assert_same_faithfulness,
     assert_same_grams,
     assert_same_probes,
@@ -30,6 +31,7 @@ from tl_reward.errors import TLRewardError
 from tl_reward.scale import (
     LocalExecutor,
     run_compare_layers,
+    run_compare_models,
     run_faithfulness,
     run_layer_grams,
     run_probes,
@@ -211,5 +213,31 @@ def test_cli_ray_options_are_shared_and_checked(tmp_path: Path, capsys) -> None:
     assert main(["audit", "--items", str(items), "--ray", "--device", "cpu"]) == 1
     assert "--device does not apply with --ray" in capsys.readouterr().err
     assert main(["compare", "--model", "a", "--model", "b", "--input", str(items),
-                 "--ray"]) == 1
-    assert "add --layers" in capsys.readouterr().err
+                 "--ray", "--device", "cpu"]) == 1  # with --ray this process loads no model
+    assert "--device does not apply with --ray" in capsys.readouterr().err
+
+
+def test_compare_models_on_workers_equals_compare_models(job_models) -> None:
+    """Each model's forward passes on a worker (one unit per model, finishing in any order):
+    exactly ``compare_models`` on the loaded models, names included."""
+    from scale_jobs import one_thread
+
+    from tl_reward.compare.behaviour import compare_models
+
+    names = ("qwen2", "llama1")
+    loaded = [job_models[a][1] for a in names]
+    paths = [job_models[a][0] for a in names]
+    kw = {"pairs": [p for i, p in enumerate(PAIRS) if i != 4], "n_resamples": 200,
+          "batch_size": 5}
+    ref = one_thread(lambda: compare_models(loaded, INPUTS[:20], **kw))
+    assert ref.readability and ref.preference and ref.rank  # every part is compared
+    assert ref.models == list(paths)  # list models are named by their model_name (the path)
+    assert_same_behaviour(run_compare_models(paths, INPUTS[:20], executor=local(),
+                                             progress=False, **kw), ref)
+    got = run_compare_models(dict(zip(ref.models, paths, strict=True)), INPUTS[:20],
+                             executor=ReversedPool(Worker(1)), progress=False, **kw)
+    assert_same_behaviour(got, ref)  # named by a mapping, units finishing last to first
+    # the check sees which model is which: swapping the two models' rewards changes it
+    swapped = run_compare_models(dict(zip(ref.models, paths[::-1], strict=True)), INPUTS[:20],
+                                 executor=local(), progress=False, **kw)
+    assert not np.array_equal(swapped.rewards[ref.models[0]], ref.rewards[ref.models[0]])

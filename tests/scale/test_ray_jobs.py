@@ -18,6 +18,7 @@ from scale_jobs import (  # noqa: E402
     ITEMS,
     PAIRS,
     PROBE_KW,
+    assert_same_behaviour,
     assert_same_faithfulness,
     assert_same_grams,
     assert_same_probes,
@@ -25,6 +26,7 @@ from scale_jobs import (  # noqa: E402
 
 from tl_reward.scale import (  # noqa: E402
     RayExecutor,
+    run_compare_models,
     run_faithfulness,
     run_layer_grams,
     run_probes,
@@ -73,6 +75,16 @@ def test_jobs_on_one_ray_pool_equal_single_process(pool, job_models, references)
                                         batches_per_unit=2, progress=False, **GRAM_KW),
                         references["grams_pooled"], strict=True):
         assert_same_grams(got, ref)
+    # behavioural agreement: the two models' forward passes on the two actors at once
+    from scale_jobs import one_thread
+
+    from tl_reward.compare.behaviour import compare_models
+
+    kw = {"pairs": PAIRS[:4], "n_resamples": 200, "batch_size": 5}
+    ref = one_thread(lambda: compare_models([job_models["qwen2"][1], job_models["llama1"][1]],
+                                            INPUTS[:20], **kw))
+    assert_same_behaviour(run_compare_models([qwen2, job_models["llama1"][0]], INPUTS[:20],
+                                             executor=pool, progress=False, **kw), ref)
 
 
 def test_faithfulness_killed_workers_and_driver_resume(pool, job_models, references,
@@ -175,16 +187,27 @@ def test_cli_audit_on_ray_writes_the_single_process_store(cluster, job_models, t
     assert "--gpus-per-worker" in capsys.readouterr().out
 
 
-def test_cli_compare_layers_on_ray_equal_single_process(cluster, job_models, tmp_path: Path,
-                                                        monkeypatch, capsys) -> None:
+def test_cli_compare_on_ray_equal_single_process(cluster, job_models, tmp_path: Path,
+                                                 monkeypatch, capsys) -> None:
+    """``tl-reward compare --ray --layers``: behaviour and layer maps exactly as in one
+    process, and this process loads no model."""
     import json
 
     import numpy as np
     from scale_jobs import one_thread
 
     import tl_reward.compare.layers as layers
+    import tl_reward.scale.behaviour as behaviour
+    from tl_reward import HookedRewardModel
     from tl_reward.cli import main
     from tl_reward.cli.compare import read_compare_input
+    from tl_reward.compare.behaviour import compare_models
+
+    monkeypatch.setattr(HookedRewardModel, "from_pretrained",
+                        lambda *a, **k: pytest.fail("a model was loaded in the driver"))
+    reps, real_features = [], behaviour.compare_features
+    monkeypatch.setattr(behaviour, "compare_features",
+                        lambda *a, **k: reps.append(real_features(*a, **k)) or reps[-1])
 
     src = tmp_path / "corpus.jsonl"
     src.write_text("\n".join(json.dumps({"prompt": p, "response": r}) for p, r in INPUTS[:12]))
@@ -201,6 +224,9 @@ def test_cli_compare_layers_on_ray_equal_single_process(cluster, job_models, tmp
     want = one_thread(lambda: real(grams(ma, corpus), grams(mb, corpus),
                                    ["debiased_cka", "rv2"], 9))
     assert len(maps) == 1 and maps[0].measures == want.measures
+    names = [Path(a).name, Path(b).name]
+    assert_same_behaviour(reps[0], one_thread(lambda: compare_models(
+        dict(zip(names, (ma, mb), strict=True)), corpus, n_resamples=50)))
     for m in want.measures:
         np.testing.assert_array_equal(maps[0].observed[m], want.observed[m])
         np.testing.assert_array_equal(maps[0].p_value[m], want.p_value[m])

@@ -1,8 +1,9 @@
 """``tl-reward compare``: do two or more reward models agree? One offline HTML report.
 
-With ``--ray --layers`` the activations behind the layer x layer maps are read on Ray actors
-(each loads a model once; every model's Grams in one pass); the behavioural part still scores
-the corpus with the models loaded in this process (``--device`` applies to those).
+With ``--ray`` every forward pass runs on Ray actors (each loads a model once): the
+behavioural part's rewards, readability activations and pair margins, one model per actor, and
+with ``--layers`` the activations behind the layer x layer maps (every model's Grams in one
+pass). This process loads no model and computes the statistics.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--cdn", action="store_true",
                    help="load plotly from a CDN (smaller file, needs a network to view)")
-    add_ray_options(p, "reading the activations for --layers (units of 4 batches)")
+    add_ray_options(p, "every forward pass: one unit per model for the behavioural part, "
+                       "units of 4 batches for the --layers activations")
     p.set_defaults(run=run)
 
 
@@ -92,15 +94,20 @@ def _name(spec: str, taken: set[str]) -> str:
 
 
 def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
-                 args: argparse.Namespace, specs: list[Any] | None = None) -> list[Any]:
-    """The report's parts: tables, figures and headings (with ``--ray``, ``specs`` are what the
-    actors load for the layer maps, one per model)."""
+                 args: argparse.Namespace, pool: Any = None) -> list[Any]:
+    """The report's parts: tables, figures and headings. ``models``: ``{name: loaded model}``,
+    or with a started Ray ``pool`` ``{name: ModelSpec}`` that its actors load."""
     from tl_reward.compare.behaviour import compare_models
     from tl_reward.compare.layers import compare_grams, compare_layers
 
-    rep = compare_models(models, corpus, pairs=pairs or None,
-                         readability_layer=args.readability_layer, n_resamples=args.bootstrap,
-                         batch_size=args.batch_size)
+    kw = {"pairs": pairs or None, "readability_layer": args.readability_layer,
+          "n_resamples": args.bootstrap, "batch_size": args.batch_size}
+    if pool is not None:
+        from tl_reward.scale.behaviour import run_compare_models
+
+        rep = run_compare_models(models, corpus, executor=pool, **kw)
+    else:
+        rep = compare_models(models, corpus, **kw)
     table = rep.to_dataframe()
     parts: list[Any] = [
         f"<p>{len(models)} models ({html.escape(', '.join(models))}), {len(corpus)} corpus "
@@ -119,11 +126,11 @@ def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
                      f"their permutation null ({args.permutations} row permutations). A "
                      "similar geometry is not the same mechanism.</p>")
         grams = None
-        if getattr(args, "ray", False):
+        if pool is not None:
             from tl_reward.scale.compare import run_layer_grams
 
-            grams = run_layer_grams(specs, corpus, batch_size=args.batch_size,
-                                    executor=ray_executor(args, device_applies=True))
+            grams = run_layer_grams(list(models.values()), corpus, batch_size=args.batch_size,
+                                    executor=pool)
         for k, other in enumerate(names[1:], 1):
             if grams is not None:  # the same Grams, read on Ray actors
                 lc = compare_grams(grams[0], grams[k], measures, args.permutations)
@@ -140,20 +147,24 @@ def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
 def run(args: argparse.Namespace) -> int:
     if len(args.model) < 2:
         raise TLRewardError("give at least two --model options to compare")
-    if args.ray and not args.layers:
-        raise TLRewardError("--ray moves the --layers activations to Ray actors; add --layers "
-                            "(the behavioural comparison runs in this process)")
+    executor = ray_executor(args) if args.ray else None  # checks --device first
     corpus, pairs = read_compare_input(args.input, args.max_items)
     from tl_reward import HookedRewardModel
+    from tl_reward.scale.executors import ModelSpec
     from tl_reward.viz.html import save_html
 
     taken: set[str] = set()
-    models = {_name(m, taken): HookedRewardModel.from_pretrained(
-        m, device=args.device, trust_remote_code=args.trust_remote_code) for m in args.model}
-    from tl_reward.scale.executors import ModelSpec
-
-    specs = [ModelSpec(m, trust_remote_code=args.trust_remote_code) for m in args.model]
-    parts = build_report(models, corpus, pairs, args, specs)
+    names = [_name(m, taken) for m in args.model]
+    if executor is not None:  # the actors load the models; this process loads none
+        specs = {n: ModelSpec(m, trust_remote_code=args.trust_remote_code)
+                 for n, m in zip(names, args.model, strict=True)}
+        with executor.session() as pool:
+            parts = build_report(specs, corpus, pairs, args, pool)
+    else:
+        models = {n: HookedRewardModel.from_pretrained(
+            m, device=args.device, trust_remote_code=args.trust_remote_code)
+            for n, m in zip(names, args.model, strict=True)}
+        parts = build_report(models, corpus, pairs, args)
     path = save_html(args.output, *parts, title="Do these reward models agree?",
                      offline=not args.cdn)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")

@@ -257,6 +257,96 @@ def _scores(model: Any, inputs: Sequence[Any], objective: str, batch_size: int) 
     return vals.double().numpy()
 
 
+@dataclass
+class ModelFeatures:
+    """What :func:`compare_models` reads from one model (:func:`model_features`).
+
+    Attributes:
+        rewards: ``[n]`` rewards over the corpus (``None`` without one).
+        acts: ``[n, d]`` activations at ``hook`` for readability (``None`` if skipped).
+        hook: the resolved readability hook point.
+        margins: ``[n_pairs]`` chosen minus rejected reward (``None`` without pairs).
+    """
+
+    rewards: np.ndarray | None
+    acts: np.ndarray | None
+    hook: str | None
+    margins: np.ndarray | None
+
+
+def split_data(data: Sequence[Any] | None, pairs: Sequence[PreferencePair] | None
+               ) -> tuple[list[Any] | None, list[PreferencePair] | None]:
+    """The corpus and the pairs of :func:`compare_models`' ``data`` and ``pairs``."""
+    corpus: list[Any] | None = None
+    if data is not None:
+        data = list(data)
+        if data and all(isinstance(d, PreferencePair) for d in data):
+            pairs = data if pairs is None else pairs
+            corpus = [p.chosen_conversation() for p in data]
+        else:
+            corpus = data
+    return corpus, None if pairs is None else list(pairs)
+
+
+def model_features(model: Any, corpus: Sequence[Any] | None,
+                   pairs: Sequence[PreferencePair] | None, objective: str = "score",
+                   readability_hook: str | None = "blocks.{layer}.hook_resid_post",
+                   readability_layer: int = -1, batch_size: int = 8) -> ModelFeatures:
+    """One model's rewards, readability activations and pair margins (the forward passes of
+    :func:`compare_models`; :func:`compare_features` does the statistics)."""
+    rewards = acts = margins = None
+    hook = None
+    if corpus is not None:
+        rewards = _scores(model, corpus, objective, batch_size)
+        if readability_hook is not None:
+            acts = activations(model, corpus, readability_hook, readability_layer,
+                               batch_size=batch_size)
+            hook = (readability_hook.format(layer=readability_layer % model.cfg.n_layers)
+                    if "{layer}" in readability_hook else readability_hook)
+    if pairs is not None:
+        convs = [c for p in pairs for c in (p.chosen_conversation(), p.rejected_conversation())]
+        s = _scores(model, convs, objective, batch_size)
+        margins = s[0::2] - s[1::2]
+    return ModelFeatures(rewards, acts, hook, margins)
+
+
+def compare_features(
+    features: Mapping[str, ModelFeatures],
+    sweeps: Mapping[str, Any] | None = None,
+    *,
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    rbo_p: float = 0.9,
+) -> BehaviourComparison:
+    """:func:`compare_models`' statistics from each model's :class:`ModelFeatures`."""
+    names = list(features)
+    if len(names) < 2:
+        raise TLRewardError("compare_models needs at least two models")
+    rewards: dict[str, np.ndarray] = {}
+    rank, pref, read = [], [], []
+    if all(f.rewards is not None for f in features.values()):
+        rewards = {n: f.rewards for n, f in features.items()}  # type: ignore[misc]
+        for a, b in combinations(names, 2):
+            rank.append(rank_agreement(rewards[a], rewards[b], (a, b), n_resamples, confidence,
+                                       seed, rbo_p))
+        if all(f.acts is not None for f in features.values()):
+            for a, b in [*((n, n) for n in names), *permutations(names, 2)]:
+                r2, alphas, pred = ridge_readability(features[a].acts, rewards[b], seed=seed)
+                read.append(Readability(a, b, str(features[a].hook), r2, alphas,
+                                        len(rewards[b]), pred))
+    if all(f.margins is not None for f in features.values()):
+        for a, b in combinations(names, 2):
+            pref.append(preference_agreement(features[a].margins, features[b].margins, (a, b),
+                                             n_resamples, confidence, seed))
+    vocabulary = None
+    if sweeps is not None:
+        from tl_reward.sweep.agreement import model_agreement
+
+        vocabulary = model_agreement(dict(sweeps), p=rbo_p)
+    return BehaviourComparison(names, rewards, rank, pref, read, vocabulary)
+
+
 def compare_models(
     models: Mapping[str, Any] | Sequence[Any],
     data: Sequence[Any] | None = None,
@@ -282,49 +372,15 @@ def compare_models(
         readability_hook, readability_layer: where A's activations are read for the ridge to
             B's reward (default: the last block's residual stream; ``None`` skips readability).
         objective: ``"score"`` or an objective name present in every model.
+
+    The forward passes are :func:`model_features`, the statistics :func:`compare_features`
+    (``tl_reward.scale.run_compare_models`` runs the former on workers).
     """
     named = _named(models)
-    names = list(named)
-    corpus: list[Any] | None = None
-    if data is not None:
-        data = list(data)
-        if data and all(isinstance(d, PreferencePair) for d in data):
-            pairs = data if pairs is None else pairs
-            corpus = [p.chosen_conversation() for p in data]
-        else:
-            corpus = data
+    corpus, pairs = split_data(data, pairs)
     if corpus is None and pairs is None and sweeps is None:
         raise TLRewardError("give a corpus (data=...), preference pairs or sweeps to compare")
-    rewards: dict[str, np.ndarray] = {}
-    rank, pref, read = [], [], []
-    if corpus is not None:
-        rewards = {n: _scores(m, corpus, objective, batch_size) for n, m in named.items()}
-        for a, b in combinations(names, 2):
-            rank.append(rank_agreement(rewards[a], rewards[b], (a, b), n_resamples, confidence,
-                                       seed, rbo_p))
-        if readability_hook is not None:
-            acts = {n: activations(m, corpus, readability_hook, readability_layer,
-                                   batch_size=batch_size) for n, m in named.items()}
-            hook_of = {n: (readability_hook.format(
-                layer=readability_layer % m.cfg.n_layers) if "{layer}" in readability_hook
-                else readability_hook) for n, m in named.items()}
-            for a, b in [*((n, n) for n in names), *permutations(names, 2)]:
-                r2, alphas, pred = ridge_readability(acts[a], rewards[b], seed=seed)
-                read.append(Readability(a, b, hook_of[a], r2, alphas, len(corpus), pred))
-    if pairs is not None:
-        margins = {}
-        for n, m in named.items():
-            convs = [c for p in pairs for c in (p.chosen_conversation(),
-                                                 p.rejected_conversation())]
-            s = _scores(m, convs, objective, batch_size)
-            margins[n] = s[0::2] - s[1::2]
-        for a, b in combinations(names, 2):
-            pref.append(preference_agreement(margins[a], margins[b], (a, b), n_resamples,
-                                             confidence, seed))
-    vocabulary = None
-    if sweeps is not None:
-        from tl_reward.sweep.agreement import model_agreement
-
-        vocabulary = model_agreement(dict(sweeps), p=rbo_p)
-    return BehaviourComparison(names, rewards, rank, pref, read, vocabulary)
-
+    features = {n: model_features(m, corpus, pairs, objective, readability_hook,
+                                  readability_layer, batch_size) for n, m in named.items()}
+    return compare_features(features, sweeps, n_resamples=n_resamples, confidence=confidence,
+                            seed=seed, rbo_p=rbo_p)

@@ -1,0 +1,100 @@
+"""Behavioural agreement of reward models (``compare_models``) with the forward passes on
+workers.
+
+:func:`run_compare_models` is :func:`~tl_reward.compare.behaviour.compare_models` for models
+given as specs (hub names, local directories or :class:`ModelSpec`): each model is one unit, a
+worker loads it and returns its :class:`~tl_reward.compare.behaviour.ModelFeatures` (corpus
+rewards, readability activations, pair margins) and its name; the driver computes the
+statistics (:func:`~tl_reward.compare.behaviour.compare_features`) and never loads a model.
+Models run in parallel, one per worker; the result equals ``compare_models`` on the loaded
+models (same threads).
+
+Example:
+    >>> rep = run_compare_models(["org/rm-a", "org/rm-b"], corpus, pairs=pairs,
+    ...                          executor=RayExecutor(num_gpus=1))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from tl_reward.compare.behaviour import (
+    BehaviourComparison,
+    ModelFeatures,
+    compare_features,
+    model_features,
+    split_data,
+)
+from tl_reward.data import PreferencePair
+from tl_reward.errors import TLRewardError
+from tl_reward.scale.executors import Executor, LocalExecutor, ModelSpec, Worker, as_spec
+
+
+def features_unit(worker: Worker, spec: ModelSpec, corpus: Sequence[Any] | None,
+                  pairs: Sequence[PreferencePair] | None, objective: str,
+                  readability_hook: str | None, readability_layer: int, batch_size: int
+                  ) -> tuple[str, ModelFeatures]:
+    """The model's name and :class:`ModelFeatures` (run on a worker)."""
+    from tl_reward.compare.layers import model_label
+
+    model = worker.model(spec)
+    return model_label(model), model_features(model, corpus, pairs, objective,
+                                              readability_hook, readability_layer, batch_size)
+
+
+def run_compare_models(
+    models: Mapping[str, str | Path | ModelSpec] | Sequence[str | Path | ModelSpec],
+    data: Sequence[Any] | None = None,
+    *,
+    pairs: Sequence[PreferencePair] | None = None,
+    sweeps: Mapping[str, Any] | None = None,
+    readability_hook: str | None = "blocks.{layer}.hook_resid_post",
+    readability_layer: int = -1,
+    objective: str = "score",
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    batch_size: int = 8,
+    rbo_p: float = 0.9,
+    executor: Executor | None = None,
+    progress: bool | None = None,
+) -> BehaviourComparison:
+    """:func:`~tl_reward.compare.behaviour.compare_models` with every model's forward passes
+    on ``executor`` (one unit per model). ``models``: ``{name: spec}`` or specs (named as
+    ``compare_models`` names loaded models); the other arguments as there."""
+    named = dict(models) if isinstance(models, Mapping) else None
+    specs = [as_spec(m) for m in (named.values() if named is not None else models)]
+    if len(specs) < 2:
+        raise TLRewardError("compare_models needs at least two models")
+    corpus, pairs = split_data(data, pairs)
+    if corpus is None and pairs is None and sweeps is None:
+        raise TLRewardError("give a corpus (data=...), preference pairs or sweeps to compare")
+    results: dict[int, tuple[str, ModelFeatures]] = {}
+    bar = tqdm(total=len(specs), disable=progress is False, unit="model", desc="compare")
+
+    def keep(i: int, result: tuple[str, ModelFeatures]) -> None:
+        results[i] = result
+        bar.update(1)
+
+    try:
+        with (executor or LocalExecutor()).session() as pool:
+            pool.stream(features_unit, [(s, corpus, pairs, objective, readability_hook,
+                                         readability_layer, batch_size) for s in specs], keep)
+    finally:
+        bar.close()
+    if len(results) != len(specs):
+        raise TLRewardError("internal error: a model's features never arrived")
+    if named is not None:
+        names = list(named)
+    else:  # as compare_models names a list of loaded models
+        names = []
+        for i in range(len(specs)):
+            name = results[i][0]
+            names.append(name if name not in names else f"{name}_{i}")
+    features = {n: results[i][1] for i, n in enumerate(names)}
+    return compare_features(features, sweeps, n_resamples=n_resamples, confidence=confidence,
+                            seed=seed, rbo_p=rbo_p)
