@@ -49,7 +49,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cdn", action="store_true",
                    help="load plotly from a CDN (smaller file, needs a network to view)")
     add_ray_options(p, "every forward pass: one unit per model for the behavioural part, "
-                       "units of 4 batches for the --layers activations")
+                       "units of 4 batches for the --layers activations",
+                    resume="a dead actor is restarted and its unit retried (nothing is kept on "
+                           "disk between runs)")
     p.set_defaults(run=run)
 
 
