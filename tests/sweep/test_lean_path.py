@@ -38,14 +38,13 @@ def test_rotation_equals_apply_rotary(adjacent: bool, rotary_dim: int, dtype: to
     x = torch.randn(b, s, n_kv * g, d, generator=gen).to(dtype)
     ref = attn.apply_rotary(x, past)
     assert (ref - x).abs().max() > 0.1  # positions 11-13 rotate visibly
-    t = _lean_tables(attn, past, s, dtype, x.device)
+    t = _lean_tables(attn, s, torch.zeros(n_kv, past, d, dtype=dtype))
     assert t is not None and t.folded == (dtype == torch.float32)
     # keys: layout [kv head, batch, pos, d_head]
     k = _rotate_into(x.permute(2, 0, 1, 3), t.cos, t.sin, 1.0, attn).permute(1, 2, 0, 3)
     # queries: layout [kv head, batch, pos, group, d_head]
-    scale = 1.0 / attn.attn_scale if t.folded else 1.0
-    q = _rotate_into(x.view(b, s, n_kv, g, d).permute(2, 0, 1, 3, 4), t.cos_q, t.sin_q, scale,
-                     attn).permute(1, 2, 0, 3, 4).reshape(b, s, n_kv * g, d)
+    q = _rotate_into(x.view(b, s, n_kv, g, d).permute(2, 0, 1, 3, 4), t.cos_q, t.sin_q,
+                     t.q_scale, attn).permute(1, 2, 0, 3, 4).reshape(b, s, n_kv * g, d)
     if dtype == torch.bfloat16:
         assert torch.equal(k, ref) and torch.equal(q, ref)
     else:
@@ -61,8 +60,8 @@ def test_short_rotary_buffers_fall_back_to_apply_rotary() -> None:
     caller uses TransformerLens's ``apply_rotary`` (which extends them)."""
     attn = rotary_attention(False, 16, torch.float32)
     rows = attn.rotary_cos.shape[0]
-    assert _lean_tables(attn, rows - 3, 3, torch.float32, torch.device("cpu")) is not None
-    assert _lean_tables(attn, rows - 2, 3, torch.float32, torch.device("cpu")) is None
+    assert _lean_tables(attn, 3, torch.zeros(2, rows - 3, 16)) is not None
+    assert _lean_tables(attn, 3, torch.zeros(2, rows - 2, 16)) is None
 
 
 def test_lean_path_with_short_rotary_buffers_equals_naive(tiny) -> None:

@@ -77,12 +77,13 @@ class _LeanTables:
     """One layer's constants for ``s`` new positions after ``past`` cached ones.
 
     ``cos``/``sin``: ``[s, d_head]`` rotary tables (the keys') with the rotation's sign in
-    ``sin`` and ones/zeros on the dimensions rotary leaves alone (``None`` without rotary);
-    ``cos_q`` and ``sin_q``: ``[s, 1, d_head]``, the query's, times ``1 / attn_scale`` when
-    ``folded`` (float32/float64, where
-    scaling the query instead of the scores changes only the last bit). ``blocked``:
-    ``[s, 1, past + s]``, True where a query may not attend; ``prefix_blocked``: whether any
-    prefix key is (a sliding window shorter than the prefix), else only new keys are masked.
+    ``sin`` and ones/zeros on the dimensions rotary leaves alone (``None`` without rotary).
+    ``q_scale``: ``1 / attn_scale`` when ``folded`` (float32/float64, where scaling the query
+    instead of the scores changes only the last bit), else 1; ``cos_q``/``sin_q``:
+    ``[s, 1, d_head]``, the query's tables times ``q_scale``. ``blocked``: ``[s, 1, past + s]``,
+    True where a query may not attend; ``prefix_blocked``: whether any prefix key is (a sliding
+    window shorter than the prefix), else only new keys are masked. ``values``: the prefix's
+    values in the accumulation dtype (float32 at least), converted once.
     """
 
     cos: torch.Tensor | None
@@ -91,22 +92,27 @@ class _LeanTables:
     sin_q: torch.Tensor | None
     blocked: torch.Tensor
     folded: bool
-    prefix_blocked: bool = True
+    q_scale: float
+    prefix_blocked: bool
+    values: torch.Tensor
 
 
 _FOLDED = (torch.float32, torch.float64)
 
 
-def _lean_tables(attn: Any, past: int, s: int, dtype: torch.dtype, device: torch.device
-                 ) -> _LeanTables | None:
-    """:class:`_LeanTables` of ``attn``, or ``None`` where its rotary buffers are too short
+def _lean_tables(attn: Any, s: int, values: torch.Tensor) -> _LeanTables | None:
+    """:class:`_LeanTables` of ``attn`` for ``s`` new positions after the prefix whose values
+    are ``values`` ``[n_kv, past, d_head]``, or ``None`` where its rotary buffers are too short
     (TransformerLens's ``apply_rotary`` extends them: the caller falls back to it)."""
     cfg = attn.cfg
+    past, dtype, device = values.shape[1], values.dtype, values.device
     blocked = ~_suffix_mask(attn, past, s, device)[:, None, :]
     folded = dtype in _FOLDED
+    scale = 1.0 / float(attn.attn_scale) if folded else 1.0
     cut = bool(blocked[..., :past].any())
+    acc = values.to(torch.promote_types(dtype, torch.float32))
     if cfg.positional_embedding_type != "rotary":
-        return _LeanTables(None, None, None, None, blocked, folded, cut)
+        return _LeanTables(None, None, None, None, blocked, folded, scale, cut, acc)
     if past + s > attn.rotary_cos.shape[0]:
         return None
     d, rd = cfg.d_head, cfg.rotary_dim
@@ -118,9 +124,8 @@ def _lean_tables(attn: Any, past: int, s: int, dtype: torch.dtype, device: torch
     cos = torch.cat([cos, torch.ones(rest, dtype=cos.dtype, device=device)], -1).to(dtype)
     sin = torch.cat([sin * sign, torch.zeros(rest, dtype=sin.dtype, device=device)], -1
                     ).to(dtype)
-    scale = 1.0 / float(attn.attn_scale) if folded else 1.0
     return _LeanTables(cos, sin, (cos * scale)[:, None], (sin * scale)[:, None], blocked, folded,
-                       cut)
+                       scale, cut, acc)
 
 
 def _swapped(x: torch.Tensor, rd: int, adjacent: bool) -> torch.Tensor:
@@ -155,8 +160,8 @@ def _rotate_into(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | 
     return out.add_(sw.mul_(sin))  # two roundings then the sum, as TransformerLens does
 
 
-def _lean_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                    past: int, qkv: FusedQKV, t: _LeanTables) -> torch.Tensor:
+def _lean_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, qkv: FusedQKV,
+                    t: _LeanTables) -> torch.Tensor:
     """:func:`_cached_attention` without hook points, laid out for few new positions, up to
     ``z`` ``[batch, pos, n_heads * d_head]`` (the output projection is :func:`_add_out`'s).
 
@@ -168,14 +173,13 @@ def _lean_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, values: torc
     """
     b, s, _ = x.shape
     h, n_kv = qkv.n_heads, qkv.n_kv
-    g, d = h // n_kv, keys.shape[-1]
+    g, past, d = h // n_kv, keys.shape[1], keys.shape[-1]
     q, k, v = _project_qkv(x, qkv)
     if attn.cfg.use_qk_norm:  # as calculate_qkv_matrices does (Qwen3's per-head norms)
         q = attn._apply_qk_norm(q, attn.q_norm)
         k = attn._apply_qk_norm(k, attn.k_norm)
-    scale = 1.0 / float(attn.attn_scale) if t.folded else 1.0
     qr = _rotate_into(q.reshape(b, s, n_kv, g, d).permute(2, 0, 1, 3, 4), t.cos_q, t.sin_q,
-                      scale, attn)
+                      t.q_scale, attn)
     kr = _rotate_into(k.permute(2, 0, 1, 3), t.cos, t.sin, 1.0, attn)  # [n_kv, b, s, d]
     scores = torch.cat(
         [torch.matmul(qr.view(n_kv, b * s * g, d), keys.transpose(1, 2)
@@ -192,13 +196,12 @@ def _lean_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, values: torc
     else:  # only the causal triangle of the new keys
         scores[..., past:].masked_fill_(t.blocked[..., past:], float("-inf"))
     pattern = torch.softmax(scores, dim=-1)
-    acc = torch.promote_types(values.dtype, torch.float32)
-    pa = pattern.to(values.dtype).to(acc)
-    z = torch.matmul(pa.view(n_kv, b * s * g, past + s)[..., :past], values.to(acc))
+    pa = pattern.to(t.values.dtype)  # the model's dtype (softmax of its scores), upcast
+    z = torch.matmul(pa.view(n_kv, b * s * g, past + s)[..., :past], t.values)
     z = z.view(n_kv, b, s * g, d)
     z += torch.matmul(pa.view(n_kv, b, s * g, past + s)[..., past:],
-                      v.permute(2, 0, 1, 3).to(acc))
-    return z.view(n_kv, b, s, g, d).permute(1, 2, 0, 3, 4).reshape(b, s, h * d).to(values.dtype)
+                      v.permute(2, 0, 1, 3).to(t.values.dtype))
+    return z.view(n_kv, b, s, g, d).permute(1, 2, 0, 3, 4).reshape(b, s, h * d).to(keys.dtype)
 
 
 def _lean_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
@@ -257,8 +260,7 @@ def _lean_block(block: Any, cache: PrefixCache, i: int, resid: torch.Tensor,
     f, past, attn = cache.fused[i], cache.length, block.attn
     key = (i, resid.shape[1])
     if key not in cache.tables:
-        cache.tables[key] = _lean_tables(attn, past, resid.shape[1], cache.values[i].dtype,
-                                         resid.device)
+        cache.tables[key] = _lean_tables(attn, resid.shape[1], cache.values[i])
     t = cache.tables[key]
     x = _lean_norm(block.ln1, resid)
     post = block.ln1_post if block.cfg.use_normalization_before_and_after else None
@@ -267,7 +269,7 @@ def _lean_block(block: Any, cache: PrefixCache, i: int, resid: torch.Tensor,
         out = post(out) if post is not None else out
         resid = resid.add_(out) if resid.dtype == out.dtype else resid + out
     else:
-        z = _lean_attention(attn, x, cache.keys[i], cache.values[i], past, f, t)
+        z = _lean_attention(attn, x, cache.keys[i], f, t)
         resid = _add_out(resid, z, attn.W_O.reshape(z.shape[-1], -1), f.b_O, post)
     if rows is not None:
         resid = resid[torch.arange(resid.shape[0], device=resid.device), rows][:, None]
