@@ -18,16 +18,13 @@ from typing import Any
 import torch
 
 from tl_reward import HookedRewardModel
-from tl_reward.testing import ARCHITECTURES, CUSTOM_ARCHITECTURES, tiny_hf_reward_model
+from tl_reward.testing import (
+    ARCHITECTURES,
+    CONVERSATIONS,
+    CUSTOM_ARCHITECTURES,
+    tiny_hf_reward_model,
+)
 
-CONVERSATIONS = [
-    [{"role": "user", "content": "Is the sky blue?"},
-     {"role": "assistant", "content": "Yes, the sky is blue on a clear day."}],
-    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "No."}],
-    [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "What is love?"},
-     {"role": "assistant", "content": "Love. Friendship. Music."},
-     {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "Sure!"}],
-]
 K = {"armorm": 4, "qrm": 4, "internlm2": 1, "nemotron": 1}
 
 

@@ -9,18 +9,10 @@ from typing import Any
 import torch
 
 from tl_reward import HookedRewardModel
+from tl_reward.testing import CONVERSATIONS as CONVERSATIONS  # re-exported for the tests
 from tl_reward.testing import tiny_hf_reward_model
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-
-CONVERSATIONS = [
-    [{"role": "user", "content": "Is the sky blue?"},
-     {"role": "assistant", "content": "Yes, the sky is blue on a clear day."}],
-    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "No."}],
-    [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "What is love?"},
-     {"role": "assistant", "content": "Love. Friendship. Music."},
-     {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "Sure!"}],
-]
 
 
 class tiny_models:  # noqa: N801 - used as a fixture factory

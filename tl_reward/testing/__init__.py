@@ -3,11 +3,12 @@ tutorials and users' own checks)."""
 
 from tl_reward.testing.tiny import (
     ARCHITECTURES,
+    CONVERSATIONS,
     CUSTOM_ARCHITECTURES,
     save_tiny_reward_model,
     tiny_hf_reward_model,
     tiny_tokenizer,
 )
 
-__all__ = ["ARCHITECTURES", "CUSTOM_ARCHITECTURES", "save_tiny_reward_model",
+__all__ = ["ARCHITECTURES", "CONVERSATIONS", "CUSTOM_ARCHITECTURES", "save_tiny_reward_model",
            "tiny_hf_reward_model", "tiny_tokenizer"]

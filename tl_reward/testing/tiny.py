@@ -216,3 +216,15 @@ def save_tiny_reward_model(path: str | Path, arch: str = "llama", num_labels: in
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+# Three conversations of different lengths and roles (a system turn, several turns): the
+# padded-batch checks of tests and benchmarks.
+CONVERSATIONS: list[list[dict[str, str]]] = [
+    [{"role": "user", "content": "Is the sky blue?"},
+     {"role": "assistant", "content": "Yes, the sky is blue on a clear day."}],
+    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "No."}],
+    [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "What is love?"},
+     {"role": "assistant", "content": "Love. Friendship. Music."},
+     {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "Sure!"}],
+]
