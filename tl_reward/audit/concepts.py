@@ -39,7 +39,7 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.analysis.readout import is_layernorm, normalise, resolve_objectives
-from tl_reward.audit.pooled import pooled_residual, resid_hook
+from tl_reward.audit.pooled import pooled_residual, resid_hook, residual_batches
 from tl_reward.errors import TLRewardError
 from tl_reward.stats.resampling import bootstrap_ci
 
@@ -215,15 +215,9 @@ class ConceptAlignment:
 def _final_state(model: Any, inputs: Sequence[Any], batch_size: int
                  ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per batch: tokens, the full normed final residual, and the final residual at ``t*``."""
-    hook = resid_hook(model, model.cfg.n_layers)
-    encoded = [model.encode(x) for x in inputs]
     out = []
-    for s in range(0, len(encoded), batch_size):
-        batch = model.collate(encoded[s : s + batch_size], "right")
-        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
-                                        return_type=None, names_filter=lambda n: n == hook)
-        resid = cache[hook].float()
-        pos = model.pool_positions(batch.tokens, batch.attention_mask)
+    for batch, resid, pos in residual_batches(model, inputs, model.cfg.n_layers, batch_size):
+        resid = resid.float()
         rows = torch.arange(len(pos), device=pos.device)
         out.append((batch.tokens, normalise(model, resid), resid[rows, pos]))
     return out

@@ -7,7 +7,7 @@ residual (the last block's ``hook_resid_post``), which the final norm and head r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -24,6 +24,23 @@ def resid_hook(model: Any, layer: int) -> str:
 
 
 @torch.no_grad()
+def residual_batches(
+    model: Any, inputs: Sequence[Any], layer: int, batch_size: int = 8,
+) -> Iterator[tuple[Any, Float[torch.Tensor, "batch pos d_model"], torch.Tensor]]:
+    """Per batch of ``inputs`` (right-padded): the batch, its residual stream at ``layer`` (the
+    model's dtype) and the pooled positions ``t*``."""
+    if len(inputs) == 0:
+        raise TLRewardError("no inputs: pass at least one text, conversation or (prompt, reply)")
+    hook = resid_hook(model, layer)
+    encoded = [model.encode(x) for x in inputs]
+    for s in range(0, len(encoded), batch_size):
+        batch = model.collate(encoded[s : s + batch_size], "right")
+        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
+                                        return_type=None, names_filter=lambda n: n == hook)
+        yield batch, cache[hook], model.pool_positions(batch.tokens, batch.attention_mask)
+
+
+@torch.no_grad()
 def pooled_residual(
     model: Any,
     inputs: Sequence[Any],
@@ -36,18 +53,9 @@ def pooled_residual(
     ``normed=True`` applies the final norm afresh (gain folded into ``W_U``, so this is the
     vector the head's columns are dotted with). Returned on the model's device.
     """
-    if len(inputs) == 0:
-        raise TLRewardError("no inputs: pass at least one text, conversation or (prompt, reply)")
     layer = model.cfg.n_layers if layer is None else layer
-    hook = resid_hook(model, layer)
-    encoded = [model.encode(x) for x in inputs]
     out = []
-    for s in range(0, len(encoded), batch_size):
-        batch = model.collate(encoded[s : s + batch_size], "right")
-        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
-                                        return_type=None, names_filter=lambda n: n == hook)
-        pos = model.pool_positions(batch.tokens, batch.attention_mask)
-        rows = torch.arange(batch.tokens.shape[0], device=batch.tokens.device)
-        h = cache[hook][rows, pos].float()
+    for _, resid, pos in residual_batches(model, inputs, layer, batch_size):
+        h = resid[torch.arange(len(pos), device=pos.device), pos].float()
         out.append(normalise(model, h) if normed else h)
     return torch.cat(out)
