@@ -67,15 +67,7 @@ def default_objectives(model: object) -> list[str]:
     names = list(model.objectives)  # type: ignore[attr-defined]
     if len(names) == 1:
         return names
-    device = model.W_U.device  # type: ignore[attr-defined]
-    probe = torch.zeros(1, 1, dtype=torch.long, device=device)
-    normed = torch.zeros(1, 1, model.cfg.d_model, device=device,  # type: ignore[attr-defined]
-                         dtype=accumulation_dtype(model))
-    try:
-        has_score = model.reward_head.combination(normed, probe) is not None  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - ArmoRM's gate needs its header pattern: it has a score
-        has_score = True
-    return (["score"] if has_score else []) + names
+    return (["score"] if model.reward_head.has_score else []) + names  # type: ignore[attr-defined]
 
 
 def resolve_objectives(model: object, objectives: ObjectiveSpec) -> list[str]:
@@ -154,6 +146,48 @@ def reward_readout(
     bias = torch.stack(bs, 1)
     reward = torch.einsum("bd,bkd->bk", h, directions) / scale[:, None] + bias
     return Readout(positions, scale, directions, bias, names, reward)
+
+
+def read_rewards(
+    model: object,
+    resid_final: Float[torch.Tensor, "batch pos d_model"],
+    tokens: Int[torch.Tensor, "batch pos"],
+    positions: Int[torch.Tensor, " batch"],
+    normed: Float[torch.Tensor, "batch pos d_model"] | None = None,
+) -> tuple[Float[torch.Tensor, "batch K"], Float[torch.Tensor, " batch"] | None]:
+    """``(rewards [batch, K], score [batch] or None)`` at ``positions``, accumulated in float32
+    (float64 for a float64 model) whatever the weights' dtype.
+
+    By default the final norm is applied afresh to ``resid_final`` (as every analysis reads the
+    reward) and an MLP head is read through its exact linearisation there. ``normed`` (the
+    model's own, possibly hooked, ``ln_final`` output) is read instead when given, and an MLP
+    head then runs its own hooked forward: what ``model(..., return_type="reward")`` does.
+    ``resid_final`` may hold only the pooled rows (``[batch, 1, d_model]``, ``positions`` 0)
+    unless the head's combination reads the states (ArmoRM's gate).
+    """
+    acc = accumulation_dtype(model)
+    head = model.reward_head  # type: ignore[attr-defined]
+    rows = torch.arange(resid_final.shape[0], device=resid_final.device)
+    positions = positions.to(resid_final.device)
+    if normed is None:
+        x = normalise(model, resid_final[rows, positions].to(acc))
+    else:
+        x = normed[rows, positions].to(acc)
+    if head.nonlinear and normed is not None:
+        rewards = head.outputs(normed[rows, positions]).to(acc)
+    elif head.nonlinear:
+        w, b = head.linearise(x)
+        rewards = torch.einsum("bkd,bd->bk", w.to(acc), x) + b.to(acc)
+    else:
+        rewards = x @ model.W_U.to(acc) + model.b_U.to(acc)  # type: ignore[attr-defined]
+    if not head.has_score:
+        return rewards, None
+    if not head.reads_states:
+        states = x[:, None]
+    else:
+        states = normalise(model, resid_final) if normed is None else normed.to(acc)
+    c = head.combination(states, tokens).to(acc)
+    return rewards, (rewards * c).sum(-1)
 
 
 def objective_at_pooled(

@@ -145,8 +145,8 @@ def concept_separability(concept: ConceptVector, folds: int = 5, c: float = 1.0,
 
 
 def _final_direction(model: Any, objective: str, tokens: torch.Tensor, normed: torch.Tensor,
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    w, b = model.reward_direction(objective, normed.to(model.W_U.dtype), tokens)
+                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    w, b = model.reward_direction(objective, normed, tokens, positions)
     w = w.float()
     if is_layernorm(model):
         w = w - w.mean(-1, keepdim=True)
@@ -213,13 +213,14 @@ class ConceptAlignment:
 
 @torch.no_grad()
 def _final_state(model: Any, inputs: Sequence[Any], batch_size: int
-                 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per batch: tokens, the full normed final residual, and the final residual at ``t*``."""
+                 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per batch: tokens, the full normed final residual, the final residual at ``t*`` and
+    ``t*``."""
     out = []
     for batch, resid, pos in residual_batches(model, inputs, model.cfg.n_layers, batch_size):
         resid = resid.float()
         rows = torch.arange(len(pos), device=pos.device)
-        out.append((batch.tokens, normalise(model, resid), resid[rows, pos]))
+        out.append((batch.tokens, normalise(model, resid), resid[rows, pos], pos))
     return out
 
 
@@ -231,9 +232,9 @@ def concept_alignment(
     obj = resolve_objectives(model, objective)[0]
     u = concept.unit.to(model.cfg.device)
     cos_head, cos_local, slope = [], [], []
-    for tokens, normed, h in _final_state(model, inputs, batch_size):
+    for tokens, normed, h, pos in _final_state(model, inputs, batch_size):
         with torch.no_grad():
-            w, _ = _final_direction(model, obj, tokens, normed)
+            w, _ = _final_direction(model, obj, tokens, normed, pos)
         g = local_gradient(model, h, w)
         cos_head.append(torch.nn.functional.cosine_similarity(w, u[None], dim=-1))
         cos_local.append(torch.nn.functional.cosine_similarity(g, u[None], dim=-1))
@@ -321,7 +322,7 @@ def steering_curve(
             with model.hooks(fwd_hooks=[(hook, add), (final_hook, grab)]):
                 model(batch.tokens, attention_mask=batch.attention_mask, return_type=None)
             normed = normalise(model, store["final"].float())
-            w, b = _final_direction(model, obj, batch.tokens, normed)
+            w, b = _final_direction(model, obj, batch.tokens, normed, pos)
             r = (w * normed[rows, pos]).sum(-1) + b
             rewards[j, s : s + len(pos)] = r.cpu()
     with torch.enable_grad():

@@ -129,6 +129,11 @@ def term_directions(terms: Sequence[Term]) -> Float[torch.Tensor, "T d_model"]:
     LayerNorm); a prompt-dependent ``"score"`` has none (use the behavioural view)."""
     rows = []
     for t in terms:
+        if t.model.reward_head.nonlinear:
+            raise TLRewardError(
+                f"{t.name!r}: this model's reward head is an MLP, so no objective has a fixed "
+                "direction in the residual; use behavioural_conflict or gradient_conflict "
+                "(they read the head's exact local linearisation per input)")
         if t.objective == "score":
             head = t.model.reward_head
             weights = getattr(head, "weights", None) if isinstance(head, LinearRewardHead) \

@@ -61,11 +61,7 @@ FORMAT = "tl_reward.probes/1"
 def reward_names(model: Any) -> list[str]:
     """Columns a probe run records: ``score`` (when the head combines objectives) and each
     objective."""
-    from tl_reward.model.heads import LinearRewardHead
-
-    head = model.reward_head
-    has_score = not isinstance(head, LinearRewardHead) or head.weights is not None
-    return (["score"] if has_score else []) + [o for o in model.objectives if o != "score"]
+    return (["score"] if model.has_score else []) + [o for o in model.objectives if o != "score"]
 
 
 # -- the raw table ---------------------------------------------------------------------------

@@ -71,6 +71,9 @@ class RewardHead(nn.Module):
     #: ``True`` for a head that is not linear in the normed final residual (an MLP head): the
     #: model then reads objectives through :meth:`outputs` and :meth:`linearise`, not ``W_U``.
     nonlinear: bool = False
+    #: ``True`` when :meth:`combination` reads the normed states (ArmoRM's gate); otherwise it
+    #: depends on the batch size alone.
+    reads_states: bool = False
 
     def __init__(self, objectives: Sequence[str]) -> None:
         super().__init__()
@@ -109,6 +112,12 @@ class RewardHead(nn.Module):
             f"objective index {objective!r} is out of range for {self.n_objectives} objectives "
             f"{self.objectives}"
         )
+
+    @property
+    def has_score(self) -> bool:
+        """Whether the head combines its objectives into one score (the one place this is
+        decided: a plain multi-column head has none)."""
+        return False
 
     def combination(
         self, normed: Normed, tokens: Tokens
@@ -163,6 +172,10 @@ class LinearRewardHead(RewardHead):
             weights = torch.ones(1)
         self.register_buffer("weights", weights, persistent=False)
 
+    @property
+    def has_score(self) -> bool:
+        return self.weights is not None
+
     def combination(
         self, normed: Normed, tokens: Tokens
     ) -> Float[torch.Tensor, "batch K"] | None:
@@ -180,6 +193,12 @@ class ArmoRMHead(RewardHead):
     The first gating layer has the final norm's gain folded in, so it reads ``ln_final``'s
     output directly. ``hook_gating`` caches ``g(x)``.
     """
+
+    reads_states = True
+
+    @property
+    def has_score(self) -> bool:
+        return True
 
     def __init__(
         self,

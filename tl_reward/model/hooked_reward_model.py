@@ -21,10 +21,15 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.model.heads import LinearRewardHead, Objective, RewardHead
 from tl_reward.model.inputs import EncodedInput, RewardBatch, RewardInput, collate, encode
 from tl_reward.model.pooling import check_rule, pool_positions
+
+
+def _has_hooks(module: torch.nn.Module) -> bool:
+    """Whether any forward hook is attached to ``module`` or a submodule."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
 def _is_single(inputs: Any) -> bool:
@@ -138,27 +143,40 @@ class HookedRewardModel(HookedTransformer):
 
     # -- inputs ------------------------------------------------------------------------------
     def encode(self, item: RewardInput) -> EncodedInput:
-        """Token ids of one input (string, conversation, (prompt, response) or ids)."""
-        out = encode(self.tokenizer, item)
-        is_ids = isinstance(item, torch.Tensor) or (
-            isinstance(item, Sequence) and not isinstance(item, (str, tuple)) and bool(item)
-            and all(isinstance(t, int) for t in item))
-        if self.suffix_ids and not is_ids:
-            return EncodedInput([*out.ids, *self.suffix_ids], out.response_start)
-        return out
+        """Token ids of one input (string, conversation, (prompt, response) or ids): the chat
+        template as ids with one BOS, then :attr:`suffix_ids`; token ids are taken as given."""
+        return encode(self.tokenizer, item, self.suffix_ids)
 
-    def make_batch(
+    def build(
         self, inputs: RewardInput | Sequence[RewardInput], padding_side: str = "right"
     ) -> RewardBatch:
-        """Tokenise and pad inputs into a :class:`RewardBatch` on the model's device."""
+        """The scored sequences of ``inputs``: ids (:meth:`encode`), mask, response starts and
+        the pooled positions, padded on the model's device. Every analysis builds here."""
         items = [inputs] if _is_single(inputs) else list(inputs)  # type: ignore[arg-type]
-        encoded = [self.encode(x) for x in items]
-        return self.collate(encoded, padding_side)
+        return self.collate([self.encode(x) for x in items], padding_side)
+
+    make_batch = build
 
     def collate(self, encoded: Sequence[EncodedInput], padding_side: str = "right") -> RewardBatch:
-        """Pad already-encoded inputs, checking context length and vocabulary."""
+        """Pad already-encoded inputs (checking context length and vocabulary) and find each
+        row's pooled position under the model's pooling rule."""
         batch = collate(encoded, self.pad_token_id, padding_side, self.cfg.n_ctx, self.cfg.d_vocab)
-        return batch.to(self.cfg.device)
+        batch = batch.to(self.cfg.device)
+        batch.pooled = self.pool_positions(batch.tokens, batch.attention_mask)
+        return batch
+
+    def response_template(self, prompt: Any) -> Any:
+        """``prefix + [v] + suffix`` around a one-token reply to ``prompt``, as :meth:`encode`
+        builds it (one BOS, :attr:`suffix_ids` closing the suffix); see
+        :mod:`tl_reward.sweep.response_template`."""
+        from tl_reward.sweep.response_template import response_template
+
+        return response_template(self.tokenizer, prompt, self.suffix_ids)
+
+    @property
+    def has_score(self) -> bool:
+        """Whether the head combines its objectives into one score."""
+        return self.reward_head.has_score
 
     def pool_positions(
         self,
@@ -186,7 +204,10 @@ class HookedRewardModel(HookedTransformer):
         """Run the model.
 
         ``return_type``: ``"logits"`` (per-position head outputs ``[batch, pos, K]``),
-        ``"reward"`` (pooled ``[batch, K]``), ``"score"`` (combined ``[batch]``) or ``None``.
+        ``"reward"`` (pooled ``[batch, K]``), ``"score"`` (combined ``[batch]``) or ``None``;
+        pooled values are read from the final residual in float32 (float64 for a float64
+        model) whatever the weights' dtype, as every analysis reads them (through the hooked
+        ``ln_final`` output instead when a hook sits on the final norm or the head).
         ``stop_at_layer`` returns the residual stream, as in TransformerLens.
         """
         if return_type in ("loss", "both"):
@@ -214,17 +235,26 @@ class HookedRewardModel(HookedTransformer):
         normed = self.ln_final(resid)
         if return_type is None:
             return None
-        logits = self.head_outputs(normed)
         if return_type == "logits":
-            return logits
+            return self.head_outputs(normed)
         if tokens is None:
             raise TLRewardError("pooled rewards need tokens=...: pass them with start_at_layer")
         if pool_positions is None:
             pool_positions = self.pool_positions(tokens, attention_mask, pooling)
-        rewards = logits[torch.arange(logits.shape[0], device=logits.device), pool_positions]
+        from tl_reward.analysis.readout import read_rewards
+
+        # read afresh from the residual (float32), as model.rewards and every analysis do,
+        # unless a hook on the final norm or the head must shape the result
+        hooked = _has_hooks(self.ln_final) or _has_hooks(self.reward_head)
+        rewards, score = read_rewards(self, resid, tokens, pool_positions,
+                                      normed if hooked else None)
         if return_type == "reward":
             return rewards
-        return self.reward_head.score(rewards, normed, tokens)
+        if score is None:
+            raise UnknownObjectiveError(
+                f"this model has objectives {self.objectives} and no combined score; use "
+                "return_type='reward'")
+        return score
 
     def head_outputs(
         self, normed: Float[torch.Tensor, "... d_model"]
@@ -250,20 +280,19 @@ class HookedRewardModel(HookedTransformer):
         Returned in float32 (float64 for a float64 model) whatever the weights' dtype.
         For an MLP head it is the exact local linearisation at the pooled input,
         ``w_eff(x) = W1^T D(x) w2`` and ``b = w2 . D(x) b1 + b2`` (float32), which needs
-        ``normed`` and ``tokens`` (``positions`` overrides where the pooled input is read; by
-        default the model's pooling rule on ``tokens``).
+        ``normed``, ``tokens`` and the pooled ``positions`` (``batch.pooled`` of :meth:`build`:
+        the pooling rule applied with the attention mask, so padding never moves it).
         """
         acc = torch.float64 if self.cfg.dtype == torch.float64 else torch.float32
         device = self.W_U.device
         head = self.reward_head
         if head.nonlinear:
-            if normed is None or tokens is None:
+            if normed is None or tokens is None or positions is None:
                 raise TLRewardError(
                     "this model's reward head is nonlinear (an MLP), so its direction depends "
-                    "on the input: pass normed= (ln_final output) and tokens="
+                    "on the input: pass normed= (ln_final output), tokens= and positions= "
+                    "(the pooled positions, e.g. batch.pooled from model.build)"
                 )
-            if positions is None:
-                positions = self.pool_positions(tokens)
             rows = torch.arange(tokens.shape[0], device=normed.device)
             w_all, b_all = head.linearise(normed[rows, positions.to(normed.device)])
             c = head.objective_weights(objective, normed, tokens).to(w_all.dtype)

@@ -42,7 +42,9 @@ class EncodedInput:
     response_start: int | None = None
 
 
-def _template_ids(tokenizer: Any, messages: Conversation, add_generation_prompt: bool) -> list[int]:
+def template_ids(tokenizer: Any, messages: Conversation, add_generation_prompt: bool) -> list[int]:
+    """The chat template's ids for ``messages`` (never via a string), with :func:`one_bos`
+    applied: the one place a conversation becomes ids."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise TLRewardError(
             "this tokenizer has no chat template, so conversations cannot be scored; set "
@@ -86,10 +88,10 @@ def encode_conversation(tokenizer: Any, messages: Conversation) -> EncodedInput:
             "the final assistant response is empty; a reward model needs a non-empty reply "
             "to score"
         )
-    ids = _template_ids(tokenizer, messages, add_generation_prompt=False)
+    ids = template_ids(tokenizer, messages, add_generation_prompt=False)
     start = None
     if messages[-1]["role"] == "assistant" and len(messages) > 1:
-        prefix = _template_ids(tokenizer, messages[:-1], add_generation_prompt=True)
+        prefix = template_ids(tokenizer, messages[:-1], add_generation_prompt=True)
         if ids[: len(prefix)] == prefix:
             start = len(prefix)
     return EncodedInput(ids, start)
@@ -118,12 +120,35 @@ def _need_tokenizer(tokenizer: Any, what: str) -> None:
         )
 
 
-def encode(tokenizer: Any, item: RewardInput) -> EncodedInput:
-    """Token ids for any supported input kind."""
+def is_token_ids(item: Any) -> bool:
+    """True for token-id inputs: a 1-D integer tensor, or a list or tuple of ints."""
     if isinstance(item, torch.Tensor):
-        if item.ndim != 1:
-            raise TLRewardError("a token tensor input must be 1-D; pass a batch as a list")
-        return EncodedInput([int(t) for t in item.tolist()])
+        return not item.is_floating_point() and not item.is_complex()
+    return (isinstance(item, Sequence) and not isinstance(item, str) and bool(item)
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in item))
+
+
+def encode(tokenizer: Any, item: RewardInput, suffix_ids: Sequence[int] = ()) -> EncodedInput:
+    """Token ids for any supported input kind.
+
+    ``suffix_ids`` (InternLM2's reward token) follow every text, pair or conversation; token-id
+    inputs (a tensor, list or tuple of ints) are taken exactly as given.
+    """
+    if is_token_ids(item):
+        if isinstance(item, torch.Tensor):
+            if item.ndim != 1:
+                raise TLRewardError("a token tensor input must be 1-D; pass a batch as a list")
+            return EncodedInput([int(t) for t in item.tolist()])
+        return EncodedInput([int(t) for t in item])  # type: ignore[union-attr]
+    out = _encode_text(tokenizer, item)
+    if suffix_ids:
+        return EncodedInput([*out.ids, *(int(t) for t in suffix_ids)], out.response_start)
+    return out
+
+
+def _encode_text(tokenizer: Any, item: RewardInput) -> EncodedInput:
+    if isinstance(item, torch.Tensor):
+        raise TLRewardError("a token tensor input must hold integer ids")
     if isinstance(item, str):
         _need_tokenizer(tokenizer, "strings")
         if not item.strip():
@@ -135,8 +160,6 @@ def encode(tokenizer: Any, item: RewardInput) -> EncodedInput:
     if is_conversation(item):
         _need_tokenizer(tokenizer, "conversations")
         return encode_conversation(tokenizer, as_conversation(item))  # type: ignore[arg-type]
-    if isinstance(item, Sequence) and item and all(isinstance(t, int) for t in item):
-        return EncodedInput([int(t) for t in item])
     raise TypeError(
         "unsupported input: pass a string, a list of {'role','content'} messages, a "
         f"(prompt, response) tuple, or token ids; got {type(item).__name__}"
@@ -154,6 +177,8 @@ class RewardBatch:
         padding_side: ``"right"`` or ``"left"``.
         response_starts: per row, the index (in the unpadded ids) where the final response
             starts, or ``None`` when unknown.
+        pooled: per row, the padded position the reward is read at (set by
+            :meth:`HookedRewardModel.build`; ``None`` for a batch made without a model).
     """
 
     tokens: Int[torch.Tensor, "batch pos"]
@@ -161,6 +186,7 @@ class RewardBatch:
     lengths: Int[torch.Tensor, " batch"]
     padding_side: str
     response_starts: list[int | None]
+    pooled: Int[torch.Tensor, " batch"] | None = None
 
     def offsets(self) -> Int[torch.Tensor, " batch"]:
         """Index in the padded row of each sequence's first real token."""
@@ -170,7 +196,8 @@ class RewardBatch:
 
     def to(self, device: torch.device | str) -> RewardBatch:
         return RewardBatch(self.tokens.to(device), self.attention_mask.to(device),
-                           self.lengths.to(device), self.padding_side, self.response_starts)
+                           self.lengths.to(device), self.padding_side, self.response_starts,
+                           None if self.pooled is None else self.pooled.to(device))
 
 
 def collate(

@@ -51,6 +51,10 @@ class MLPRewardHead(RewardHead):
                              persistent=False)
 
     @property
+    def has_score(self) -> bool:
+        return self.weights is not None
+
+    @property
     def d_hidden(self) -> int:
         return self.hidden.out_features
 

@@ -73,18 +73,18 @@ def score_batch(
     model: HookedRewardModel, tokens: torch.Tensor, attention_mask: torch.Tensor,
     pooling: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """``(rewards [b, K], score [b] or None, gating [b, K] or None)`` for one padded batch."""
+    """``(rewards [b, K], score [b] or None, gating [b, K] or None)`` for one padded batch, read
+    in float32 (float64 for a float64 model) by :func:`~tl_reward.analysis.readout.read_rewards`."""
+    from tl_reward.analysis.readout import normalise, read_rewards
+
     resid = model(tokens, attention_mask=attention_mask, stop_at_layer=model.cfg.n_layers)
-    normed = model.ln_final(resid)
     pos = model.pool_positions(tokens, attention_mask, pooling)
-    rows = torch.arange(tokens.shape[0], device=tokens.device)
-    rewards = model.head_outputs(normed[rows, pos][:, None])[:, 0]
-    c = model.reward_head.combination(normed, tokens)
-    score = None if c is None else (rewards * c).sum(-1)
+    rewards, score = read_rewards(model, resid, tokens, pos)
     gating = None
     if isinstance(model.reward_head, ArmoRMHead):
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
         gpos = model.reward_head.gating_positions(tokens)
-        gating = model.reward_head.gate(normed[rows, gpos])
+        gating = model.reward_head.gate(normalise(model, resid[rows, gpos]))
     return rewards, score, gating
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from tl_reward.data.conversation import Conversation, Message, as_conversation
 from tl_reward.errors import TLRewardError
+from tl_reward.model.inputs import template_ids
 
 Prompt = str | Sequence[Mapping[str, str]]
 
@@ -65,21 +66,6 @@ def prompt_conversation(prompt: Prompt) -> Conversation:
     return conv
 
 
-def _template(tokenizer: Any, messages: Conversation, add_generation_prompt: bool) -> list[int]:
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise TLRewardError(
-            "this tokenizer has no chat template, so a response cannot be placed after the "
-            "prompt; set tokenizer.chat_template"
-        )
-    out = tokenizer.apply_chat_template(messages, tokenize=True,
-                                        add_generation_prompt=add_generation_prompt,
-                                        return_dict=True)
-    ids = out["input_ids"]
-    if ids and isinstance(ids[0], list):
-        ids = ids[0]
-    return [int(t) for t in ids]
-
-
 def _split(full: list[int], placeholder: list[int], prefix_len: int) -> list[int] | None:
     """The suffix after ``placeholder`` at ``prefix_len``, or None if it is not there."""
     end = prefix_len + len(placeholder)
@@ -88,16 +74,22 @@ def _split(full: list[int], placeholder: list[int], prefix_len: int) -> list[int
     return full[end:]
 
 
-def response_template(tokenizer: Any, prompt: Prompt) -> ResponseTemplate:
+def response_template(tokenizer: Any, prompt: Prompt, suffix_ids: Sequence[int] = ()
+                      ) -> ResponseTemplate:
     """Find ``prefix`` and ``suffix`` around a one-token assistant reply to ``prompt``.
 
     The prefix is the template with the generation prompt; the suffix is what follows the
-    placeholder reply. Two placeholders must give the same prefix and suffix, so a template
-    that rewrites the reply (or merges it with its neighbours) is reported, not guessed.
+    placeholder reply, then ``suffix_ids`` (a reward model's :attr:`suffix_ids`; use
+    :meth:`HookedRewardModel.response_template`). Ids come from
+    :func:`~tl_reward.model.inputs.template_ids` (one BOS), so ``prefix + [v] + suffix`` is
+    exactly what ``model.encode`` builds for that reply. Two placeholders must give the same
+    prefix and suffix, so a template that rewrites the reply (or merges it with its
+    neighbours) is reported, not guessed.
     """
     conv = prompt_conversation(prompt)
-    gen = _template(tokenizer, conv, add_generation_prompt=True)
-    fulls = [(text, _template(tokenizer, [*conv, Message(role="assistant", content=text)], False))
+    gen = template_ids(tokenizer, conv, add_generation_prompt=True)
+    fulls = [(text, template_ids(tokenizer, [*conv, Message(role="assistant", content=text)],
+                                 False))
              for text in _PLACEHOLDERS]
     a, b = fulls[0][1], fulls[1][1]
     common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
@@ -120,4 +112,4 @@ def response_template(tokenizer: Any, prompt: Prompt) -> ResponseTemplate:
             "them with model.rewards"
         )
     prefix, suffix = found[0]
-    return ResponseTemplate(conv, tuple(prefix), tuple(suffix))
+    return ResponseTemplate(conv, tuple(prefix), (*suffix, *(int(t) for t in suffix_ids)))

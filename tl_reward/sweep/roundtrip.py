@@ -197,12 +197,13 @@ def score_text_path(
     path: str = "paper",
     batch_size: int | None = None,
 ) -> tuple[Float[torch.Tensor, "n K"], Float[torch.Tensor, " n"] | None]:
-    """Rewards and scores of the text path's sequences (full forward, padded batches)."""
+    """Rewards and scores of the text path's sequences (full forward, padded batches), each
+    closed by the model's :attr:`~HookedRewardModel.suffix_ids` as :meth:`encode` closes text."""
     from tl_reward.model.inputs import EncodedInput
     from tl_reward.model.scoring import score_batch
 
-    seqs = [text_path_ids(model.tokenizer, template.conversation, int(v), path)
-            for v in ids.tolist()]
+    seqs = [[*text_path_ids(model.tokenizer, template.conversation, int(v), path),
+             *model.suffix_ids] for v in ids.tolist()]
     step = batch_size or max(1, len(seqs))
     rewards, scores = [], []
     for i in range(0, len(seqs), step):

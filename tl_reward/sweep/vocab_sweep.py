@@ -29,12 +29,11 @@ from tl_reward import tl_backend
 from tl_reward.data.conversation import Conversation, is_conversation
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.model.fingerprint import model_fingerprint
-from tl_reward.model.heads import LinearRewardHead, objective_slot
+from tl_reward.model.heads import objective_slot
 from tl_reward.sweep.response_template import (
     Prompt,
     ResponseTemplate,
     prompt_conversation,
-    response_template,
 )
 from tl_reward.sweep.store import (
     SweepSpec,
@@ -246,28 +245,13 @@ def shard_range(candidates: Sequence[int], batch_size: int, shard: tuple[int, in
 # -- scoring one batch ---------------------------------------------------------------------------
 
 
-def _objective_values(model: HookedRewardModel, normed_new: torch.Tensor,
-                      normed_prefix: torch.Tensor, tokens: torch.Tensor,
-                      new_rows: torch.Tensor | None = None,
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rewards ``[b, K]`` and score ``[b]`` read where the model's pooling rule says.
+def _objective_values(model: HookedRewardModel, resid: torch.Tensor, tokens: torch.Tensor,
+                      positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rewards ``[b, K]`` and score ``[b]`` of final residuals ``resid`` at ``positions``, read
+    as :func:`~tl_reward.analysis.readout.read_rewards` reads every reward (float32)."""
+    from tl_reward.analysis.readout import read_rewards
 
-    ``normed_new``: the normalised new positions, or (with ``new_rows``, ``[b]`` indices into
-    them) only the rows the readout needs."""
-    b, past = tokens.shape[0], normed_prefix.shape[0]
-    pos = model.pool_positions(tokens, torch.ones_like(tokens))
-    rows = torch.arange(b, device=tokens.device)
-    at = (pos - past).clamp(min=0) if new_rows is None else new_rows
-    pooled = torch.where((pos >= past)[:, None], normed_new[rows, at],
-                         normed_prefix[pos.clamp(max=past - 1)])
-    rewards = model.head_outputs(pooled[:, None])[:, 0]
-    head = model.reward_head
-    if isinstance(head, LinearRewardHead):  # its combination does not read the states
-        c = head.combination(normed_new, tokens)
-    else:
-        full = torch.cat([normed_prefix.expand(b, -1, -1), normed_new], 1)
-        c = head.combination(full, tokens)
-    return rewards, None if c is None else (rewards * c).sum(-1)
+    return read_rewards(model, resid, tokens, positions)
 
 
 @torch.no_grad()
@@ -294,17 +278,15 @@ def score_candidates(
 
         rewards, score, _ = score_batch(model, tokens, torch.ones_like(tokens))
         return rewards, score
-    normed_prefix = model.ln_final(cache.resid[None])[0]
-    if isinstance(model.reward_head, LinearRewardHead):
+    past = cache.length
+    pos = model.pool_positions(tokens, torch.ones_like(tokens))
+    if not model.reward_head.reads_states and bool((pos >= past).all()):
         # only the pooled position is read: the last block's MLP runs there alone
-        past = cache.length
-        pos = model.pool_positions(tokens, torch.ones_like(tokens))
-        resid = tl_backend.final_residual_at(model, cache, new, (pos - past).clamp(min=0))
-        normed = model.ln_final(resid[:, None])
-        return _objective_values(model, normed, normed_prefix, tokens,
-                                 torch.zeros_like(pos))
-    normed_new = model.ln_final(tl_backend.run_after_prefix(model, cache, new))
-    return _objective_values(model, normed_new, normed_prefix, tokens)
+        resid = tl_backend.final_residual_at(model, cache, new, pos - past)
+        return _objective_values(model, resid[:, None], tokens, torch.zeros_like(pos))
+    resid_new = tl_backend.run_after_prefix(model, cache, new)
+    full = torch.cat([cache.resid[None].expand(b, -1, -1).to(resid_new.dtype), resid_new], 1)
+    return _objective_values(model, full, tokens, pos)
 
 
 # -- the sweep -----------------------------------------------------------------------------------
@@ -329,13 +311,6 @@ def _prompts(prompts: Prompt | Sequence[Prompt] | Mapping[str, Prompt],
     if any(":" in lab for lab in labels):
         raise TLRewardError(f"prompt labels may not contain ':' (got {labels})")
     return convs, labels
-
-
-def _has_score(model: HookedRewardModel) -> bool:
-    """Whether the head combines its objectives into a score (a plain multi-column head does
-    not)."""
-    head = model.reward_head
-    return not isinstance(head, LinearRewardHead) or head.weights is not None
 
 
 def _resolve_cache(model: HookedRewardModel, cache: str, mode: str) -> str:
@@ -479,7 +454,7 @@ def plan_sweep(
         raise TLRewardError("a vocabulary sweep needs the model's tokenizer (pass tokenizer= "
                             "when loading)")
     convs, labels = _prompts(prompts, labels)
-    templates = [response_template(model.tokenizer, c) for c in convs]
+    templates = [model.response_template(c) for c in convs]
     candidates = candidate_ids(model, ids, include_special)
     d_vocab = model.cfg.d_vocab
     if shard is not None:
@@ -495,7 +470,7 @@ def plan_sweep(
         cache=method, dtype=str(model.cfg.dtype).replace("torch.", ""), labels=tuple(labels),
         prompts=tuple(convs), prefixes=tuple(t.prefix for t in templates),
         suffixes=tuple(t.suffix for t in templates), objectives=tuple(model.objectives),
-        has_score=_has_score(model), batch_size=batch_size, n_candidates=len(candidates),
+        has_score=model.has_score, batch_size=batch_size, n_candidates=len(candidates),
         candidates_digest=digest_ids(candidates), id_range=(lo, hi))
     return SweepPlan(spec, templates, todo, chunk_bounds(len(todo), batch_size), method)
 
