@@ -238,3 +238,17 @@ def test_bf16_rewards_are_read_in_float32() -> None:
         sweep = score_vocabulary(model, PROMPT, list(range(20, 220)), progress=False)
     vals = sweep.values(0)
     assert vals.unique().numel() >= 195  # bf16-rounded rewards tie dozens of times here
+
+
+@pytest.mark.parametrize("arch", [*ARCHITECTURES, *CUSTOM])
+def test_rewards_do_not_depend_on_batching(arch: str, tiny: Any, custom: Any) -> None:
+    """Batch sizes 1, 3 and 8 and both padding sides give each input's unpadded reward."""
+    model = _model(arch, tiny, custom)
+    inputs = [*CONVERSATIONS, *[(PROMPT, w) for w in ("Love.", "Music and friendship.", "War")]]
+    alone = torch.cat([model.rewards(x).rewards for x in inputs])
+    scale = parity_atol(alone, model.cfg.n_layers)
+    for bs in (1, 3, 8):
+        for side in ("right", "left"):
+            got = model.rewards(inputs, batch_size=bs, padding_side=side).rewards
+            torch.testing.assert_close(got, alone, atol=scale, rtol=0)
+    assert alone.std(0).min() > 10 * scale  # inputs differ by far more than the tolerance

@@ -24,7 +24,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.model.heads import LinearRewardHead, Objective, RewardHead
 from tl_reward.model.inputs import EncodedInput, RewardBatch, RewardInput, collate, encode
-from tl_reward.model.pooling import check_rule, pool_positions
+from tl_reward.model.pooling import check_rule, implied_mask, pool_positions
 
 
 def _has_hooks(module: torch.nn.Module) -> bool:
@@ -187,6 +187,51 @@ class HookedRewardModel(HookedTransformer):
         """Position of the token each reward is read at (see :mod:`tl_reward.model.pooling`)."""
         return pool_positions(tokens, attention_mask, self.pad_token_id, pooling or self.pooling)
 
+    # -- TransformerLens habits on a reward model -------------------------------------------------
+    def to_tokens(  # type: ignore[override]
+        self, input: Any, prepend_bos: Any = None, padding_side: str | None = None,
+        move_to_device: bool = True, truncate: bool = True,
+    ) -> Int[torch.Tensor, "batch pos"]:
+        """Token ids of text, pairs or conversations as :meth:`build` makes them (chat template
+        as ids, one BOS, :attr:`suffix_ids`), left-padded unless ``padding_side`` says
+        otherwise. ``prepend_bos`` and ``truncate`` are TransformerLens's: BOS follows the
+        tokenizer and the template, and an over-long input is an error, not cut."""
+        if prepend_bos is not None or truncate is not True:
+            warnings.warn("prepend_bos and truncate are ignored: a reward model scores the "
+                          "sequence its tokenizer and chat template build", stacklevel=2)
+        batch = self.build(input, padding_side=padding_side or "left")
+        return batch.tokens if move_to_device else batch.tokens.cpu()
+
+    def to_str_tokens(  # type: ignore[override]
+        self, input: Any, prepend_bos: Any = None, padding_side: str | None = None,
+    ) -> list[str] | list[list[str]]:
+        """Each token of an input (text, pair, conversation or ids) as its decoded string."""
+        if isinstance(input, torch.Tensor) and input.ndim == 2:
+            input = input[0] if input.shape[0] == 1 else list(input)
+        items = [input] if _is_single(input) else list(input)
+        out = [[self.tokenizer.decode([t]) for t in self.encode(x).ids] for x in items]
+        return out[0] if _is_single(input) else out
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """A reward model has no language-model head, so it cannot generate: raises."""
+        raise TLRewardError(
+            "a reward model cannot generate text: its unembedding is the reward head "
+            f"({self.cfg.d_vocab_out} objective(s)), not a vocabulary. Generate with the policy "
+            "(a HookedTransformer language model) and score the replies with model.rewards")
+
+    def loss_fn(self, *args: Any, **kwargs: Any) -> Any:
+        """A reward model has no next-token loss: raises."""
+        raise TLRewardError("a reward model has no language-modelling loss; read rewards with "
+                            "model.rewards or model(..., return_type='reward')")
+
+    def tokens_to_residual_directions(self, tokens: Any) -> Any:
+        """The reward model's unembedding has objective columns, not token columns: raises,
+        naming :meth:`reward_direction`."""
+        raise TLRewardError(
+            f"this model's unembedding has {self.cfg.d_vocab_out} column(s), one per objective "
+            f"{self.objectives}, not one per token; for the direction an objective reads use "
+            "model.reward_direction(objective)")
+
     # -- forward -----------------------------------------------------------------------------
     def forward(  # type: ignore[override]
         self,
@@ -209,6 +254,11 @@ class HookedRewardModel(HookedTransformer):
         model) whatever the weights' dtype, as every analysis reads them (through the hooked
         ``ln_final`` output instead when a hook sits on the final norm or the head).
         ``stop_at_layer`` returns the residual stream, as in TransformerLens.
+
+        The padding rule, in one place: text, pairs and conversations are built by
+        :meth:`build` (chat template as ids) and left-padded, so ``logits[:, -1]`` is the pooled
+        token under the default rule; a token batch without ``attention_mask`` whose rows start
+        with pad tokens is taken as left-padded and masked so; right padding needs no mask.
         """
         if return_type in ("loss", "both"):
             raise TLRewardError(
@@ -217,12 +267,17 @@ class HookedRewardModel(HookedTransformer):
             )
         if return_type not in ("logits", "reward", "score", None):
             raise TLRewardError(f"unknown return_type {return_type!r}")
-        if isinstance(input, (str, list)):
-            input = self.to_tokens(input)
-        if start_at_layer is None and isinstance(input, torch.Tensor) and input.ndim == 1:
+        if not isinstance(input, torch.Tensor):  # text, pairs, conversations: one builder
+            batch = self.build(input, padding_side="left")
+            input, attention_mask = batch.tokens, batch.attention_mask
+            pool_positions = batch.pooled if pool_positions is None else pool_positions
+        if start_at_layer is None and input.ndim == 1:
             input = input[None]
         if tokens is None and start_at_layer is None:
             tokens = input
+        if (attention_mask is None and tokens is not None and self.pad_token_id is not None
+                and bool((tokens[:, 0] == self.pad_token_id).any())):
+            attention_mask = implied_mask(tokens, self.pad_token_id)  # left padding, no mask
         if tokens is not None and attention_mask is not None:
             attention_mask = attention_mask.to(tokens.device)
         if stop_at_layer is not None:

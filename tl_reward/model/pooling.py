@@ -42,6 +42,20 @@ def _first_true(x: torch.Tensor, default: torch.Tensor) -> torch.Tensor:
     return torch.where(first == seq, default, first)
 
 
+def implied_mask(
+    tokens: Int[torch.Tensor, "batch pos"], pad_token_id: int | None
+) -> Int[torch.Tensor, "batch pos"]:
+    """The attention mask a batch without one implies: leading pad tokens are left padding,
+    everything after the first real token is real (trailing pads are never read)."""
+    if pad_token_id is None:
+        return torch.ones_like(tokens)
+    seq = tokens.shape[1]
+    idx = torch.arange(seq, device=tokens.device)
+    last = torch.full((tokens.shape[0],), seq - 1, dtype=torch.long, device=tokens.device)
+    start = _first_true(tokens != pad_token_id, last)
+    return (idx >= start[:, None]).long()
+
+
 def pool_positions(
     tokens: Int[torch.Tensor, "batch pos"],
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
@@ -66,9 +80,8 @@ def pool_positions(
             )
         return last if real is None else (idx * real.long()).argmax(-1)
     is_pad = tokens == pad_token_id
-    if real is None:  # leading pad tokens are left padding
-        start = _first_true(~is_pad, last)
-        real = idx >= start[:, None]
+    if real is None:
+        real = implied_mask(tokens, pad_token_id).bool()
     if rule == "hf":
         return (idx * (real & ~is_pad).long()).argmax(-1)
     start = _first_true(real, last)
