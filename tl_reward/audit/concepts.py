@@ -305,7 +305,7 @@ def steering_curve(
     rewards = torch.empty(len(grid), len(encoded))
     for s in range(0, len(encoded), batch_size):
         batch = model.collate(encoded[s : s + batch_size], "right")
-        pos = model.pool_positions(batch.tokens, batch.attention_mask)
+        pos = batch.pooled
         rows = torch.arange(len(pos), device=pos.device)
         for j, alpha in enumerate(grid):
             store: dict[str, torch.Tensor] = {}

