@@ -25,7 +25,6 @@ import torch
 from tl_reward.data.packages import cache_dir, package_files
 from tl_reward.errors import TLRewardError
 
-
 DEMO_MODEL_NAME = "tl-reward/smollm2-135m-hh"
 BACKBONE_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HEAD_FILE = Path(__file__).resolve().parent.parent / "assets" / "smollm2_hh_head.safetensors"
