@@ -9,7 +9,8 @@ import torch
 from scipy import stats
 
 from tl_reward.analysis.patching import activation_patching
-from tl_reward.audit.divergence import divergence_patching, fit_divergence
+from tl_reward.audit.covariance import GaussianFit
+from tl_reward.audit.divergence import SiteFit, divergence_patching, fit_divergence
 from tl_reward.errors import TLRewardError
 
 WORDS = "love music war hate sky blue yes no sure thanks kind water sleep friendship".split()
@@ -63,13 +64,42 @@ def test_divergence_patching_keeps_effects_and_matches_direct_pvalues(tiny):
     tp = as_tokenized_pair(model, pair)
     _, cache = model.run_with_cache(tp.tokens("chosen"), return_type=None)
     act = cache["blocks.1.hook_resid_pre"][0, tp.aligned[:, 0]]
-    np.testing.assert_allclose(res.p_value[0], div.p_value("blocks.1.hook_resid_pre", act))
+    sf = div.site("blocks.1.hook_resid_pre")
+    d = sf.fit.distance(act).cpu().numpy()
+    # two float32 forwards of the same tokens (the library's masked one and this one) agree to
+    # ~256 eps per layer of each activation's norm (as parity_atol; one block before this
+    # site); the whitener W maps that to at most ||W||_2 times as much in the distance
+    eps = torch.finfo(torch.float32).eps
+    tol = 256 * eps * 1 * torch.linalg.matrix_norm(sf.fit.whitener, ord=2).item() * (
+        act.double().norm(dim=-1).cpu().numpy())
+    assert np.all(np.abs(res.distance[0] - d) <= tol)
+
+    def p_at(x: np.ndarray) -> np.ndarray:  # (1 + #{reference >= x}) / (1 + n), by hand
+        return (1 + (sf.reference[None] >= x[:, None]).sum(1)) / (1 + len(sf.reference))
+
+    # the p-value of each patch is exactly that of its own distance (ties counted) ...
+    np.testing.assert_array_equal(res.p_value[0], p_at(res.distance[0]))
+    # ... and that of the direct activation up to float-level ties: the prompt's tokens (and a
+    # response's first tokens) share their prefix with held-out inputs, so their distances
+    # tie held-out distances exactly and rounding can move a tie across (30 ranks at once)
+    lo, hi = p_at(d + tol), p_at(d - tol)
+    assert np.all((lo <= res.p_value[0]) & (res.p_value[0] <= hi))
+    assert (lo == hi).sum() >= 5  # where nothing lies within rounding, the p-value is pinned
     df = res.to_dataframe()
     assert {"distance", "p_value", "off_distribution"} <= set(df.columns)
     assert (df.off_distribution == (df.p_value < 0.05)).all()
     heads = divergence_patching(model, pair, div, site="head", layers=[1], positions="all")
     assert heads.p_value.shape == tuple(heads.patching.effect.shape)
     assert (heads.p_value > 0).all() and (heads.p_value <= 1).all()
+
+
+def test_pvalue_counts_ties_as_at_least_as_far():
+    fit = GaussianFit(torch.zeros(2, dtype=torch.float64), torch.eye(2, dtype=torch.float64),
+                      "ledoit_wolf", 10)
+    sf = SiteFit("h", None, fit, np.array([1.0, 5.0, 5.0, 5.0, 7.0]))
+    x = torch.tensor([[3.0, 4.0], [0.0, 5.0 + 1e-9], [0.0, 0.5], [8.0, 0.0]],
+                     dtype=torch.float64)  # distances 5 (a tie), just above 5, 0.5, 8
+    np.testing.assert_array_equal(sf.p_value(x), np.array([5, 2, 6, 1]) / 6)
 
 
 def test_unfitted_site_is_an_error(tiny):

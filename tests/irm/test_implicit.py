@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import parity_atol
 
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, UnsupportedArchitectureError
 from tl_reward.irm.implicit import implicit_rewards
-from tl_reward.irm.models import hooked_causal_lm
+from tl_reward.irm.models import hooked_causal_lm, hooked_logits
 from tl_reward.model.inputs import encode
 from tl_reward.testing.causal import tiny_causal_lm_pair
 
@@ -98,3 +99,97 @@ def test_bad_inputs(pair):
         implicit_rewards(policy, reference, ITEMS, BETA)
     with pytest.raises(TLRewardError, match="beta"):
         implicit_rewards(policy, reference, ITEMS, 0.0, tokenizer=tok)
+
+
+@pytest.fixture(scope="module")
+def saved_pairs(tmp_path_factory):
+    """``arch -> (policy, reference, tokenizer)``: tiny seeded pairs saved with
+    ``save_pretrained`` and loaded back through ``AutoModelForCausalLM`` (the real path)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cache: dict[str, tuple] = {}
+
+    def load(arch: str) -> tuple:
+        if arch not in cache:
+            policy, reference, tok = tiny_causal_lm_pair(arch, seed=3)
+            out = []
+            for name, m in (("policy", policy), ("reference", reference)):
+                path = tmp_path_factory.mktemp(f"{arch}-{name}")
+                m.save_pretrained(path)
+                tok.save_pretrained(path)
+                out.append(AutoModelForCausalLM.from_pretrained(
+                    path, attn_implementation="eager").eval())
+            cache[arch] = (*out, AutoTokenizer.from_pretrained(path))
+        return cache[arch]
+
+    return load
+
+
+def _uncapped(model):
+    """The same TransformerLens model with its output soft-cap switched off (the old bug)."""
+    import copy
+
+    out = copy.deepcopy(model)
+    out.cfg.output_logits_soft_cap = -1.0
+    return out
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gpt2"])
+def test_hooked_causal_lm_logits_equal_hf(saved_pairs, arch):
+    policy, _, tok = saved_pairs(arch)
+    assert type(policy).__name__ == {"gemma2": "Gemma2ForCausalLM",
+                                     "gpt2": "GPT2LMHeadModel"}[arch]
+    tl = hooked_causal_lm(policy, tok)
+    ids = torch.tensor([encode(tok, ITEMS[2]).ids])
+    with torch.no_grad():
+        want = policy(input_ids=ids).logits
+        name = f"blocks.{tl.cfg.n_layers - 1}.hook_resid_post"
+        got, cache = tl.run_with_cache(ids, names_filter=name)
+        from_resid = hooked_logits(tl, cache[name])
+    atol = parity_atol(want, tl.cfg.n_layers)
+    torch.testing.assert_close(got, want, atol=atol, rtol=0)
+    # the logits the IRM vocabulary sweep reads from a residual are the forward's own
+    torch.testing.assert_close(from_resid, got, atol=0, rtol=0)
+    if arch == "gemma2":
+        cap = policy.config.final_logit_softcapping
+        assert tl.cfg.output_logits_soft_cap == cap and tl.cfg.attn_scores_soft_cap == 5.0
+        assert want.abs().max() <= cap
+        # without the cap the logits would be off by far more than the tolerance
+        with torch.no_grad():
+            raw = _uncapped(tl)(ids, return_type="logits")
+        assert (raw - want).abs().max() > 1e3 * atol
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gpt2"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_tl_equals_direct_hf_gemma2_gpt2(saved_pairs, arch, side):
+    policy, reference, tok = saved_pairs(arch)
+    pol, ref = hooked_causal_lm(policy, tok), hooked_causal_lm(reference, tok)
+    res = implicit_rewards(pol, ref, ITEMS, BETA, tokenizer=tok, batch_size=3,
+                           padding_side=side)
+    want = torch.tensor([direct(policy, reference, tok, it, BETA) for it in ITEMS],
+                        dtype=torch.float64)
+    # each response log-prob is off by about one logit's error (parity_atol at the logits'
+    # scale); the reward sums 2 x T of them, times beta
+    encs = [encode(tok, it) for it in ITEMS]
+    with torch.no_grad():
+        scale = max(float(m(input_ids=torch.tensor([e.ids])).logits.abs().max())
+                    for m in (policy, reference) for e in encs)
+    n_terms = 2 * max(len(e.ids) - e.response_start for e in encs)
+    atol = BETA * n_terms * parity_atol(torch.tensor(scale), pol.cfg.n_layers)
+    torch.testing.assert_close(res.rewards.double(), want, atol=atol, rtol=0)
+    assert want.abs().min() > 0.1 and (want.max() - want.min()) > 0.5
+    if arch == "gemma2":
+        # dropping the final soft-cap (final_logit_softcapping=3) moves the rewards by far
+        # more than the tolerance
+        raw = implicit_rewards(_uncapped(pol), _uncapped(ref), ITEMS, BETA, tokenizer=tok,
+                               batch_size=3, padding_side=side).rewards.double()
+        assert (raw - want).abs().max() > 100 * atol
+
+
+def test_hooked_causal_lm_rejects_non_causal_lm():
+    from tl_reward.testing.tiny import tiny_hf_reward_model
+
+    hf, tok = tiny_hf_reward_model("gpt2")
+    with pytest.raises(UnsupportedArchitectureError, match="not an HF causal LM"):
+        hooked_causal_lm(hf, tok)

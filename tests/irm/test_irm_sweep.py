@@ -57,3 +57,19 @@ def test_converts_to_vocab_sweep(pair):
     torch.testing.assert_close(b.rewards, -a.rewards, atol=1e-5, rtol=0)
     agr = model_agreement({"irm": vs, "swapped": b.to_vocab_sweep()})
     assert agr.kendall_tau_b[0, 1] == pytest.approx(-1.0)
+
+
+def test_sweep_keeps_gemma2_logit_softcap():
+    policy, reference, tok = tiny_causal_lm_pair("gemma2", seed=5)
+    pol, ref = hooked_causal_lm(policy, tok), hooked_causal_lm(reference, tok)
+    ids = list(range(20, 120))
+    sweep = irm_vocab_sweep(pol, ref, PROMPT, BETA, tokenizer=tok, ids=ids, progress=False)
+    tpl = response_template(tok, PROMPT)
+    items = [EncodedInput(tpl.ids(v), len(tpl.prefix)) for v in ids]
+    want = implicit_rewards(policy, reference, items, BETA, tokenizer=tok, batch_size=128).rewards
+    # logits soft-capped at 3 (|logit| <= 3): the same float32 tolerance as above
+    torch.testing.assert_close(sweep.rewards[:, 0], want, atol=1e-4, rtol=1e-4)
+    for m in (pol, ref):  # the sweep reads logits from residuals: without the cap it misses
+        m.cfg.output_logits_soft_cap = -1.0
+    raw = irm_vocab_sweep(pol, ref, PROMPT, BETA, tokenizer=tok, ids=ids, progress=False)
+    assert (raw.rewards[:, 0] - want).abs().max() > 1.0

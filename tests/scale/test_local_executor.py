@@ -72,3 +72,34 @@ def test_bad_jobs_are_explained(saved: Path, tmp_path: Path) -> None:
         run_sweeps([job, job])
     with pytest.raises(TLRewardError, match="unit_chunks"):
         run_sweeps([job], unit_chunks=0)
+
+
+def _unit_threads(worker, fail: bool = False) -> int:
+    """A unit reporting the torch threads it runs with (raising when asked)."""
+    if fail:
+        raise ValueError("unit failed")
+    return torch.get_num_threads()
+
+
+def test_threads_apply_inside_units_and_the_callers_count_is_kept() -> None:
+    before = torch.get_num_threads()
+    requested = 2 if before == 1 else 1  # differs from the caller's, so a leak shows
+    by_unit: dict[int, int] = {}
+    in_callback: list[int] = []
+
+    def on_result(i: int, threads: int) -> None:
+        by_unit[i] = threads
+        in_callback.append(torch.get_num_threads())
+
+    with LocalExecutor(threads=requested).session() as pool:
+        assert torch.get_num_threads() == before
+        planned = pool.gather(_unit_threads, [()])
+        assert torch.get_num_threads() == before
+        pool.stream(_unit_threads, [()] * 3, on_result)
+        with pytest.raises(ValueError, match="unit failed"):
+            pool.stream(_unit_threads, [(True,)], on_result)
+    # planning calls and units ran with the requested threads ...
+    assert planned == [requested] and by_unit == {0: requested, 1: requested, 2: requested}
+    # ... while the caller (its result callbacks included) kept its own, also after a failure
+    assert in_callback == [before] * 3
+    assert torch.get_num_threads() == before

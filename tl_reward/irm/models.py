@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from jaxtyping import Float
+from transformer_lens.utilities import apply_softcap
 
 from tl_reward import tl_backend
+from tl_reward.architectures.lm_head import sequence_classification_name
 from tl_reward.architectures.registry import get_architecture
 from tl_reward.errors import UnsupportedArchitectureError
 
@@ -25,25 +28,33 @@ def model_device(model: Any) -> torch.device:
 
 def hooked_causal_lm(hf_model: Any, tokenizer: Any = None, device: str | None = None,
                      dtype: torch.dtype | None = None) -> Any:
-    """A ``HookedTransformer`` with the weights of an HF ``*ForCausalLM`` model.
+    """A ``HookedTransformer`` with the weights of an HF causal LM (``*ForCausalLM``,
+    ``*LMHeadModel``) whose logits equal HF's.
 
     The body converter comes from the reward-model registry entry of the same family
-    (``LlamaForCausalLM`` uses ``LlamaForSequenceClassification``'s); the unembedding is the
-    LM head, with the final norm's gain folded in (logits equal HF's).
+    (``LlamaForCausalLM`` and ``GPT2LMHeadModel`` use ``LlamaForSequenceClassification``'s and
+    ``GPT2ForSequenceClassification``'s); the unembedding is the LM head, with the final norm's
+    gain folded in. A final logit soft-cap (Gemma-2's ``final_logit_softcapping``, which the
+    reward-model config leaves off) becomes ``cfg.output_logits_soft_cap``.
     """
     from transformer_lens import HookedTransformer
 
     name = type(hf_model).__name__
-    if not name.endswith("ForCausalLM"):
+    seq = sequence_classification_name(name)
+    if seq is None:
         raise UnsupportedArchitectureError(
-            f"{name} is not an HF causal LM (*ForCausalLM); pass e.g. a LlamaForCausalLM"
+            f"{name} is not an HF causal LM (*ForCausalLM, *LMHeadModel); pass e.g. a "
+            "LlamaForCausalLM"
         )
-    arch = get_architecture(name.replace("ForCausalLM", "ForSequenceClassification"))
+    arch = get_architecture(seq)
     dtype = dtype or next(hf_model.parameters()).dtype
     fields = arch.config(hf_model.config)
     fields.update(d_vocab_out=hf_model.config.vocab_size, original_architecture=name,
                   model_name=str(getattr(hf_model.config, "name_or_path", "") or name),
                   dtype=dtype, device=str(device or next(hf_model.parameters()).device))
+    cap = getattr(hf_model.config, "final_logit_softcapping", None)
+    if cap:
+        fields["output_logits_soft_cap"] = float(cap)
     cfg = tl_backend.make_config(**fields)
     with torch.no_grad():
         state_dict = dict(arch.convert(hf_model, cfg))
@@ -58,3 +69,10 @@ def hooked_causal_lm(hf_model: Any, tokenizer: Any = None, device: str | None = 
     model.move_model_modules_to_device()
     model.eval()
     return model
+
+
+def hooked_logits(model: Any, resid: Float[torch.Tensor, "*batch d_model"],
+                  ) -> Float[torch.Tensor, "*batch d_vocab"]:
+    """Logits of a TransformerLens causal LM from final residuals (before ``ln_final``), as its
+    forward computes them: final norm, unembedding, then the output soft-cap if it has one."""
+    return apply_softcap(model.unembed(model.ln_final(resid)), model.cfg.output_logits_soft_cap)

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from tl_reward import tl_backend
 from tl_reward.errors import TLRewardError
-from tl_reward.irm.models import is_hooked, model_device
+from tl_reward.irm.models import hooked_logits, is_hooked, model_device
 from tl_reward.sweep.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.sweep.vocab_sweep import VocabSweep, special_token_ids
 
@@ -91,10 +91,6 @@ def default_candidates(tokenizer: Any, vocab: int, include_special: bool = False
     return sorted(pool)
 
 
-def _logits_hooked(model: Any, resid: torch.Tensor) -> torch.Tensor:
-    return model.unembed(model.ln_final(resid))
-
-
 class _PrefixRunner:
     """One model's prefix, run once; continuations of it scored by next-token logits."""
 
@@ -105,7 +101,7 @@ class _PrefixRunner:
         with torch.no_grad():
             if is_hooked(model):
                 self.cache = tl_backend.build_prefix_cache(model, ids)
-                self.last_logits = _logits_hooked(model, self.cache.resid[-1:])[0]
+                self.last_logits = hooked_logits(model, self.cache.resid[-1:])[0]
             else:
                 out = model(input_ids=ids[None], use_cache=True)
                 self.cache = out.past_key_values
@@ -118,7 +114,7 @@ class _PrefixRunner:
         tokens = tokens.to(self.device)
         if is_hooked(self.model):
             resid = tl_backend.run_after_prefix(self.model, self.cache, tokens)
-            return _logits_hooked(self.model, resid)
+            return hooked_logits(self.model, resid)
         cache = copy.deepcopy(self.cache)
         cache.batch_repeat_interleave(tokens.shape[0])
         pos = torch.arange(self.length, self.length + tokens.shape[1], device=self.device)

@@ -72,7 +72,9 @@ class Worker:
     Used in-process by :class:`LocalExecutor` and as a Ray actor by :class:`RayExecutor`.
 
     Args:
-        threads: torch CPU threads (``None``: leave as is).
+        threads: torch CPU threads while this worker runs a call, a unit or :meth:`info`
+            (``None``: leave as is); the calling process's count is restored after each, so
+            an in-process worker does not change it for the caller.
         device: ``None`` picks CUDA when a GPU is visible (on Ray: assigned), else CPU.
         crash_after_units: test hook: the process exits (``os._exit``) in the middle of its
             n-th unit (at the :meth:`checkpoint` halfway through it), once (a restarted Ray
@@ -81,8 +83,7 @@ class Worker:
 
     def __init__(self, threads: int | None = None, device: str | None = None,
                  crash_after_units: int | None = None, crash_marker: str | None = None) -> None:
-        if threads:
-            torch.set_num_threads(threads)
+        self.threads = threads
         self.device = device or ("cuda" if torch.cuda.is_available() and _gpu_ids() else "cpu")
         self._model_key: Any = None
         self._model: Any = None
@@ -91,10 +92,23 @@ class Worker:
         self._crash_marker = crash_marker
         self._units = 0
 
+    @contextmanager
+    def _threads(self) -> Iterator[None]:
+        """Torch at :attr:`threads` CPU threads inside, the caller's count restored after."""
+        before = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            if torch.get_num_threads() != before:
+                torch.set_num_threads(before)
+
     def info(self) -> dict[str, Any]:
-        """Where this worker runs: process id, device, Ray GPU ids, torch threads."""
-        return {"pid": os.getpid(), "device": self.device, "gpu_ids": _gpu_ids(),
-                "threads": torch.get_num_threads()}
+        """Where this worker runs: process id, device, Ray GPU ids, torch threads in a unit."""
+        with self._threads():
+            return {"pid": os.getpid(), "device": self.device, "gpu_ids": _gpu_ids(),
+                    "threads": torch.get_num_threads()}
 
     def model(self, spec: ModelSpec) -> Any:
         """The model of ``spec``, loaded at most once while consecutive units use it (one model
@@ -107,12 +121,14 @@ class Worker:
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(self, *args)``: a planning call (not counted as a unit)."""
-        return fn(self, *args)
+        with self._threads():
+            return fn(self, *args)
 
     def unit(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(self, *args)``: one unit of work."""
         self._units += 1
-        return fn(self, *args)
+        with self._threads():
+            return fn(self, *args)
 
     def checkpoint(self, i: int, n: int) -> None:
         """Called by units at step ``i`` of ``n``: the crash hook fires halfway through."""
@@ -244,7 +260,8 @@ class LocalExecutor:
     """Runs every unit in this process (no Ray), one after another.
 
     Args:
-        threads: torch CPU threads (``None``: leave as is).
+        threads: torch CPU threads while a unit runs (``None``: leave as is); this process's
+            own count is restored after every unit and planning call.
         device: ``None``: CUDA if available, else CPU.
     """
 
