@@ -53,3 +53,16 @@ def test_demo_command(capsys) -> None:
     assert main(["demo", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "chosen > rejected on" in out and "smollm2" in out
+
+
+def test_help_imports_no_heavy_package() -> None:
+    """``tl-reward --help`` took 15 s: every subcommand imported torch, TransformerLens and the
+    analyses. Building the parser now imports none of them (torch alone takes ~2 s)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tl_reward.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'transformer_lens', 'transformers', 'sae_lens', "
+            "'pandas', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

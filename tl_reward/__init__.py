@@ -4,26 +4,21 @@
 >>> model = HookedRewardModel.from_pretrained("tl-reward/smollm2-135m-hh")
 """
 
-from tl_reward.architectures import (
-    Architecture,
-    register_architecture,
-    supported_architectures,
-)
-from tl_reward.data import Message, PreferencePair, load_hh_rlhf
-from tl_reward.model import HookedRewardModel, RewardResult, score_pairs
-from tl_reward.model.demo import DEMO_MODEL_NAME
+from tl_reward._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "DEMO_MODEL_NAME",
-    "Architecture",
-    "HookedRewardModel",
-    "Message",
-    "PreferencePair",
-    "RewardResult",
-    "load_hh_rlhf",
-    "register_architecture",
-    "score_pairs",
-    "supported_architectures",
-]
+_EXPORTS = {
+    "DEMO_MODEL_NAME": "tl_reward.model.demo",
+    "Architecture": "tl_reward.architectures",
+    "HookedRewardModel": "tl_reward.model.hooked_reward_model",
+    "Message": "tl_reward.data.conversation",
+    "PreferencePair": "tl_reward.data.preference",
+    "RewardResult": "tl_reward.model.scoring",
+    "load_hh_rlhf": "tl_reward.data.hh_rlhf",
+    "register_architecture": "tl_reward.architectures",
+    "score_pairs": "tl_reward.model.scoring",
+    "supported_architectures": "tl_reward.architectures",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,20 +1,19 @@
 """Inputs: conversations, preference pairs and dataset loaders."""
 
-from tl_reward.data.conversation import Conversation, Message, as_conversation
-from tl_reward.data.hh_rlhf import LoadReport, load_hh_rlhf, parse_dialogue
-from tl_reward.data.pairs import PairBatch, TokenizedPair, tokenize_pair, tokenize_pairs
-from tl_reward.data.preference import PreferencePair
+from tl_reward._lazy import lazy_exports
 
-__all__ = [
-    "Conversation",
-    "LoadReport",
-    "PairBatch",
-    "Message",
-    "PreferencePair",
-    "TokenizedPair",
-    "as_conversation",
-    "load_hh_rlhf",
-    "parse_dialogue",
-    "tokenize_pair",
-    "tokenize_pairs",
-]
+_EXPORTS = {
+    "Conversation": "tl_reward.data.conversation",
+    "LoadReport": "tl_reward.data.hh_rlhf",
+    "Message": "tl_reward.data.conversation",
+    "PairBatch": "tl_reward.data.pairs",
+    "PreferencePair": "tl_reward.data.preference",
+    "TokenizedPair": "tl_reward.data.pairs",
+    "as_conversation": "tl_reward.data.conversation",
+    "load_hh_rlhf": "tl_reward.data.hh_rlhf",
+    "parse_dialogue": "tl_reward.data.hh_rlhf",
+    "tokenize_pair": "tl_reward.data.pairs",
+    "tokenize_pairs": "tl_reward.data.pairs",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,28 +1,18 @@
 """Loading reward models into TransformerLens, their heads, pooling and inputs."""
 
-from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead
-from tl_reward.model.hooked_reward_model import HookedRewardModel
-from tl_reward.model.inputs import EncodedInput, RewardBatch
-from tl_reward.model.scoring import PairScores, RewardResult, score_pairs
+from tl_reward._lazy import lazy_exports
 
-__all__ = [
-    "ArmoRMHead",
-    "EncodedInput",
-    "HookedRewardModel",
-    "HookedSAERewardModel",
-    "LinearRewardHead",
-    "PairScores",
-    "RewardBatch",
-    "RewardHead",
-    "RewardResult",
-    "score_pairs",
-]
-
-
-def __getattr__(name: str) -> object:
-    """``HookedSAERewardModel`` is imported on first use (SAELens takes a second to import)."""
-    if name == "HookedSAERewardModel":
-        from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
-
-        return HookedSAERewardModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+_EXPORTS = {
+    "ArmoRMHead": "tl_reward.model.heads",
+    "EncodedInput": "tl_reward.model.inputs",
+    "HookedRewardModel": "tl_reward.model.hooked_reward_model",
+    "HookedSAERewardModel": "tl_reward.model.hooked_sae_reward_model",
+    "LinearRewardHead": "tl_reward.model.heads",
+    "PairScores": "tl_reward.model.scoring",
+    "RewardBatch": "tl_reward.model.inputs",
+    "RewardHead": "tl_reward.model.heads",
+    "RewardResult": "tl_reward.model.scoring",
+    "score_pairs": "tl_reward.model.scoring",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

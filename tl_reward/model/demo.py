@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from tl_reward.data.packages import cache_dir, package_files
 from tl_reward.errors import TLRewardError
+
+if TYPE_CHECKING:
+    import torch
 
 DEMO_MODEL_NAME = "tl-reward/smollm2-135m-hh"
 BACKBONE_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -46,6 +47,7 @@ def smollm2_local_dir() -> Path:
     target = cache_dir() / "smollm2-135m-instruct"
     if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
         return target
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
     src = smollm2_package_dir()
@@ -64,12 +66,14 @@ def smollm2_local_dir() -> Path:
     return target
 
 
-def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+def load_smollm2(dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     """SmolLM2-135M-Instruct as an HF ``LlamaForCausalLM`` and its tokenizer, offline."""
+    import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     path = smollm2_local_dir()
-    return LlamaForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
+    return (LlamaForCausalLM.from_pretrained(path, dtype=dtype or torch.float32),
+            AutoTokenizer.from_pretrained(path))
 
 
 def _load_head(path: Path, script: str) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -97,11 +101,14 @@ def load_multi_head() -> tuple[torch.Tensor, dict[str, Any]]:
     return _load_head(MULTI_HEAD_FILE, "scripts/train_multi_head.py")
 
 
-def _smollm2_classifier(weight: torch.Tensor, dtype: torch.dtype,
+def _smollm2_classifier(weight: torch.Tensor, dtype: torch.dtype | None,
                         labels: tuple[str, ...] | None = None) -> tuple[Any, Any]:
-    """SmolLM2 body with a ``score`` layer of these rows (``LlamaForSequenceClassification``)."""
+    """SmolLM2 body with a ``score`` layer of these rows (``LlamaForSequenceClassification``);
+    float32 unless ``dtype`` says otherwise."""
+    import torch
     from transformers import AutoTokenizer, LlamaForSequenceClassification
 
+    dtype = dtype or torch.float32
     path = smollm2_local_dir()
     tok = AutoTokenizer.from_pretrained(path)
     kwargs: dict[str, Any] = {"num_labels": int(weight.shape[0])}
@@ -116,13 +123,13 @@ def _smollm2_classifier(weight: torch.Tensor, dtype: torch.dtype,
     return model, tok
 
 
-def demo_hf_reward_model(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+def demo_hf_reward_model(dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     """The demo RM as an HF ``LlamaForSequenceClassification`` (SmolLM2 body + trained head)."""
     weight, _ = load_demo_head()
     return _smollm2_classifier(weight, dtype)
 
 
-def multi_hf_reward_model(dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+def multi_hf_reward_model(dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     """The multi-objective demo RM as an HF ``LlamaForSequenceClassification`` with
     ``num_labels=2`` (``id2label``: harmlessness, sentiment)."""
     weight, _ = load_multi_head()
