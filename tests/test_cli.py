@@ -66,3 +66,15 @@ def test_help_imports_no_heavy_package() -> None:
             "'pandas', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_model_subcommand_takes_threads_and_device() -> None:
+    """Only ``sweep`` had ``--threads``; on a loaded machine 2 threads ran 13x slower than 1."""
+    from tl_reward.cli import SUBCOMMANDS, build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name in SUBCOMMANDS:
+        opts = {o for a in sub.choices[name]._actions for o in a.option_strings}
+        assert {"--threads", "--device"} <= opts, name
+    args = build_parser().parse_args(["score", "--threads", "1", "--input", "x.jsonl"])
+    assert args.threads == 1

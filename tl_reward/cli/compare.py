@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_ray_options, ray_executor
+from tl_reward.cli.common import add_device_options, add_ray_options, load_model, ray_executor
 from tl_reward.errors import TLRewardError
 
 
@@ -32,9 +32,7 @@ def add_parser(sub: Any) -> None:
                         "least two")
     p.add_argument("--input", type=Path, required=True, help="JSONL corpus and/or pairs")
     p.add_argument("--output", type=Path, default=Path("compare.html"), help="HTML report path")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if present)")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="allow custom modeling code (ArmoRM)")
+    add_device_options(p)
     p.add_argument("--max-items", type=int, default=None, help="use the first N lines only")
     p.add_argument("--layers", action="store_true",
                    help="add layer x layer similarity maps between the first model and each other")
@@ -151,7 +149,6 @@ def run(args: argparse.Namespace) -> int:
         raise TLRewardError("give at least two --model options to compare")
     executor = ray_executor(args) if args.ray else None  # checks --device first
     corpus, pairs = read_compare_input(args.input, args.max_items)
-    from tl_reward import HookedRewardModel
     from tl_reward.scale.executors import ModelSpec
     from tl_reward.viz.html import save_html
 
@@ -163,9 +160,7 @@ def run(args: argparse.Namespace) -> int:
         with executor.session() as pool:
             parts = build_report(specs, corpus, pairs, args, pool)
     else:
-        models = {n: HookedRewardModel.from_pretrained(
-            m, device=args.device, trust_remote_code=args.trust_remote_code)
-            for n, m in zip(names, args.model, strict=True)}
+        models = {n: load_model(args, m) for n, m in zip(names, args.model, strict=True)}
         parts = build_report(models, corpus, pairs, args)
     path = save_html(args.output, *parts, title="Do these reward models agree?",
                      offline=not args.cdn)

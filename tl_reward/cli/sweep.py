@@ -20,7 +20,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, add_ray_options, load_model, ray_executor
+from tl_reward.cli.common import (
+    add_model_options,
+    add_ray_options,
+    apply_threads,
+    load_model,
+    ray_executor,
+)
 from tl_reward.errors import TLRewardError
 
 
@@ -49,7 +55,6 @@ def add_parser(sub: Any) -> None:
                    help="ids: exact id path (default); text: the published decode/re-tokenise "
                         "path, for comparison")
     p.add_argument("--cache", choices=["auto", "fast", "stock", "none"], default="auto")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--top", type=int, default=10, help="print the top and bottom K (0: none)")
     p.add_argument("--merge", nargs="+", type=Path, metavar="SHARD",
                    help="merge finished shard files into --output instead of sweeping")
@@ -98,10 +103,7 @@ def run(args: argparse.Namespace) -> int:
         path = merge_sweeps(args.merge, args.output)
         print(f"merged {len(args.merge)} shards into {path} ({len(load_sweep(path))} tokens)")
         return 0
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     shard = _span(args.shard, "/", "shard") if args.shard else None
     id_range = _span(args.id_range, ":", "id-range") if args.id_range else None
     prompts, labels = _prompts(args)
