@@ -55,3 +55,30 @@ def test_compare_command_errors(tmp_path, capsys):
     jsonl.write_text(json.dumps({"nothing": 1}))
     with pytest.raises(Exception, match="need 'messages'"):
         read_compare_input(jsonl)
+
+
+def test_compare_a_single_reward_rm_with_one_objective_of_another(tmp_path, capsys):
+    """Comparing the two demo RMs failed: one objective name for every model, and the
+    multi-objective RM has no score. Now one objective per model, checked against scipy."""
+    a = save_tiny_reward_model(tmp_path / "rm_a", "llama", seed=0)
+    b = save_tiny_reward_model(tmp_path / "rm_b", "llama", num_labels=2, seed=1)
+    jsonl = tmp_path / "corpus.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"prompt": WORDS[i], "response": WORDS[(i + 4) % 12]})
+                               for i in range(12)))
+    corpus, _ = read_compare_input(jsonl)
+    base = ["compare", "--model", str(a), "--model", str(b), "--input", str(jsonl), "--device",
+            "cpu", "--bootstrap", "50", "--output", str(tmp_path / "c.html")]
+    assert main(base) == 1
+    assert "no combined score" in capsys.readouterr().err
+    assert main([*base, "--objective", "score", "--objective", "objective_1"]) == 0
+    text = (tmp_path / "c.html").read_text()
+    ra = HookedRewardModel.from_pretrained(str(a), device="cpu").rewards(corpus).score.numpy()
+    rb = HookedRewardModel.from_pretrained(str(b), device="cpu").rewards(corpus).rewards[:, 1]
+    assert f"{stats.kendalltau(ra, rb.numpy()).statistic:.4g}" in text
+    assert main([*base, "--objective", "a", "--objective", "b", "--objective", "c"]) == 1
+    assert "once per --model" in capsys.readouterr().err
+    capsys.readouterr()
+    out = tmp_path / "e.html"
+    assert main(["explain", "--model", str(b), "--prompt", "Hi", "--chosen", "Hello.",
+                 "--rejected", "No.", "--device", "cpu", "--output", str(out)]) == 1
+    assert "--objective" in capsys.readouterr().err  # explain no longer guesses the objective

@@ -43,6 +43,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--readability-layer", type=int, default=-1,
                    help="block whose residual stream (pooled token) predicts the other reward")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for CIs")
+    p.add_argument("--objective", action="append", default=None,
+                   help="'score' or an objective name: once for every model, or once per "
+                        "--model in the same order (default: score)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--cdn", action="store_true",
                    help="load plotly from a CDN (smaller file, needs a network to view)")
@@ -51,6 +54,18 @@ def add_parser(sub: Any) -> None:
                     resume="a dead actor is restarted and its unit retried (nothing is kept on "
                            "disk between runs)")
     p.set_defaults(run=run)
+
+
+def _objectives(given: list[str] | None, names: list[str]) -> str | dict[str, str]:
+    """``--objective`` as ``compare_models`` takes it: one for all, or one per model."""
+    if not given:
+        return "score"
+    if len(given) == 1:
+        return given[0]
+    if len(given) != len(names):
+        raise TLRewardError(f"give --objective once, or once per --model ({len(names)}); got "
+                            f"{len(given)}")
+    return dict(zip(names, given, strict=True))
 
 
 def read_compare_input(path: Path, limit: int | None = None) -> tuple[list[Any], list[Any]]:
@@ -101,7 +116,8 @@ def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
     from tl_reward.compare.layers import compare_grams, compare_layers
 
     kw = {"pairs": pairs or None, "readability_layer": args.readability_layer,
-          "n_resamples": args.bootstrap, "batch_size": args.batch_size}
+          "n_resamples": args.bootstrap, "batch_size": args.batch_size,
+          "objective": _objectives(args.objective, list(models))}
     if pool is not None:
         from tl_reward.scale.behaviour import run_compare_models
 

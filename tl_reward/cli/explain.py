@@ -32,8 +32,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rejected", help="the dispreferred reply")
     p.add_argument("--input", type=Path, help="JSONL file of pairs")
     p.add_argument("--line", type=int, default=0, help="which non-empty line of --input (0-based)")
-    p.add_argument("--objective", default=None, help="objective name or 'score' (default: the "
-                                                     "model's reward or score)")
+    p.add_argument("--objective", default=None,
+                   help="objective name or 'score' (default: the model's reward or score; "
+                        "required for a multi-objective model without a score)")
     p.add_argument("--top-k", type=int, default=12, help="components and heads to show")
     p.add_argument("--patching", action="store_true",
                    help="also run whole-sublayer noising and direct-path patching (slower)")
@@ -77,6 +78,10 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
     from tl_reward.viz.attribution import component_bar, head_heatmap
     from tl_reward.viz.tokens import attribution_token_map, head_attention_view
 
+    if objective is None and len(model.objectives) > 1 and not model.has_score:
+        raise TLRewardError(
+            f"this model has objectives {model.objectives} and no combined score; choose one "
+            "with --objective NAME")
     obj = resolve_objectives(model, objective)[0]
     tp = tokenize_pair(model, pair)
     lens = differential_lens(model, [tp], objectives=obj)

@@ -246,11 +246,26 @@ def _named(models: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any]:
     return named
 
 
+def objective_per_model(objective: str | Mapping[str, str], names: Sequence[str]
+                        ) -> dict[str, str]:
+    """``{model name: objective}`` from one objective for all or a mapping naming each model."""
+    if isinstance(objective, str):
+        return dict.fromkeys(names, objective)
+    missing = [n for n in names if n not in objective]
+    extra = [n for n in objective if n not in names]
+    if missing or extra:
+        raise TLRewardError(f"objective names models {sorted(objective)}; the models are "
+                            f"{list(names)} (give one objective per model)")
+    return {n: objective[n] for n in names}
+
+
 def _scores(model: Any, inputs: Sequence[Any], objective: str, batch_size: int) -> np.ndarray:
     res = model.rewards(list(inputs), batch_size=batch_size)
     if objective == "score":
         if res.score is None:
-            raise TLRewardError("a model has no combined score; pass objective=<name>")
+            raise TLRewardError(
+                f"a model has no combined score (objectives {model.objectives}); pass "
+                "objective=<name>, or {model name: objective} for one per model")
         vals = res.score
     else:
         vals = res.rewards[:, model.objective_index(objective)]
@@ -355,7 +370,7 @@ def compare_models(
     sweeps: Mapping[str, Any] | None = None,
     readability_hook: str | None = "blocks.{layer}.hook_resid_post",
     readability_layer: int = -1,
-    objective: str = "score",
+    objective: str | Mapping[str, str] = "score",
     n_resamples: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
@@ -371,7 +386,9 @@ def compare_models(
         sweeps: ``{name: VocabSweep}`` for vocabulary agreement (names as in ``models``).
         readability_hook, readability_layer: where A's activations are read for the ridge to
             B's reward (default: the last block's residual stream; ``None`` skips readability).
-        objective: ``"score"`` or an objective name present in every model.
+        objective: ``"score"`` or an objective name present in every model, or
+            ``{name: objective}`` with one per model (e.g. a single-reward RM against one
+            objective of a multi-objective RM).
 
     The forward passes are :func:`model_features`, the statistics :func:`compare_features`
     (``tl_reward.scale.run_compare_models`` runs the former on workers).
@@ -380,7 +397,8 @@ def compare_models(
     corpus, pairs = split_data(data, pairs)
     if corpus is None and pairs is None and sweeps is None:
         raise TLRewardError("give a corpus (data=...), preference pairs or sweeps to compare")
-    features = {n: model_features(m, corpus, pairs, objective, readability_hook,
+    objectives = objective_per_model(objective, list(named))
+    features = {n: model_features(m, corpus, pairs, objectives[n], readability_hook,
                                   readability_layer, batch_size) for n, m in named.items()}
     return compare_features(features, sweeps, n_resamples=n_resamples, confidence=confidence,
                             seed=seed, rbo_p=rbo_p)

@@ -27,6 +27,7 @@ from tl_reward.compare.behaviour import (
     ModelFeatures,
     compare_features,
     model_features,
+    objective_per_model,
     split_data,
 )
 from tl_reward.data import PreferencePair
@@ -54,7 +55,7 @@ def run_compare_models(
     sweeps: Mapping[str, Any] | None = None,
     readability_hook: str | None = "blocks.{layer}.hook_resid_post",
     readability_layer: int = -1,
-    objective: str = "score",
+    objective: str | Mapping[str, str] = "score",
     n_resamples: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
@@ -73,6 +74,13 @@ def run_compare_models(
     corpus, pairs = split_data(data, pairs)
     if corpus is None and pairs is None and sweeps is None:
         raise TLRewardError("give a corpus (data=...), preference pairs or sweeps to compare")
+    if isinstance(objective, str):
+        objectives = [objective] * len(specs)
+    elif named is None:
+        raise TLRewardError("one objective per model needs the models as {name: spec}")
+    else:
+        per = objective_per_model(objective, list(named))
+        objectives = [per[n] for n in named]
     results: dict[int, tuple[str, ModelFeatures]] = {}
     bar = tqdm(total=len(specs), disable=progress is False, unit="model", desc="compare")
 
@@ -82,8 +90,9 @@ def run_compare_models(
 
     try:
         with (executor or LocalExecutor()).session() as pool:
-            pool.stream(features_unit, [(s, corpus, pairs, objective, readability_hook,
-                                         readability_layer, batch_size) for s in specs], keep)
+            pool.stream(features_unit, [(s, corpus, pairs, o, readability_hook,
+                                         readability_layer, batch_size)
+                                        for s, o in zip(specs, objectives, strict=True)], keep)
     finally:
         bar.close()
     if len(results) != len(specs):
