@@ -74,3 +74,31 @@ def test_differential_attribution_sums_to_margin(tiny) -> None:
     df = pa.to_dataframe("sublayer")
     assert len(df) == 2 * len(pa.difference("sublayer")[1])
     assert set(df.component) >= {"embed", "L0.attn", "L2.mlp"}
+
+
+def test_neuron_level_components_and_top_components(tiny) -> None:
+    """``top_components(level="neuron")`` after ``neurons=True`` raised "level must be sublayer
+    or head". The neuron level sums, with the head's bias, to HF's reward; its top entry is the
+    largest terms, each neuron named by its layer and index."""
+    model, hf, _ = tiny("llama", 1)
+    dra = direct_reward_attribution(model, INPUTS, neurons=True)
+    vals, names = dra.components("neuron")
+    batch = model.make_batch(INPUTS)
+    ref = hf_rewards(hf, batch.tokens, batch.attention_mask)["reward"]
+    torch.testing.assert_close(vals.sum(1) + dra.bias, ref, atol=1e-4, rtol=0)
+    n_layers, d_mlp = dra.neurons.shape[1:3]
+    assert sum(n.endswith("mlp_bias") for n in names) == n_layers
+    assert len(names) == vals.shape[1] == len(dra.components("head")[1]) + n_layers * d_mlp
+    top = dra.top_components(10, index=1, level="neuron")
+    assert top.contribution.abs().is_monotonic_decreasing
+    neurons = [(c, v) for c, v in zip(top.component, top.contribution, strict=True)
+               if ".N" in c]
+    assert neurons  # 3 x 64 neurons: some are among the ten largest terms
+    for c, v in neurons:  # each name points at its own neuron's term
+        layer, idx = int(c[1:c.index(".")]), int(c[c.index(".N") + 2:])
+        assert v == pytest.approx(float(dra.neurons[1, layer, idx, 0]), abs=1e-6)
+    assert abs(top.contribution[9]) >= float(dra.neurons[1, ..., 0].abs().flatten().topk(10).values[-1]) \
+        - 1e-6  # no neuron larger than the tenth entry was left out
+    plain = direct_reward_attribution(model, INPUTS)
+    with pytest.raises(ValueError, match="neurons=True"):
+        plain.top_components(level="neuron")

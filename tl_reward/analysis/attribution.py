@@ -97,7 +97,9 @@ class DirectAttribution:
 
     def components(self, level: str = "sublayer") -> tuple[torch.Tensor, list[str]]:
         """``([N, C, n_obj], names)`` at ``level`` ``"sublayer"`` (embeddings, each attention
-        layer and MLP) or ``"head"`` (embeddings, each head, attention bias, MLP)."""
+        layer and MLP), ``"head"`` (embeddings, each head, attention bias, MLP) or ``"neuron"``
+        (as ``"head"`` with each MLP split into its neurons and output bias; needs
+        ``neurons=True``)."""
         return stack_components(self, level)
 
     def token_map(self, index: int = 0, objective: int | str = 0) -> pd.DataFrame:

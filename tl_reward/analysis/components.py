@@ -27,7 +27,7 @@ from transformer_lens import ActivationCache
 
 from tl_reward.analysis.readout import accumulation_dtype
 
-SUBLAYER_LEVELS = ("sublayer", "head")
+SUBLAYER_LEVELS = ("sublayer", "head", "neuron")
 
 
 def component_hooks(model: object, per_position: bool = False, neurons: bool = False) -> list[str]:
@@ -159,10 +159,14 @@ class FinalComponents:
 
 def stack_components(parts: object, level: str = "sublayer") -> tuple[torch.Tensor, list[str]]:
     """Concatenate ``parts.embed``, ``.heads``/``.attn``, ``.attn_bias`` and ``.mlp`` (any
-    trailing shape) along dim 1 in layer order, with their names, at ``level``."""
+    trailing shape) along dim 1 in layer order, with their names, at ``level``; ``"neuron"``
+    is the head level with each MLP split into ``.neurons`` and its ``.mlp_bias``."""
     if level not in SUBLAYER_LEVELS:
         raise ValueError(f"level must be one of {SUBLAYER_LEVELS}, got {level!r}")
     p: Any = parts
+    if level == "neuron" and getattr(p, "neurons", None) is None:
+        raise ValueError("level='neuron' needs per-neuron terms: run the attribution with "
+                         "neurons=True")
     n_layers, n_heads = p.heads.shape[1], p.heads.shape[2]
     tensors, names = [p.embed], list(p.embed_names)
     for layer in range(n_layers):
@@ -172,8 +176,12 @@ def stack_components(parts: object, level: str = "sublayer") -> tuple[torch.Tens
         else:
             tensors += [p.heads[:, layer], p.attn_bias[:, layer, None]]
             names += [f"L{layer}.H{h}" for h in range(n_heads)] + [f"L{layer}.attn_bias"]
-        tensors.append(p.mlp[:, layer, None])
-        names.append(f"L{layer}.mlp")
+        if level == "neuron":
+            tensors += [p.neurons[:, layer], p.mlp_bias[:, layer, None]]
+            names += [f"L{layer}.N{i}" for i in range(p.neurons.shape[2])] + [f"L{layer}.mlp_bias"]
+        else:
+            tensors.append(p.mlp[:, layer, None])
+            names.append(f"L{layer}.mlp")
     return torch.cat(tensors, 1), names
 
 
