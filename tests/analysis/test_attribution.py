@@ -97,8 +97,8 @@ def test_neuron_level_components_and_top_components(tiny) -> None:
     for c, v in neurons:  # each name points at its own neuron's term
         layer, idx = int(c[1:c.index(".")]), int(c[c.index(".N") + 2:])
         assert v == pytest.approx(float(dra.neurons[1, layer, idx, 0]), abs=1e-6)
-    assert abs(top.contribution[9]) >= float(dra.neurons[1, ..., 0].abs().flatten().topk(10).values[-1]) \
-        - 1e-6  # no neuron larger than the tenth entry was left out
+    tenth = float(dra.neurons[1, ..., 0].abs().flatten().topk(10).values[-1])
+    assert abs(top.contribution[9]) >= tenth - 1e-6  # no larger neuron was left out
     plain = direct_reward_attribution(model, INPUTS)
     with pytest.raises(ValueError, match="neurons=True"):
         plain.top_components(level="neuron")
