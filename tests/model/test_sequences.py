@@ -252,3 +252,23 @@ def test_rewards_do_not_depend_on_batching(arch: str, tiny: Any, custom: Any) ->
             got = model.rewards(inputs, batch_size=bs, padding_side=side).rewards
             torch.testing.assert_close(got, alone, atol=scale, rtol=0)
     assert alone.std(0).min() > 10 * scale  # inputs differ by far more than the tolerance
+
+
+def test_sweep_keeps_the_given_order_and_takes_token_strings(tiny: Any) -> None:
+    """``score_vocabulary`` returned rows sorted by id, and token strings raised
+    ``invalid literal for int()``."""
+    from tl_reward.sweep.vocab_sweep import score_vocabulary
+
+    model = tiny("llama")[0]
+    tok = model.tokenizer
+    word = next(w for w in (" blue", " sky", " the")
+                if len(tok.encode(w, add_special_tokens=False)) == 1)
+    wid = tok.encode(word, add_special_tokens=False)[0]
+    ids = [90, 31, word, 200, 31]
+    sweep = score_vocabulary(model, PROMPT, ids, progress=False)
+    assert sweep.token_ids.tolist() == [90, 31, wid, 200]
+    ref = score_vocabulary(model, PROMPT, sorted({90, 31, wid, 200}), progress=False)
+    by_id = dict(zip(ref.token_ids.tolist(), ref.values(0).tolist(), strict=True))
+    assert sweep.values(0).tolist() == [by_id[v] for v in (90, 31, wid, 200)]
+    with pytest.raises(TLRewardError, match="not one"):
+        score_vocabulary(model, PROMPT, ["the quick brown fox"], progress=False)

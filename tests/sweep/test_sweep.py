@@ -115,7 +115,7 @@ def test_subsets_and_prompt_forms_agree(tiny) -> None:
     ids = [300, 17, 42, 99]
     part = score_vocabulary(model, [PAPER_PROMPTS["worst"], PAPER_PROMPTS["best"]], ids,
                             labels=["w", "b"], batch_size=3, progress=False)
-    rows = [full.token_ids.tolist().index(i) for i in sorted(ids)]
+    rows = [full.token_ids.tolist().index(i) for i in ids]  # rows in the order given
     torch.testing.assert_close(part.values("w"), full.values("worst")[rows], atol=1e-5, rtol=0)
     torch.testing.assert_close(part.values("b"), full.values("best")[rows], atol=1e-5, rtol=0)
     ranged = score_vocabulary(model, PAPER_PROMPTS, id_range=(100, 130), progress=False)

@@ -111,6 +111,19 @@ class VocabSweep:
             return self.scores[:, p]
         return self.rewards[:, p, objective_slot(self.objectives, objective)]
 
+    def select(self, token_ids: Sequence[int]) -> VocabSweep:
+        """The rows of ``token_ids`` in that order (each once, first occurrence kept)."""
+        where = {int(v): i for i, v in enumerate(self.token_ids.tolist())}
+        order = list(dict.fromkeys(int(v) for v in token_ids))
+        missing = [v for v in order if v not in where]
+        if missing:
+            raise TLRewardError(f"token ids {missing[:10]} are not in this sweep")
+        idx = torch.tensor([where[v] for v in order], dtype=torch.long)
+        return VocabSweep(self.token_ids[idx], [self.tokens[i] for i in idx.tolist()],
+                          None if self.scores is None else self.scores[idx], self.rewards[idx],
+                          self.labels, self.prompts, self.objectives, self.model_name,
+                          self.spec)
+
     def to_dataframe(self, long: bool = False) -> pd.DataFrame:
         """One row per token (``token_id``, ``token``, ``score:<label>``, ``reward:<label>:<obj>``
         columns), or with ``long=True`` one row per (token, prompt, objective)."""
@@ -208,7 +221,26 @@ def special_token_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
-def candidate_ids(model: HookedRewardModel, ids: Sequence[int] | torch.Tensor | None = None,
+def given_ids(model: HookedRewardModel, ids: Sequence[int | str] | torch.Tensor) -> list[int]:
+    """``ids`` as token ids in the order given: ints as they are, a string as the one token
+    the tokenizer makes of it (a clear error when it makes several)."""
+    out = []
+    for v in (ids.tolist() if isinstance(ids, torch.Tensor) else ids):
+        if isinstance(v, str):
+            if model.tokenizer is None:
+                raise TLRewardError(f"{v!r} is a string: token strings need the tokenizer")
+            got = model.tokenizer.encode(v, add_special_tokens=False)
+            if len(got) != 1:
+                raise TLRewardError(
+                    f"{v!r} is {len(got)} tokens {got}, not one; a sweep scores single tokens "
+                    "(pass ids, or a string that is one token, e.g. with its leading space)")
+            v = got[0]
+        out.append(int(v))
+    return out
+
+
+def candidate_ids(model: HookedRewardModel,
+                  ids: Sequence[int | str] | torch.Tensor | None = None,
                   include_special: bool = False) -> list[int]:
     """The token ids to sweep, ascending: ``ids`` if given (validated), else every id the
     tokenizer defines, minus special tokens unless ``include_special``."""
@@ -220,7 +252,7 @@ def candidate_ids(model: HookedRewardModel, ids: Sequence[int] | torch.Tensor | 
         if not include_special:
             pool -= special_token_ids(model.tokenizer)
         return sorted(pool)
-    out = sorted({int(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)})
+    out = sorted(set(given_ids(model, ids)))
     if not out:
         raise TLRewardError("ids is empty; pass at least one token id (or ids=None for all)")
     if out[0] < 0 or out[-1] >= d_vocab:
@@ -326,7 +358,7 @@ def _resolve_cache(model: HookedRewardModel, cache: str, mode: str) -> str:
 def score_vocabulary(
     model: HookedRewardModel,
     prompts: Prompt | Sequence[Prompt] | Mapping[str, Prompt],
-    ids: Sequence[int] | torch.Tensor | None = None,
+    ids: Sequence[int | str] | torch.Tensor | None = None,
     *,
     labels: Sequence[str] | None = None,
     include_special: bool = False,
@@ -347,7 +379,8 @@ def score_vocabulary(
         model: the reward model.
         prompts: a prompt (string or conversation ending in a user turn), a list of them, or a
             ``{label: prompt}`` mapping (e.g. :data:`PAPER_PROMPTS`).
-        ids: token ids to score (default: the whole vocabulary).
+        ids: token ids (or single-token strings) to score, returned in the order given
+            (default: the whole vocabulary, by id).
         labels: one label per prompt (default: the mapping's keys or ``prompt_<i>``).
         include_special: also score special tokens (excluded by default).
         batch_size: candidates per forward pass (64-256 is fastest on CPU).
@@ -401,7 +434,10 @@ def score_vocabulary(
         tables = [results[c] for c in sorted(results)]
         table = (pa.concat_tables(tables) if tables else
                  make_table(spec, [], [], {c: np.zeros(0) for c in spec.columns()}))
-    return VocabSweep.from_table(table, spec)
+    sweep = VocabSweep.from_table(table, spec)
+    if ids is None or shard is not None or id_range is not None:
+        return sweep
+    return sweep.select(given_ids(model, ids))
 
 
 @dataclass
@@ -431,7 +467,7 @@ class SweepPlan:
 def plan_sweep(
     model: HookedRewardModel,
     prompts: Prompt | Sequence[Prompt] | Mapping[str, Prompt],
-    ids: Sequence[int] | torch.Tensor | None = None,
+    ids: Sequence[int | str] | torch.Tensor | None = None,
     *,
     labels: Sequence[str] | None = None,
     include_special: bool = False,
