@@ -15,6 +15,8 @@ SUBCOMMANDS: dict[str, str] = {
     "sweep": "tl_reward.cli.sweep",
     "audit": "tl_reward.cli.audit",
     "compare": "tl_reward.cli.compare",
+    "faithfulness": "tl_reward.cli.faithfulness",
+    "irm": "tl_reward.cli.irm",
 }
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 from tl_reward.model.demo import DEMO_MODEL_NAME
@@ -75,3 +77,35 @@ def ray_executor(args: argparse.Namespace, threads: int | None = None,
     return RayExecutor(address=args.address, num_workers=args.workers,
                        num_gpus=args.gpus_per_worker, num_cpus=args.cpus_per_worker,
                        threads=threads)
+
+
+def pair_from_record(rec: dict[str, Any], where: str) -> Any:
+    """A :class:`~tl_reward.data.PreferencePair` from one JSONL record: ``prompt`` (string or
+    messages), ``chosen`` and ``rejected`` replies, or HH-RLHF ``chosen``/``rejected``
+    dialogues. ``where`` names the record in errors."""
+    from tl_reward.data.hh_rlhf import pair_from_dialogues
+    from tl_reward.data.preference import PreferencePair
+    from tl_reward.errors import TLRewardError
+
+    if {"prompt", "chosen", "rejected"} <= rec.keys():
+        prompt = rec["prompt"]
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return PreferencePair(prompt=msgs, chosen=rec["chosen"], rejected=rec["rejected"])
+    if {"chosen", "rejected"} <= rec.keys():
+        try:
+            return pair_from_dialogues(rec["chosen"], rec["rejected"])
+        except ValueError as exc:
+            raise TLRewardError(f"{where}: {exc}") from exc
+    raise TLRewardError(f"{where}: need 'prompt', 'chosen' and 'rejected' fields (or HH-RLHF "
+                        "'chosen'/'rejected' dialogues)")
+
+
+def read_pairs(path: Path, limit: int | None = None) -> list[Any]:
+    """Every pair of a JSONL file (see :func:`pair_from_record`), the first ``limit`` only."""
+    from tl_reward.errors import TLRewardError
+
+    lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    pairs = [pair_from_record(json.loads(x), f"{path}:{i}") for i, x in enumerate(lines[:limit])]
+    if not pairs:
+        raise TLRewardError(f"{path} holds no pairs")
+    return pairs

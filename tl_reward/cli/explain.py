@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, load_model
+from tl_reward.cli.common import add_model_options, load_model, pair_from_record
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
 
@@ -47,23 +47,10 @@ def add_parser(sub: Any) -> None:
 
 def read_pair(path: Path, line: int) -> PreferencePair:
     """Pair number ``line`` of a JSONL file (our fields or HH-RLHF dialogues)."""
-    from tl_reward.data.hh_rlhf import pair_from_dialogues
-
     lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
     if not 0 <= line < len(lines):
         raise TLRewardError(f"{path} has {len(lines)} pairs; --line {line} is out of range")
-    rec = json.loads(lines[line])
-    if {"prompt", "chosen", "rejected"} <= rec.keys():
-        prompt = rec["prompt"]
-        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        return PreferencePair(prompt=msgs, chosen=rec["chosen"], rejected=rec["rejected"])
-    if {"chosen", "rejected"} <= rec.keys():
-        try:
-            return pair_from_dialogues(rec["chosen"], rec["rejected"])
-        except ValueError as exc:
-            raise TLRewardError(f"{path}:{line}: {exc}") from exc
-    raise TLRewardError(f"{path}:{line}: need 'prompt', 'chosen' and 'rejected' fields (or "
-                        "HH-RLHF 'chosen'/'rejected' dialogues)")
+    return pair_from_record(json.loads(lines[line]), f"{path}:{line}")
 
 
 def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
