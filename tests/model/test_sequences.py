@@ -46,12 +46,18 @@ def _model(arch: str, tiny: Any, custom: Any) -> HookedRewardModel:
     return tiny(arch, 3 if arch == "armorm" else 1)[0]
 
 
-def _bosless(model: HookedRewardModel) -> HookedRewardModel:
+def _bosless(model: HookedRewardModel, tokenizer_adds_bos: bool = True) -> HookedRewardModel:
     """The model with a chat template that writes no BOS, beside a tokenizer that adds one
-    (Skywork-Reward-V2's card: the template string is tokenised with the tokenizer's BOS)."""
+    (Skywork-Reward-V2's card: the template string is tokenised with the tokenizer's BOS) or,
+    Qwen3-style, adds none either."""
+    from tokenizers import processors
+
     tok = copy.deepcopy(model.tokenizer)
     tok.chat_template = CHAT_TEMPLATE.replace("{{ bos_token }}", "")
-    assert tok("hi")["input_ids"][0] == tok.bos_token_id
+    if not tokenizer_adds_bos:
+        tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A",
+                                                                             pair="$A $B")
+    assert (tok("hi")["input_ids"][0] == tok.bos_token_id) is tokenizer_adds_bos
     other = copy.copy(model)
     other.tokenizer = tok
     return other
@@ -87,14 +93,17 @@ def test_sweep_scores_the_sequence_encode_builds(arch: str, tiny: Any, custom: A
     _sweep_vs_rewards(_model(arch, tiny, custom))
 
 
-@pytest.mark.parametrize("arch", ["llama", "internlm2"])
-def test_sweep_keeps_one_bos_with_a_bosless_template(arch: str, tiny: Any, custom: Any) -> None:
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "internlm2"])
+@pytest.mark.parametrize("adds_bos", [True, False], ids=["tokenizer-bos", "qwen3-style"])
+def test_sweep_keeps_one_bos_with_a_bosless_template(arch: str, adds_bos: bool, tiny: Any,
+                                                     custom: Any) -> None:
     """A template without BOS, a tokenizer that adds one: ``encode`` gives one BOS; the sweep
-    scored the sequence without it (0.437 vs 0.677)."""
-    model = _bosless(_model(arch, tiny, custom))
+    scored the sequence without it (0.437 vs 0.677). Qwen3-style (neither adds one): no BOS
+    anywhere."""
+    model = _bosless(_model(arch, tiny, custom), adds_bos)
     tpl = model.response_template(PROMPT)
-    assert tpl.prefix[0] == model.tokenizer.bos_token_id
-    assert tpl.prefix.count(model.tokenizer.bos_token_id) == 1
+    bos = model.tokenizer.bos_token_id
+    assert tpl.prefix.count(bos) == int(adds_bos) and (tpl.prefix[0] == bos) is adds_bos
     _sweep_vs_rewards(model)
 
 
@@ -143,14 +152,15 @@ def test_build_gives_mask_aware_pooled_positions(tiny: Any) -> None:
             assert int(batch.pooled[i] - offsets[i]) == int(alone.pooled[0])
 
 
-def test_mlp_head_never_read_at_a_pad(custom: Any) -> None:
+@pytest.mark.parametrize("pooling", ["hf", "legacy", "mask"])
+def test_mlp_head_never_read_at_a_pad(pooling: str, custom: Any) -> None:
     """With ``pooling="mask"`` the MLP head was linearised at ``pool_positions(tokens)`` without
     the mask (a pad column): concept slope 0.036 at batch size 1 vs 0.021 at 2; steering base
     1.26 vs ``model.rewards`` 0.87."""
     from tl_reward.audit.concepts import concept_alignment, concept_vector, steering_curve
 
     model = copy.copy(custom("inform"))
-    model.pooling = "mask"
+    model.pooling = pooling
     inputs = [c[-2:] if c[0]["role"] == "system" else c for c in CONVERSATIONS]
     pos = [("Tell me something kind.", "You are wonderful and I like you."),
            ("Say a nice word.", "Friendship.")]
