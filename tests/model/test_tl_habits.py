@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import CONVERSATIONS, hf_rewards
+from transformer_lens import utils as tl_utils
 
 from tl_reward.errors import TLRewardError
 
@@ -72,6 +73,8 @@ def test_to_str_tokens_of_a_conversation(llama: Any) -> None:
     (lambda m: m.loss_fn(torch.zeros(1, 2, 1), torch.zeros(1, 2, dtype=torch.long)),
      "no language-modelling loss"),
     (lambda m: m.tokens_to_residual_directions(" Paris"), "reward_direction"),
+    (lambda m: tl_utils.test_prompt("Is the sky", "blue", m, print_details=False),
+     "test_prompt"),
 ])
 def test_lm_only_methods_say_why(llama: Any, call: Any, match: str) -> None:
     """``generate`` returned the prompt padded with token 0; the others raised IndexError."""

@@ -196,6 +196,12 @@ class HookedRewardModel(HookedTransformer):
         as ids, one BOS, :attr:`suffix_ids`), left-padded unless ``padding_side`` says
         otherwise. ``prepend_bos`` and ``truncate`` are TransformerLens's: BOS follows the
         tokenizer and the template, and an over-long input is an error, not cut."""
+        if prepend_bos is False:  # TransformerLens's fragment habit (test_prompt, answers)
+            raise TLRewardError(
+                "a reward model scores whole sequences as its tokenizer and chat template build "
+                "them; tokenising a fragment without BOS is a language-model habit (e.g. "
+                "utils.test_prompt, which reads next-token logits this model does not have). "
+                "Use model.tokenizer.encode for fragments and model.rewards to score replies")
         if prepend_bos is not None or truncate is not True:
             warnings.warn("prepend_bos and truncate are ignored: a reward model scores the "
                           "sequence its tokenizer and chat template build", stacklevel=2)
