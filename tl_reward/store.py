@@ -25,7 +25,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,28 @@ def function_digest(fn: Callable[..., Any]) -> str:
     return digest(parts)
 
 
+def differences(a: Any, b: Any, ignore: Sequence[str] = ()) -> list[str]:
+    """Names of the dataclass fields where ``a`` and ``b`` differ (dict fields by key, as
+    ``<field>.<key>``), except ``ignore``."""
+    out = []
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name in ignore or x == y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += [f"{f.name}.{k}" for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+        else:
+            out.append(f.name)
+    return out
+
+
+def refusal(error: type[StoreMismatchError], what: str, diff: Sequence[str], fix: str
+            ) -> StoreMismatchError:
+    """The one refusal: ``what`` was made with other settings, naming each differing field."""
+    return error(f"cannot resume: {what} was made with other settings ({', '.join(diff)} "
+                 f"differ from this run's); its results cannot be reused. {fix}")
+
+
 @dataclass(frozen=True)
 class RunIdentity:
     """Everything that determines a job's results; equal identities give equal results.
@@ -173,16 +195,7 @@ class RunIdentity:
     def differences(self, other: RunIdentity, ignore: tuple[str, ...] = ("model_name",)
                     ) -> list[str]:
         """The fields that differ (``functions.<name>``, ``settings.<key>`` inside those)."""
-        out = []
-        for f in fields(self):
-            a, b = getattr(self, f.name), getattr(other, f.name)
-            if f.name in ignore or a == b:
-                continue
-            if isinstance(a, dict) and isinstance(b, dict):
-                out += [f"{f.name}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-            else:
-                out.append(f.name)
-        return out
+        return differences(self, other, ignore)
 
     def folder_name(self) -> str:
         """``<kind>-<model name>-<12 hex of inputs and settings>``: the same job, one folder."""
@@ -212,10 +225,9 @@ class ChunkStore:
             found = RunIdentity.from_json(manifest.read_text())
             diff = found.differences(identity)
             if diff:
-                raise error(
-                    f"{self.folder} holds a {found.kind or 'tl_reward'} run with other settings: "
-                    f"{', '.join(diff)} differ(s) from this run's; its results cannot be reused. "
-                    "Pass overwrite=True to start again, or use another output folder")
+                raise refusal(error, f"the {found.kind or 'tl_reward'} run in {self.folder}",
+                              diff, "Pass overwrite=True to start again, or use another "
+                              "output folder")
         else:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.save("manifest.json", lambda p: p.write_text(identity.to_json()))

@@ -27,14 +27,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tl_reward.errors import TLRewardError
+from tl_reward.store import StoreMismatchError, differences, refusal
 
 FORMAT = "tl_reward.vocab_sweep/1"
 METADATA_KEY = b"tl_reward.vocab_sweep"
 ROW_GROUP_SIZE = 65_536
 
 
-class SweepStoreError(TLRewardError):
+class SweepStoreError(StoreMismatchError):
     """A sweep file or parts folder that does not fit the requested sweep."""
 
 
@@ -47,6 +47,8 @@ class SweepSpec:
         model_name: the model's name (``cfg.model_name``).
         model_fingerprint: :func:`~tl_reward.model.fingerprint.model_fingerprint` (every weight,
             the head, config, dtype, pooling rule and library version).
+        tokenizer: :func:`~tl_reward.model.fingerprint.tokenizer_fingerprint` (vocabulary,
+            special tokens, chat template; the text mode re-tokenises with it).
         mode: ``"ids"`` (exact id path) or ``"text"`` (decode, template, re-tokenise).
         cache: ``"fast"``, ``"stock"`` or ``"none"`` (how continuations were run).
         dtype: the model's dtype.
@@ -62,6 +64,7 @@ class SweepSpec:
 
     model_name: str
     model_fingerprint: str
+    tokenizer: str
     mode: str
     cache: str
     dtype: str
@@ -92,12 +95,12 @@ class SweepSpec:
             "suffixes": lambda v: tuple(tuple(x) for x in v), "id_range": tuple,
         }
         raw.setdefault("pooling", "unknown")  # written before the rule was recorded
+        raw.setdefault("tokenizer", "unknown")  # written before the tokenizer was recorded
         return cls(**{f.name: conv.get(f.name, lambda v: v)(raw[f.name]) for f in fields(cls)})
 
     def differences(self, other: SweepSpec, ignore: Sequence[str] = ("id_range",)) -> list[str]:
         """Names of the fields that differ (except ``ignore``)."""
-        return [f.name for f in fields(self)
-                if f.name not in ignore and getattr(self, f.name) != getattr(other, f.name)]
+        return differences(self, other, ignore)
 
     def columns(self) -> list[str]:
         """Value columns after ``token_id`` and ``token``."""
@@ -223,9 +226,8 @@ class SweepWriter:
                                   "overwrite=True (--overwrite) to start again")
         diff = found.differences(self.spec, ignore=())
         if diff:
-            raise SweepStoreError(
-                f"cannot resume: {what} was made with different settings ({', '.join(diff)}); "
-                "use the same model, prompts, ids, batch size and range, or another output file")
+            raise refusal(SweepStoreError, what, diff, "Use the same model, tokenizer, prompts, "
+                          "ids, batch size and range, or another output file")
 
     def _chunk_path(self, index: int) -> Path:
         return self.parts / f"chunk-{index:07d}.parquet"

@@ -31,7 +31,7 @@ def test_store_resumes_the_same_identity_and_refuses_another(tmp_path: Path) -> 
         ChunkStore(folder, other)
     msg = str(err.value)
     assert isinstance(err.value, TLRewardError)
-    listed = msg.split("other settings: ")[1].split(" differ")[0].split(", ")
+    listed = msg.split("other settings (")[1].split(" differ")[0].split(", ")
     # exactly what differs (the model's name only names the folder)
     assert listed == ["model_fingerprint", "chat_template", "functions.edit"]
     assert "overwrite=True" in msg
