@@ -91,3 +91,19 @@ def test_function_digest_sees_code_closures_and_helpers(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(sys.modules[__name__], "_helper", other)
     assert function_digest(_calls_helper) != before
+
+
+def test_entry_cache_keys_cover_the_identity(tmp_path: Path) -> None:
+    from tl_reward.store import EntryCache, entry_key
+
+    key = entry_key(IDENT, [1, 2, 3])
+    assert key == entry_key(replace(IDENT, model_name="a copy"), [1, 2, 3])  # name: no part
+    for change in ({"model_fingerprint": "0"}, {"tokenizer": "0"}, {"library": "9"},
+                   {"settings": {"seed": 1}}, {"functions": {}}):
+        assert entry_key(replace(IDENT, **change), [1, 2, 3]) != key
+    assert entry_key(IDENT, [1, 2, 4]) != key
+    cache = EntryCache(tmp_path / "c")
+    assert cache.get(key) is None
+    cache.put(key, {"delta": 0.5})
+    assert cache.get(key) == {"delta": 0.5}
+    assert [p.name for p in (tmp_path / "c").iterdir()] == [f"{key}.json"]

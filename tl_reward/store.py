@@ -243,7 +243,42 @@ class ChunkStore:
     def save(self, name: str, write: Callable[[Path], Any]) -> Path:
         """Write chunk ``name`` atomically: ``write(tmp)`` then rename (a crash leaves it absent,
         never half-written)."""
-        tmp = self.folder / f"{name}.tmp"
-        write(tmp)
-        os.replace(tmp, self.path(name))
-        return self.path(name)
+        return atomic_write(self.path(name), write)
+
+
+def atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
+    """``write(<path>.tmp)`` then rename it to ``path``: readers see all of it or none."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def entry_key(identity: RunIdentity, content: Any) -> str:
+    """16 hex digits naming one result in an :class:`EntryCache`: a hash of ``content`` and of
+    every identity field but the model's name (a renamed copy of a model shares entries)."""
+    fields_ = asdict(identity)
+    fields_.pop("model_name")
+    return digest([fields_, content])[:16]
+
+
+class EntryCache:
+    """A content-addressed cache: one JSON file per result, ``<folder>/<entry_key>.json``.
+
+    Entries of every model and run share the folder: a key covers the whole run identity, so a
+    changed model, tokenizer or setting gives new keys (recomputed, never mixed), and the
+    entries of a run that did not change are found again.
+    """
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def get(self, key: str) -> Any | None:
+        """The entry under ``key``, or ``None``."""
+        path = self.folder / f"{key}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def put(self, key: str, value: Any) -> None:
+        """Write the entry under ``key`` atomically."""
+        atomic_write(self.folder / f"{key}.json", lambda p: p.write_text(json.dumps(value)))
