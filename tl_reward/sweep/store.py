@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
@@ -27,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tl_reward.store import StoreMismatchError, differences, refusal
+from tl_reward.store import StoreMismatchError, atomic_write, differences, refusal
 
 FORMAT = "tl_reward.vocab_sweep/1"
 METADATA_KEY = b"tl_reward.vocab_sweep"
@@ -170,10 +169,7 @@ def write_table(table: pa.Table, spec: SweepSpec, path: str | Path) -> Path:
     path = Path(path)
     table = table.sort_by("token_id").replace_schema_metadata(
         {METADATA_KEY: spec.to_json().encode()})
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, row_group_size=ROW_GROUP_SIZE)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda p: pq.write_table(table, p, row_group_size=ROW_GROUP_SIZE))
 
 
 def parts_dir(path: str | Path) -> Path:
@@ -216,9 +212,7 @@ class SweepWriter:
                         f"the unfinished sweep in {self.parts}", resume)
         else:
             self.parts.mkdir(parents=True)
-            tmp = self.parts / "manifest.json.tmp"
-            tmp.write_text(spec.to_json())
-            os.replace(tmp, self.parts / "manifest.json")
+            atomic_write(self.parts / "manifest.json", lambda p: p.write_text(spec.to_json()))
 
     def _check(self, found: SweepSpec, what: str, resume: bool) -> None:
         if not resume:
@@ -240,9 +234,7 @@ class SweepWriter:
 
     def write(self, index: int, table: pa.Table) -> None:
         """Write chunk ``index`` atomically (a crash leaves it absent, never half-written)."""
-        tmp = self.parts / f"chunk-{index:07d}.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, self._chunk_path(index))
+        atomic_write(self._chunk_path(index), lambda p: pq.write_table(table, p))
 
     def finish(self) -> pa.Table:
         """Join all chunks into the final file (sorted by token id); remove the parts."""
