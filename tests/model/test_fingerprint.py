@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
 import torch
 
 from tl_reward import HookedRewardModel
@@ -107,6 +108,20 @@ def test_tensor_digest_is_exact_and_order_sensitive() -> None:
     assert tensor_digest(t) == ref.hexdigest()
     b = t.to(torch.bfloat16)
     assert tensor_digest(b) != tensor_digest(b.reshape(1000, 100))  # shape is hashed
+
+
+def test_chunked_copy_hashes_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights reach the hash in chunks (bounded host memory for GPU models); chunks of 64
+    bytes (94 of them here) give the digest of one pass over the whole tensor."""
+    import tl_reward.model.fingerprint as fp
+
+    t = torch.randn(3001).to(torch.bfloat16)
+    whole = tensor_digest(t)
+    monkeypatch.setattr(fp, "_CHUNK_BYTES", 64)
+    assert tensor_digest(t) == whole
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for dev in devices:  # the device the weights live on does not enter the digest
+        assert tensor_digest(t.to(dev)) == whole
 
 
 def test_tokenizer_fingerprint_sees_the_template_and_specials() -> None:
