@@ -30,14 +30,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import StoreMismatchError
+
+__all__ = ["ChunkStore", "EntryCache", "RunIdentity", "StoreMismatchError", "atomic_write",
+           "differences", "digest", "entry_key", "function_digest", "refusal"]
 
 FORMAT = "tl_reward.store/1"
 _PLAIN = (str, int, float, bool, type(None))
-
-
-class StoreMismatchError(TLRewardError):
-    """A store folder holds results of a job with another run identity."""
 
 
 def digest(obj: Any) -> str:
