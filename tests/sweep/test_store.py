@@ -152,3 +152,6 @@ def test_resume_refuses_another_tokenizer(reference, tmp_path) -> None:
     with pytest.raises(SweepStoreError, match="tokenizer") as err:
         sweep(other, output=out, resume=True)
     assert "model_fingerprint" not in str(err.value)  # the same weights: only the tokenizer
+    from tl_reward.store import StoreMismatchError
+
+    assert isinstance(err.value, StoreMismatchError)  # the one refusal of every store

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tl_reward.errors import TLRewardError
 from tl_reward.store import StoreMismatchError, atomic_write, differences, refusal
 
 FORMAT = "tl_reward.vocab_sweep/1"
@@ -33,8 +34,12 @@ METADATA_KEY = b"tl_reward.vocab_sweep"
 ROW_GROUP_SIZE = 65_536
 
 
-class SweepStoreError(StoreMismatchError):
+class SweepStoreError(TLRewardError):
     """A sweep file or parts folder that does not fit the requested sweep."""
+
+
+class SweepMismatchError(SweepStoreError, StoreMismatchError):
+    """A sweep to resume that was made with other settings (named in the message)."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +225,7 @@ class SweepWriter:
                                   "overwrite=True (--overwrite) to start again")
         diff = found.differences(self.spec, ignore=())
         if diff:
-            raise refusal(SweepStoreError, what, diff, "Use the same model, tokenizer, prompts, "
+            raise refusal(SweepMismatchError, what, diff, "Use the same model, tokenizer, prompts, "
                           "ids, batch size and range, or another output file")
 
     def _chunk_path(self, index: int) -> Path:
