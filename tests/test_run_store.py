@@ -46,6 +46,18 @@ def test_a_foreign_manifest_is_refused(tmp_path: Path) -> None:
         ChunkStore(tmp_path, IDENT)
 
 
+def test_digest_sees_every_element_of_an_array() -> None:
+    import numpy as np
+
+    from tl_reward.store import digest
+
+    a = np.zeros(5000, dtype=np.int64)
+    b = a.copy()
+    b[2500] = 1  # str(array) would abridge both to the same "[0 0 0 ... 0 0 0]"
+    assert str(a) == str(b) and digest([a]) != digest([b])
+    assert digest([a]) == digest([a.tolist()])
+
+
 def test_with_job_and_folder_name() -> None:
     a = IDENT.with_job(["x", "y"], settings={"seed": 1})
     assert a.inputs == IDENT.with_job(["x", "y"]).inputs != IDENT.with_job(["y", "x"]).inputs

@@ -39,10 +39,15 @@ FORMAT = "tl_reward.store/1"
 _PLAIN = (str, int, float, bool, type(None))
 
 
+def _json_default(o: Any) -> Any:
+    return o.tolist() if hasattr(o, "tolist") else str(o)  # arrays in full, never abridged
+
+
 def digest(obj: Any) -> str:
-    """SHA-256 (hex) of ``obj``'s canonical JSON (sorted keys); bytes are hashed as they are."""
+    """SHA-256 (hex) of ``obj``'s canonical JSON (sorted keys; arrays and tensors as lists);
+    bytes are hashed as they are."""
     data = obj if isinstance(obj, bytes) else json.dumps(obj, sort_keys=True,
-                                                         default=str).encode()
+                                                         default=_json_default).encode()
     return hashlib.sha256(data).hexdigest()
 
 
@@ -177,7 +182,8 @@ class RunIdentity:
         return replace(
             self, inputs=digest(inputs),
             functions={k: function_digest(f) for k, f in (functions or {}).items()},
-            settings=json.loads(json.dumps(dict(settings or {}), sort_keys=True, default=str)))
+            settings=json.loads(json.dumps(dict(settings or {}), sort_keys=True,
+                                           default=_json_default)))
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys): the same text for equal identities."""
