@@ -9,7 +9,9 @@ raises :class:`StoreMismatchError` naming every field that differs, never mixing
 
 The folder is named by the job's kind, model name, inputs and settings (:meth:`RunIdentity.
 folder_name`), so the same job finds its chunks again, another job gets its own folder, and a
-changed model, tokenizer, template, function or library version is refused.
+changed model, tokenizer, template, function or library version is refused. An
+:class:`EntryCache` is the content-addressed variant (one file per result, keyed by
+:func:`entry_key` on the whole identity, shared by every model: a change is recomputed).
 
 Example:
     >>> ident = RunIdentity.of_model("probes", model).with_job(texts, settings={"seed": 0})
