@@ -40,3 +40,7 @@ class MissingTokenizerError(TLRewardError):
 
 class SAEError(TLRewardError):
     """An SAE that does not fit the model, or a request the SAE analyses cannot serve."""
+
+
+class StoreMismatchError(TLRewardError):
+    """A resumable job's folder holds results of a run with another run identity."""

@@ -104,3 +104,25 @@ def test_only_zero_margins_are_skipped_and_every_other_error_is_raised() -> None
         faith.faithfulness_report(model, [good, too_long], progress=False)
     with pytest.raises(TLRewardError, match="all 1 pairs have a reward margin of exactly 0"):
         faith.faithfulness_report(model, [same], progress=False)
+
+
+def test_cache_sees_a_buffer_changed_after_a_first_call(tmp_path) -> None:
+    """Issue 17: the fingerprint was memoised on the parameters alone, so ArmoRM's transform
+    changed in place after a first report kept the cache keys and the stale pairs were read.
+    The reference is a fresh report (no cache) of the changed model."""
+    from tl_reward import HookedRewardModel
+    from tl_reward.testing import tiny_hf_reward_model
+
+    hf, tok = tiny_hf_reward_model("armorm", num_labels=1, seed=0)
+    m = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu")
+    first = faith.faithfulness_report(m, PAIRS[:2], objective="score", cache_dir=tmp_path,
+                                       progress=False)
+    with torch.no_grad():
+        m.reward_head.transform.mul_(-2.0)
+    again = faith.faithfulness_report(m, PAIRS[:2], objective="score", cache_dir=tmp_path,
+                                       progress=False)
+    fresh = faith.faithfulness_report(m, PAIRS[:2], objective="score", progress=False)
+    assert not torch.allclose(first.deltas, fresh.deltas)  # the change matters
+    torch.testing.assert_close(again.deltas, fresh.deltas, rtol=0, atol=0)  # same code path
+    torch.testing.assert_close(again.scores["noising"], fresh.scores["noising"], rtol=0, atol=0)
+    assert again.pair_ids != first.pair_ids  # new keys: the stale entries are not read

@@ -172,3 +172,76 @@ def test_bf16_model_gives_float32_rows_close_to_float32(tiny) -> None:  # noqa: 
     # bf16 keeps 8 mantissa bits: rewards of O(1) differ by ~1e-2 (0.013 seen here)
     np.testing.assert_allclose(r16.rows["neutral:score"], r32.rows["neutral:score"], atol=0.04)
     assert r16.model_fingerprint != r32.model_fingerprint  # runs of the two never mix
+
+
+def _fresh(arch: str = "llama"):  # noqa: ANN202 - a model these tests may change
+    from tl_reward import HookedRewardModel
+    from tl_reward.testing import tiny_hf_reward_model
+
+    hf, tok = tiny_hf_reward_model(arch, num_labels=1)
+    return HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu")
+
+
+def test_changed_chat_template_refuses_to_resume(tmp_path: Path) -> None:
+    """Issue 17: the template was not in the manifest, so a resumed run mixed chunks scored
+    under two templates. Now the folder is refused, naming the template and the tokenizer; the
+    reference is a fresh run under the new template, whose rewards differ from the stored."""
+    m = _fresh()
+    first = run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3,
+                       n_resamples=100)
+    calls = []
+    orig = m.rewards
+    m.rewards = lambda *a, **k: calls.append(1) or orig(*a, **k)
+    again = run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3,
+                       n_resamples=100)
+    assert calls == [] and again.run_dir == first.run_dir  # unchanged: read, not rescored
+    pd.testing.assert_frame_equal(again.rows, first.rows)
+    m.tokenizer.chat_template = m.tokenizer.chat_template.replace(
+        "<|end_header_id|>", "<|end_header_id|>\n\n")
+    fresh = run_probes(m, ITEMS, ["flattery"], n_resamples=100)
+    assert not np.allclose(fresh.rows["neutral:score"], first.rows["neutral:score"])
+    with pytest.raises(ProbeError, match="chat_template") as err:
+        run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3, n_resamples=100)
+    from tl_reward.store import StoreMismatchError
+
+    assert isinstance(err.value, StoreMismatchError)
+    assert "tokenizer" in str(err.value) and "overwrite=True" in str(err.value)
+    redo = run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3,
+                      n_resamples=100, overwrite=True)
+    pd.testing.assert_frame_equal(redo.rows, fresh.rows)
+
+
+def test_redefined_dimension_function_refuses_to_resume(model, tmp_path: Path) -> None:  # noqa: ANN001
+    """A ``Dimension.from_function`` edited under the same name: the old chunks used to be
+    reused; now the run is refused, naming the function."""
+    def shout(reply: str) -> str:
+        return reply.upper()
+
+    run_probes(model, ITEMS, [Dimension.from_function("shout", shout, "upper case")],
+               output_dir=tmp_path, chunk_size=4, n_resamples=100)
+
+    def shout(reply: str) -> str:  # noqa: F811 - the point: same name, new code
+        return reply.upper() + "!"
+
+    dim = Dimension.from_function("shout", shout, "upper case")
+    with pytest.raises(ProbeError, match=r"functions\.shout"):
+        run_probes(model, ITEMS, [dim], output_dir=tmp_path, chunk_size=4, n_resamples=100)
+    fresh = run_probes(model, ITEMS, [dim], n_resamples=100)
+    assert fresh.rows[fresh.rows.dimension == "shout"].perturbed_reply.str.endswith("!").all()
+
+
+def test_changed_armorm_transform_refuses_to_resume(tmp_path: Path) -> None:
+    """Issue 17's report: an ArmoRM-style transform changed in place after a first run; the
+    stale fingerprint resumed the old chunks (mean 0.224 where a fresh run gave 0.181). Now the
+    model fingerprint differs and the folder is refused; a fresh run is the reference."""
+    import torch
+
+    m = _fresh("armorm")
+    first = run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=4,
+                       n_resamples=100)
+    with torch.no_grad():
+        m.reward_head.transform.mul_(-2.0)
+    fresh = run_probes(m, ITEMS, ["flattery"], n_resamples=100)
+    assert fresh["flattery"].mean != pytest.approx(first["flattery"].mean)
+    with pytest.raises(ProbeError, match="model_fingerprint"):
+        run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=4, n_resamples=100)

@@ -241,3 +241,21 @@ def test_compare_models_on_workers_equals_compare_models(job_models) -> None:
     swapped = run_compare_models(dict(zip(ref.models, paths[::-1], strict=True)), INPUTS[:20],
                                  executor=local(), progress=False, **kw)
     assert not np.array_equal(swapped.rewards[ref.models[0]], ref.rewards[ref.models[0]])
+
+
+def test_grams_cache_refuses_another_run_identity(job_models, tmp_path: Path) -> None:
+    """The Gram cache is a :class:`~tl_reward.store.ChunkStore`: a folder whose manifest records
+    another model fingerprint (or tokenizer) is refused, naming the field, never read."""
+    from tl_reward.store import StoreMismatchError
+
+    path = job_models["llama"][0]
+    run_layer_grams(path, INPUTS, executor=local(), cache_dir=tmp_path, progress=False,
+                    **GRAM_KW)
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert folder.name.startswith("grams-") and list(folder.glob("*.npz"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps(
+        {**manifest, "model_fingerprint": "0" * 32, "tokenizer": "1" * 32}))
+    with pytest.raises(StoreMismatchError, match="model_fingerprint, tokenizer"):
+        run_layer_grams(path, INPUTS, executor=local(), cache_dir=tmp_path, progress=False,
+                        **GRAM_KW)

@@ -137,3 +137,21 @@ def test_resume_and_merge_refuse_another_model(reference, tmp_path) -> None:
     sweep(_other_model(pooling="mask"), output=shard1, shard=(1, 2), overwrite=True)
     with pytest.raises(SweepStoreError, match="pooling"):
         merge_sweeps([shard0, shard1], tmp_path / "bad.parquet")
+
+
+def test_resume_refuses_another_tokenizer(reference, tmp_path) -> None:
+    """Issue 17: the spec now records the tokenizer (vocabulary, specials, chat template), so a
+    sweep resumed under another tokenizer is refused, naming it."""
+    model, _, _ = reference
+    out = tmp_path / "run.parquet"
+    with pytest.raises(Interrupt):
+        sweep(model, output=out, callback=lambda d, t: (_ for _ in ()).throw(Interrupt))
+    other = _other_model()
+    assert other.tokenizer is not model.tokenizer
+    other.tokenizer.chat_template = other.tokenizer.chat_template + " "
+    with pytest.raises(SweepStoreError, match="tokenizer") as err:
+        sweep(other, output=out, resume=True)
+    assert "model_fingerprint" not in str(err.value)  # the same weights: only the tokenizer
+    from tl_reward.store import StoreMismatchError
+
+    assert isinstance(err.value, StoreMismatchError)  # the one refusal of every store

@@ -18,13 +18,14 @@ noising|``: a direct effect against a total effect. Here that is the ``abs`` pai
 ``dra_chosen`` (or ``dra_diff``) with ``noising`` at ``level="sublayer"``; ``direct_path`` is
 the like-for-like partner of DRA.
 
-Finished pairs are written to ``cache_dir`` (one small file each) and reused, so an interrupted
-run resumes without losing work.
+Finished pairs are written to ``cache_dir`` (one small file each, a
+:class:`~tl_reward.store.EntryCache` keyed by the pair's ids and the run identity: the model's
+exact fingerprint, its tokenizer, level and objective) and reused, so an interrupted run resumes
+without losing work and a changed model never reads another's pairs.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -43,8 +44,8 @@ from tl_reward.analysis.patching import patch_components
 from tl_reward.analysis.readout import resolve_objectives
 from tl_reward.data.pairs import TokenizedPair, as_pair_batch
 from tl_reward.errors import TLRewardError
-from tl_reward.model.fingerprint import model_fingerprint
 from tl_reward.stats.resampling import spearman, summarise_mean
+from tl_reward.store import EntryCache, RunIdentity, entry_key
 
 OBSERVATIONAL = ("dra_diff", "dra_chosen", "attr_patch_denoising", "attr_patch_noising")
 CAUSAL = ("direct_path", "noising", "denoising")
@@ -166,19 +167,16 @@ class FaithfulnessReport:
                    torch.tensor(d["deltas"]), d["pair_ids"], d.get("meta", {}))
 
 
-def _key(model: Any, tp: TokenizedPair, level: str, obj: str) -> str:
-    """Cache key: the pair's ids, the level, the objective and the model's fingerprint (weights,
-    dtype, pooling rule, head, library version), never its name."""
-    h = hashlib.sha1(json.dumps([tp.chosen_ids, tp.rejected_ids, level, obj,
-                                 model_fingerprint(model)]).encode())
-    return h.hexdigest()[:16]
+def pair_identity(model: Any, level: str, obj: str) -> RunIdentity:
+    """The run identity a pair's cache key covers: the model's exact fingerprint (weights,
+    dtype, pooling rule, head, library version), its tokenizer, the level and the objective."""
+    return RunIdentity.of_model("faithfulness", model).with_job(
+        None, settings={"level": level, "objective": obj})
 
 
-def write_record(path: Path, rec: dict[str, Any]) -> None:
-    """Write one pair's cache file atomically (the format :func:`faithfulness_report` reads)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rec))
-    tmp.replace(path)
+def _key(ident: RunIdentity, tp: TokenizedPair) -> str:
+    """Cache key of one pair: its ids under the run identity, never the model's name."""
+    return entry_key(ident, [tp.chosen_ids, tp.rejected_ids])
 
 
 def faithfulness_report(
@@ -200,26 +198,23 @@ def faithfulness_report(
         raise TLRewardError(f"level must be 'sublayer' or 'head', got {level!r}")
     obj = resolve_objectives(model, objective)[0]
     batch = as_pair_batch(model, pairs)
-    cache = Path(cache_dir) if cache_dir is not None else None
-    if cache is not None:
-        cache.mkdir(parents=True, exist_ok=True)
+    cache = EntryCache(cache_dir) if cache_dir is not None else None
+    ident = pair_identity(model, level, obj)
     done: list[dict[str, Any]] = []
     ids: list[str] = []
     skipped: list[dict[str, Any]] = []
     for i, tp in enumerate(tqdm(batch, disable=progress is False, desc=f"faithfulness ({level})",
                                 unit="pair")):
-        key = _key(model, tp, level, obj)
-        path = cache / f"{key}.json" if cache is not None else None
-        if path is not None and path.exists():
-            rec = json.loads(path.read_text())
-        else:
+        key = _key(ident, tp)
+        rec = cache.get(key) if cache is not None else None
+        if rec is None:
             try:
                 rec = pair_scores(model, tp, level, obj, chunk_size)
             except ZeroMarginError as err:
                 skipped.append({"pair": i, "id": key, "reason": str(err)})
                 continue
-            if path is not None:
-                write_record(path, rec)
+            if cache is not None:
+                cache.put(key, rec)
         done.append(rec)
         ids.append(key)
     return assemble_report(level, obj, done, ids, skipped)

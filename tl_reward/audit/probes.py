@@ -9,9 +9,11 @@ adjusted p across the dimensions; and the mean in units of the reward's own spre
 ``r`` over the natural, unedited replies). The per-item table is kept: it is the evidence.
 
 Runs are batched (only distinct texts are scored) and resumable: with ``output_dir`` each
-finished chunk of items is written atomically as a parquet file under
-``<output_dir>/probes-<model fingerprint>-<run digest>/``; a killed run started again with the
-same arguments scores only the missing chunks, so no row is lost or written twice.
+finished chunk of items is written atomically as a parquet file in a
+:class:`~tl_reward.store.ChunkStore` under ``<output_dir>/probes-<model name>-<digest of the
+items and settings>/``; a killed run started again with the same arguments scores only the
+missing chunks, so no row is lost or written twice. A run whose model weights, tokenizer, chat
+template, edit functions or library version changed is refused, naming what changed.
 
 Example:
     >>> items = hh_rlhf_items(HH_PATH, n=80, single_turn=True)
@@ -22,10 +24,7 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +44,6 @@ from tl_reward.audit.perturbations import (
     resolve_dimensions,
     user_items,
 )
-from tl_reward.model.fingerprint import model_fingerprint
 from tl_reward.stats.paired import (
     benjamini_hochberg,
     paired_effect_size,
@@ -53,9 +51,14 @@ from tl_reward.stats.paired import (
     sign_flip_test,
 )
 from tl_reward.stats.resampling import bootstrap_ci
+from tl_reward.store import ChunkStore, RunIdentity, StoreMismatchError
 
 NATURAL = "__natural__"
-FORMAT = "tl_reward.probes/1"
+FORMAT = "tl_reward.probes/2"
+
+
+class ProbeStoreError(StoreMismatchError, ProbeError):
+    """A probe run folder that holds a run with another identity."""
 
 
 def reward_names(model: Any) -> list[str]:
@@ -117,40 +120,6 @@ def _score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, An
         df[f"perturbed:{name}"] = per
         df[f"delta:{name}"] = per - neu
     return df
-
-
-class _ChunkStore:
-    """Chunks of one probe run in a folder: manifest + ``chunk-<i>.parquet`` (atomic writes)."""
-
-    def __init__(self, folder: Path, manifest: dict[str, Any], overwrite: bool) -> None:
-        self.folder = folder
-        if overwrite:
-            shutil.rmtree(folder, ignore_errors=True)
-        path = folder / "manifest.json"
-        text = json.dumps(manifest, sort_keys=True)
-        if path.exists():
-            if path.read_text() != text:
-                raise ProbeError(f"{folder} holds a probe run with other settings; pass "
-                                 "overwrite=True or another output_dir")
-        else:
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = folder / "manifest.json.tmp"
-            tmp.write_text(text)
-            os.replace(tmp, path)
-
-    def path(self, i: int) -> Path:
-        return self.folder / f"chunk-{i:06d}.parquet"
-
-    def has(self, i: int) -> bool:
-        return self.path(i).exists()
-
-    def read(self, i: int) -> pd.DataFrame:
-        return pd.read_parquet(self.path(i))
-
-    def write(self, i: int, df: pd.DataFrame) -> None:
-        tmp = self.folder / f"chunk-{i:06d}.tmp"
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, self.path(i))
 
 
 # -- statistics --------------------------------------------------------------------------------
@@ -362,26 +331,24 @@ def run_probes(
     objective = objective or names[0]
     if objective not in names:
         raise ProbeError(f"unknown objective {objective!r}; this model records {names}")
-    fp = model_fingerprint(model)
-    model_name = str(model.cfg.model_name)
     by_id = {it.item_id: it for it in items}
     chunks = [items[i: i + chunk_size] for i in range(0, len(items), chunk_size)]
-    store = probe_store(output_dir, model_name, fp, names, dims, items, seed, chunk_size,
-                        overwrite)
+    ident = probe_identity(RunIdentity.of_model("probes", model), names, dims, items, seed,
+                           chunk_size)
+    store = probe_store(output_dir, ident, overwrite)
     frames = []
     show = progress if progress is not None else len(chunks) > 2
     for ci, chunk in enumerate(tqdm(chunks, desc="probes", unit="chunk", disable=not show)):
-        if store is not None and store.has(ci):
-            frames.append(store.read(ci))
+        if store is not None and store.has(chunk_name(ci)):
+            frames.append(read_chunk(store, ci))
             continue
         df = _score_rows(model, by_id, chunk_rows(chunk, dims, seed), names, batch_size)
         if store is not None:
-            store.write(ci, df)
+            write_chunk(store, ci, df)
         frames.append(df)
         if on_chunk is not None:
             on_chunk(ci)
-    return finish_probes(frames, objective, names, dims, n_resamples, seed, model_name, fp,
-                         store)
+    return finish_probes(frames, objective, names, dims, n_resamples, seed, ident, store)
 
 
 def chunk_rows(chunk: Sequence[ProbeItem], dims: Sequence[Dimension], seed: int
@@ -390,30 +357,52 @@ def chunk_rows(chunk: Sequence[ProbeItem], dims: Sequence[Dimension], seed: int
     return [r for it in chunk for r in _rows_for_item(it, dims, seed)]
 
 
-def probe_store(output_dir: str | Path | None, model_name: str, fp: str, names: list[str],
-                dims: Sequence[Dimension], items: Sequence[ProbeItem], seed: int,
-                chunk_size: int, overwrite: bool) -> _ChunkStore | None:
-    """The run's chunk folder under ``output_dir`` (``None`` without one)."""
+def probe_identity(model_part: RunIdentity, names: list[str], dims: Sequence[Dimension],
+                   items: Sequence[ProbeItem], seed: int, chunk_size: int) -> RunIdentity:
+    """A probe run's identity: the model's part (:meth:`RunIdentity.of_model`, made where the
+    model is) with the items, every dimension's edit function and the run's settings."""
+    return model_part.with_job(
+        [[it.item_id, it.prompt, it.reply, it.belief] for it in items],
+        {d.name: d.edit for d in dims},
+        {"format": FORMAT, "reward_names": names, "seed": seed, "chunk_size": chunk_size,
+         "dimensions": [[d.name, d.description, d.uses_belief] for d in dims],
+         "n_items": len(items)})
+
+
+def probe_store(output_dir: str | Path | None, ident: RunIdentity, overwrite: bool
+                ) -> ChunkStore | None:
+    """The run's chunk folder under ``output_dir`` (``None`` without one); a folder holding a
+    run of another identity raises :class:`ProbeStoreError` naming what differs."""
     if output_dir is None:
         return None
-    manifest = {
-        "format": FORMAT, "model_name": model_name, "model_fingerprint": fp,
-        "reward_names": names, "dimensions": [[d.name, d.description] for d in dims],
-        "items": hashlib.sha256(json.dumps([[it.item_id, it.prompt, it.reply, it.belief]
-                                            for it in items]).encode()).hexdigest(),
-        "seed": seed, "chunk_size": chunk_size, "n_items": len(items)}
-    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:12]
-    return _ChunkStore(Path(output_dir) / f"probes-{fp[:16]}-{digest}", manifest, overwrite)
+    return ChunkStore(Path(output_dir) / ident.folder_name(), ident, overwrite,
+                      error=ProbeStoreError)
+
+
+def chunk_name(ci: int) -> str:
+    """File name of chunk ``ci`` in a probe run's folder."""
+    return f"chunk-{ci:06d}.parquet"
+
+
+def read_chunk(store: ChunkStore, ci: int) -> pd.DataFrame:
+    """Chunk ``ci``'s scored rows."""
+    return pd.read_parquet(store.path(chunk_name(ci)))
+
+
+def write_chunk(store: ChunkStore, ci: int, df: pd.DataFrame) -> None:
+    """Write chunk ``ci``'s scored rows atomically."""
+    store.save(chunk_name(ci), lambda p: df.to_parquet(p, index=False))
 
 
 def finish_probes(frames: list[pd.DataFrame], objective: str, names: list[str],
-                  dims: Sequence[Dimension], n_resamples: int, seed: int, model_name: str,
-                  fp: str, store: _ChunkStore | None) -> ProbeReport:
+                  dims: Sequence[Dimension], n_resamples: int, seed: int, ident: RunIdentity,
+                  store: ChunkStore | None) -> ProbeReport:
     """The report from every chunk's scored rows, in chunk order."""
     table = pd.concat(frames, ignore_index=True)
     return summarise(table, objective, names, {d.name: d.description for d in dims},
-                     n_resamples=n_resamples, seed=seed, model_name=model_name,
-                     model_fingerprint=fp, run_dir=store.folder if store else None)
+                     n_resamples=n_resamples, seed=seed, model_name=ident.model_name,
+                     model_fingerprint=ident.model_fingerprint,
+                     run_dir=store.folder if store else None)
 
 
 # -- the published probes ------------------------------------------------------------------------

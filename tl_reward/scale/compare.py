@@ -12,8 +12,9 @@ single-process call's (same batches, same threads). The driver holds one hook gr
 one model at a time (``layer_chunk`` bounds it, as in ``layer_grams``).
 
 Resuming: with ``cache_dir``, every unit's rows are written there (one ``.npz`` per unit, in a
-folder named by the model's fingerprint and the run's settings) and read back on a rerun
-instead of being recomputed.
+:class:`~tl_reward.store.ChunkStore` folder named by the model's name, the inputs and the run's
+settings) and read back on a rerun instead of being recomputed; a folder made by another model
+fingerprint, tokenizer or library version is refused, naming what differs.
 
 Example:
     >>> grams = run_layer_grams(["org/rm-a", "org/rm-b"], corpus, executor=RayExecutor(),
@@ -23,9 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,23 +48,23 @@ from tl_reward.scale.executors import (
     as_spec,
     batched,
 )
+from tl_reward.store import ChunkStore, RunIdentity, digest
 
 
 def plan_grams(worker: Worker, spec: ModelSpec, inputs: Sequence[Any],
                hook: str | Sequence[str], layers: Sequence[int] | None) -> dict[str, Any]:
-    """The model's hook names, name, fingerprint, and the inputs' token lengths, response
-    rows and digest (run on a worker)."""
+    """The model's hook names, name and part of the run identity, and the inputs' token
+    lengths, response rows and digest of their ids (run on a worker)."""
     from tl_reward.compare.layers import _encode_all, hook_names, model_label
-    from tl_reward.model.fingerprint import model_fingerprint
 
     model = worker.model(spec)
     names = hook_names(model, hook, layers)
     enc = _encode_all(model, list(inputs))
-    digest = hashlib.sha256(json.dumps([[list(e.ids), e.response_start] for e in enc]).encode())
-    return {"hooks": names, "label": model_label(model), "fingerprint": model_fingerprint(model),
+    return {"hooks": names, "label": model_label(model),
+            "identity": RunIdentity.of_model("grams", model),
             "lengths": [len(e.ids) for e in enc],
             "response_rows": sum(len(e.ids) - (e.response_start or 0) for e in enc),
-            "inputs": digest.hexdigest()}
+            "inputs": digest([[list(e.ids), e.response_start] for e in enc])}
 
 
 def read_unit(worker: Worker, spec: ModelSpec, batches: Sequence[Sequence[Any]],
@@ -102,30 +100,26 @@ class _Group:
     results: dict[int, tuple[dict[str, np.ndarray], np.ndarray]] = field(default_factory=dict)
 
 
-class _UnitStore:
-    """One ``.npz`` per unit in a folder named by the model and the run's settings."""
+def _unit(group: int, unit: int) -> str:
+    return f"g{group:04d}-u{unit:06d}.npz"
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
 
-    def path(self, group: int, unit: int) -> Path:
-        return self.folder / f"g{group:04d}-u{unit:06d}.npz"
+def _read_unit(store: ChunkStore, group: int, unit: int, hooks: Sequence[str]
+               ) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+    """A unit's rows and row items from ``store`` (``None`` when not there yet)."""
+    if not store.has(_unit(group, unit)):
+        return None
+    with np.load(store.path(_unit(group, unit))) as z:
+        return {h: z[f"h{k}"] for k, h in enumerate(hooks)}, z["item"]
 
-    def read(self, group: int, unit: int, hooks: Sequence[str]
-             ) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
-        path = self.path(group, unit)
-        if not path.exists():
-            return None
-        with np.load(path) as z:
-            return {h: z[f"h{k}"] for k, h in enumerate(hooks)}, z["item"]
 
-    def write(self, group: int, unit: int, hooks: Sequence[str], rows: dict[str, np.ndarray],
-              item: np.ndarray) -> None:
-        tmp = self.folder / f"g{group:04d}-u{unit:06d}.tmp"
-        with open(tmp, "wb") as f:
+def _write_unit(store: ChunkStore, group: int, unit: int, hooks: Sequence[str],
+                rows: dict[str, np.ndarray], item: np.ndarray) -> None:
+    def save(path: Path) -> None:
+        with open(path, "wb") as f:
             np.savez(f, item=item, **{f"h{k}": rows[h] for k, h in enumerate(hooks)})
-        os.replace(tmp, self.path(group, unit))
+
+    store.save(_unit(group, unit), save)
 
 
 def _grams(hooks: list[str], rows: dict[str, np.ndarray]) -> np.ndarray:
@@ -158,7 +152,7 @@ def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequenc
         plans = pool.gather(plan_grams, [(s, inputs, hook, layers) for s, layers in jobs])
         groups: list[_Group] = []
         units: list[tuple[int, int, list[int]]] = []  # (group, unit index, input indices)
-        stores: list[_UnitStore | None] = []
+        stores: list[ChunkStore | None] = []
         state: list[dict[str, Any]] = []
         for j, plan in enumerate(plans):
             names = plan["hooks"]
@@ -177,11 +171,10 @@ def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequenc
             chunk = len(names) if layer_chunk is None else max(1, int(layer_chunk))
             store = None
             if cache_dir is not None:
-                settings = [plan["fingerprint"], plan["inputs"], names, positions, batch_size,
-                            chunk, batches_per_unit]
-                digest = hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
-                store = _UnitStore(Path(cache_dir) / f"grams-{plan['fingerprint'][:16]}-"
-                                                     f"{digest}")
+                ident = plan["identity"].with_job(plan["inputs"], settings={
+                    "hooks": names, "positions": positions, "batch_size": batch_size,
+                    "layer_chunk": chunk, "batches_per_unit": batches_per_unit})
+                store = ChunkStore(Path(cache_dir) / ident.folder_name(), ident)
             stores.append(store)
             state.append({"grams": np.zeros(0), "row_item": None, "left": 0})
             for g0 in range(0, len(names), chunk):
@@ -222,7 +215,7 @@ def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequenc
             group = groups[gi]
             store = stores[group.job]
             if not from_disk and store is not None:
-                store.write(group.local, u, group.hooks, rows, local)
+                _write_unit(store, group.local, u, group.hooks, rows, local)
             group.results[u] = (rows, np.asarray(idx)[local])
             bar.update(1)
             if callback is not None and not from_disk:
@@ -234,7 +227,8 @@ def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequenc
         for gi, u, idx in units:
             group = groups[gi]
             store = stores[group.job]
-            got = store.read(group.local, u, group.hooks) if store is not None else None
+            got = (_read_unit(store, group.local, u, group.hooks) if store is not None
+                   else None)
             if got is None:
                 todo.append((gi, u, idx))
             else:

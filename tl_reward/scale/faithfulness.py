@@ -2,7 +2,7 @@
 
 :func:`run_faithfulness` is :func:`~tl_reward.analysis.faithfulness.faithfulness_report` with
 the pairs spread over workers: a worker plans the run (resolves the objective and computes each
-pair's cache key, which holds the model's fingerprint, so the driver never loads the model), then
+pair's cache key, which covers the run identity, so the driver never loads the model), then
 units of ``pairs_per_unit`` pairs are scored where the executor puts them. The driver writes
 each finished pair's cache file in ``cache_dir`` (the files ``faithfulness_report`` reads, so
 either can resume the other's run) and returns the same :class:`FaithfulnessReport`: the same
@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,8 @@ from tl_reward.analysis.faithfulness import (
     ZeroMarginError,
     _key,
     assemble_report,
+    pair_identity,
     pair_scores,
-    write_record,
 )
 from tl_reward.errors import TLRewardError
 from tl_reward.scale.executors import (
@@ -43,6 +42,7 @@ from tl_reward.scale.executors import (
     as_spec,
     batched,
 )
+from tl_reward.store import EntryCache
 
 
 def plan_pairs(worker: Worker, spec: ModelSpec, pairs: Sequence[Any], level: str,
@@ -53,7 +53,8 @@ def plan_pairs(worker: Worker, spec: ModelSpec, pairs: Sequence[Any], level: str
 
     model = worker.model(spec)
     obj = resolve_objectives(model, objective)[0]
-    return obj, [_key(model, tp, level, obj) for tp in as_pair_batch(model, list(pairs))]
+    ident = pair_identity(model, level, obj)
+    return obj, [_key(ident, tp) for tp in as_pair_batch(model, list(pairs))]
 
 
 def score_pairs(worker: Worker, spec: ModelSpec, pairs: Sequence[Any], level: str, obj: str,
@@ -100,20 +101,18 @@ def run_faithfulness(
     if level not in ("sublayer", "head"):
         raise TLRewardError(f"level must be 'sublayer' or 'head', got {level!r}")
     spec, pairs = as_spec(model), list(pairs)
-    cache = Path(cache_dir) if cache_dir is not None else None
-    if cache is not None:
-        cache.mkdir(parents=True, exist_ok=True)
+    cache = EntryCache(cache_dir) if cache_dir is not None else None
     records: dict[int, dict[str, Any]] = {}
     reasons: dict[int, str] = {}
     with (executor or LocalExecutor()).session() as pool:
         obj, keys = pool.gather(plan_pairs, [(spec, pairs, level, objective)])[0]
         todo = []
         for i, key in enumerate(keys):
-            path = cache / f"{key}.json" if cache is not None else None
-            if path is not None and path.exists():
-                records[i] = json.loads(path.read_text())
-            else:
+            rec = cache.get(key) if cache is not None else None
+            if rec is None:
                 todo.append(i)
+            else:
+                records[i] = rec
         units = batched(todo, pairs_per_unit)
         bar = tqdm(total=len(todo), disable=progress is False, unit="pair",
                    desc=f"faithfulness ({level})")
@@ -124,7 +123,7 @@ def run_faithfulness(
                     reasons[i] = str(reason)
                 else:
                     if cache is not None:
-                        write_record(cache / f"{keys[i]}.json", rec)
+                        cache.put(keys[i], rec)
                     records[i] = rec
                 bar.update(1)
                 if callback is not None:

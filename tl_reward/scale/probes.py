@@ -1,12 +1,13 @@
 """A probe battery over many items on one process or a Ray cluster.
 
 :func:`run_probes` is :func:`tl_reward.audit.probes.run_probes` with its chunks of items spread
-over workers. A worker plans the run (the model's reward names, name and fingerprint, so the
-driver never loads the model); the driver makes every chunk's rows (the seeded edits are text
-only), sends units of ``chunks_per_unit`` chunks to the workers, which score them, and writes
-each scored chunk to the same resumable store in ``output_dir`` that the single-process call
-uses (same folder, same files: either can resume the other's run). Rows and statistics equal
-the single-process call's (same seed, same batches).
+over workers. A worker plans the run (the model's reward names and the model's part of the
+run identity: fingerprint, tokenizer and template, so the driver never loads the model); the
+driver makes every chunk's rows (the seeded edits are text only), sends units of
+``chunks_per_unit`` chunks to the workers, which score them, and writes each scored chunk to
+the same resumable store in ``output_dir`` that the single-process call uses (same folder, same
+files: either can resume the other's run). Rows and statistics equal the single-process call's
+(same seed, same batches).
 
 Resuming: run the same call again; chunks on disk are read, not scored.
 
@@ -35,10 +36,14 @@ from tl_reward.audit.probes import (
     ProbeReport,
     PublishedProbeReport,
     _score_rows,
+    chunk_name,
     chunk_rows,
     finish_probes,
+    probe_identity,
     probe_store,
+    read_chunk,
     reward_names,
+    write_chunk,
 )
 from tl_reward.scale.executors import (
     Executor,
@@ -48,14 +53,13 @@ from tl_reward.scale.executors import (
     as_spec,
     batched,
 )
+from tl_reward.store import RunIdentity
 
 
-def plan_probes(worker: Worker, spec: ModelSpec) -> tuple[list[str], str, str]:
-    """The model's recorded reward names, its name and its fingerprint (run on a worker)."""
-    from tl_reward.model.fingerprint import model_fingerprint
-
+def plan_probes(worker: Worker, spec: ModelSpec) -> tuple[list[str], RunIdentity]:
+    """The model's recorded reward names and its part of the run identity (run on a worker)."""
     model = worker.model(spec)
-    return reward_names(model), str(model.cfg.model_name), model_fingerprint(model)
+    return reward_names(model), RunIdentity.of_model("probes", model)
 
 
 def score_chunks(worker: Worker, spec: ModelSpec,
@@ -104,16 +108,16 @@ def run_probes(
     chunks = [items[i: i + chunk_size] for i in range(0, len(items), chunk_size)]
     frames: dict[int, pd.DataFrame] = {}
     with (executor or LocalExecutor()).session() as pool:
-        names, model_name, fp = pool.gather(plan_probes, [(spec,)])[0]
+        names, model_part = pool.gather(plan_probes, [(spec,)])[0]
         objective = objective or names[0]
         if objective not in names:
             raise ProbeError(f"unknown objective {objective!r}; this model records {names}")
-        store = probe_store(output_dir, model_name, fp, names, dims, items, seed, chunk_size,
-                            overwrite)
+        ident = probe_identity(model_part, names, dims, items, seed, chunk_size)
+        store = probe_store(output_dir, ident, overwrite)
         todo = []
         for ci in range(len(chunks)):
-            if store is not None and store.has(ci):
-                frames[ci] = store.read(ci)
+            if store is not None and store.has(chunk_name(ci)):
+                frames[ci] = read_chunk(store, ci)
             else:
                 todo.append(ci)
         show = progress if progress is not None else len(chunks) > 2
@@ -122,7 +126,7 @@ def run_probes(
         def write(u: int, results: list[tuple[int, pd.DataFrame]]) -> None:
             for ci, df in results:
                 if store is not None:
-                    store.write(ci, df)
+                    write_chunk(store, ci, df)
                 frames[ci] = df
                 bar.update(1)
                 if on_chunk is not None:
@@ -138,7 +142,7 @@ def run_probes(
     if sorted(frames) != list(range(len(chunks))):  # every chunk scored or read, once
         raise ProbeError("internal error: some probe chunks are missing")
     return finish_probes([frames[ci] for ci in range(len(chunks))], objective, names, dims,
-                         n_resamples, seed, model_name, fp, store)
+                         n_resamples, seed, ident, store)
 
 
 def _published_on_worker(worker: Worker, spec: ModelSpec, objective: str | None,

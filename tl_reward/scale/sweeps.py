@@ -36,8 +36,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,6 +55,7 @@ from tl_reward.scale.executors import (
     Worker,
     batched,
 )
+from tl_reward.store import digest
 from tl_reward.sweep.store import SweepSpec, SweepWriter
 
 __all__ = ["LocalExecutor", "RayExecutor", "RayNotInstalledError", "SweepJob", "jobs_from",
@@ -92,7 +91,7 @@ class SweepJob:
     def key(self) -> str:
         """A stable identifier of the job (everything that determines its rows)."""
         raw = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
-        return hashlib.sha1(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
+        return digest(raw)
 
 
 def load_model(job: SweepJob, device: str) -> Any:

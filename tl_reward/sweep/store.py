@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
@@ -28,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tl_reward.errors import TLRewardError
+from tl_reward.store import StoreMismatchError, atomic_write, differences, refusal
 
 FORMAT = "tl_reward.vocab_sweep/1"
 METADATA_KEY = b"tl_reward.vocab_sweep"
@@ -36,6 +36,10 @@ ROW_GROUP_SIZE = 65_536
 
 class SweepStoreError(TLRewardError):
     """A sweep file or parts folder that does not fit the requested sweep."""
+
+
+class SweepMismatchError(SweepStoreError, StoreMismatchError):
+    """A sweep to resume that was made with other settings (named in the message)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class SweepSpec:
         model_name: the model's name (``cfg.model_name``).
         model_fingerprint: :func:`~tl_reward.model.fingerprint.model_fingerprint` (every weight,
             the head, config, dtype, pooling rule and library version).
+        tokenizer: :func:`~tl_reward.model.fingerprint.tokenizer_fingerprint` (vocabulary,
+            special tokens, chat template; the text mode re-tokenises with it).
         mode: ``"ids"`` (exact id path) or ``"text"`` (decode, template, re-tokenise).
         cache: ``"fast"``, ``"stock"`` or ``"none"`` (how continuations were run).
         dtype: the model's dtype.
@@ -62,6 +68,7 @@ class SweepSpec:
 
     model_name: str
     model_fingerprint: str
+    tokenizer: str
     mode: str
     cache: str
     dtype: str
@@ -92,12 +99,12 @@ class SweepSpec:
             "suffixes": lambda v: tuple(tuple(x) for x in v), "id_range": tuple,
         }
         raw.setdefault("pooling", "unknown")  # written before the rule was recorded
+        raw.setdefault("tokenizer", "unknown")  # written before the tokenizer was recorded
         return cls(**{f.name: conv.get(f.name, lambda v: v)(raw[f.name]) for f in fields(cls)})
 
     def differences(self, other: SweepSpec, ignore: Sequence[str] = ("id_range",)) -> list[str]:
         """Names of the fields that differ (except ``ignore``)."""
-        return [f.name for f in fields(self)
-                if f.name not in ignore and getattr(self, f.name) != getattr(other, f.name)]
+        return differences(self, other, ignore)
 
     def columns(self) -> list[str]:
         """Value columns after ``token_id`` and ``token``."""
@@ -167,10 +174,7 @@ def write_table(table: pa.Table, spec: SweepSpec, path: str | Path) -> Path:
     path = Path(path)
     table = table.sort_by("token_id").replace_schema_metadata(
         {METADATA_KEY: spec.to_json().encode()})
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, row_group_size=ROW_GROUP_SIZE)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda p: pq.write_table(table, p, row_group_size=ROW_GROUP_SIZE))
 
 
 def parts_dir(path: str | Path) -> Path:
@@ -213,9 +217,7 @@ class SweepWriter:
                         f"the unfinished sweep in {self.parts}", resume)
         else:
             self.parts.mkdir(parents=True)
-            tmp = self.parts / "manifest.json.tmp"
-            tmp.write_text(spec.to_json())
-            os.replace(tmp, self.parts / "manifest.json")
+            atomic_write(self.parts / "manifest.json", lambda p: p.write_text(spec.to_json()))
 
     def _check(self, found: SweepSpec, what: str, resume: bool) -> None:
         if not resume:
@@ -223,9 +225,8 @@ class SweepWriter:
                                   "overwrite=True (--overwrite) to start again")
         diff = found.differences(self.spec, ignore=())
         if diff:
-            raise SweepStoreError(
-                f"cannot resume: {what} was made with different settings ({', '.join(diff)}); "
-                "use the same model, prompts, ids, batch size and range, or another output file")
+            raise refusal(SweepMismatchError, what, diff, "Use the same model, tokenizer, prompts, "
+                          "ids, batch size and range, or another output file")
 
     def _chunk_path(self, index: int) -> Path:
         return self.parts / f"chunk-{index:07d}.parquet"
@@ -238,9 +239,7 @@ class SweepWriter:
 
     def write(self, index: int, table: pa.Table) -> None:
         """Write chunk ``index`` atomically (a crash leaves it absent, never half-written)."""
-        tmp = self.parts / f"chunk-{index:07d}.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, self._chunk_path(index))
+        atomic_write(self._chunk_path(index), lambda p: pq.write_table(table, p))
 
     def finish(self) -> pa.Table:
         """Join all chunks into the final file (sorted by token id); remove the parts."""

@@ -500,9 +500,11 @@ def plan_sweep(
         raise TLRewardError(f"id_range must satisfy 0 <= lo < hi <= {d_vocab}; got {(lo, hi)}")
     todo = [i for i in candidates if lo <= i < hi]
     method = _resolve_cache(model, cache, mode)
+    from tl_reward.model.fingerprint import tokenizer_fingerprint
+
     spec = SweepSpec(
         model_name=str(model.cfg.model_name), model_fingerprint=model_fingerprint(model), mode=mode,
-        pooling=str(model.pooling),
+        tokenizer=tokenizer_fingerprint(model.tokenizer), pooling=str(model.pooling),
         cache=method, dtype=str(model.cfg.dtype).replace("torch.", ""), labels=tuple(labels),
         prompts=tuple(convs), prefixes=tuple(t.prefix for t in templates),
         suffixes=tuple(t.suffix for t in templates), objectives=tuple(model.objectives),

@@ -1,0 +1,291 @@
+"""One run identity and one chunked, resumable store for long jobs.
+
+A :class:`RunIdentity` holds everything that determines a job's results: the model's exact
+fingerprint, the tokenizer and its chat template, the inputs, the source of every user function
+the job calls, the job's settings and the library version. A :class:`ChunkStore` keeps a job's
+finished chunks in one folder beside a ``manifest.json`` holding that identity; a rerun reads
+the chunks that are there and computes the rest. Reopening the folder with another identity
+raises :class:`StoreMismatchError` naming every field that differs, never mixing results.
+
+The folder is named by the job's kind, model name, inputs and settings (:meth:`RunIdentity.
+folder_name`), so the same job finds its chunks again, another job gets its own folder, and a
+changed model, tokenizer, template, function or library version is refused. An
+:class:`EntryCache` is the content-addressed variant (one file per result, keyed by
+:func:`entry_key` on the whole identity, shared by every model: a change is recomputed).
+
+Example:
+    >>> ident = RunIdentity.of_model("probes", model).with_job(texts, settings={"seed": 0})
+    >>> store = ChunkStore(Path("runs") / ident.folder_name(), ident)
+    >>> if not store.has("chunk-0.parquet"): store.save("chunk-0.parquet", df.to_parquet)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from tl_reward.errors import StoreMismatchError
+
+__all__ = ["ChunkStore", "EntryCache", "RunIdentity", "StoreMismatchError", "atomic_write",
+           "differences", "digest", "entry_key", "function_digest", "refusal"]
+
+FORMAT = "tl_reward.store/1"
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _json_default(o: Any) -> Any:
+    return o.tolist() if hasattr(o, "tolist") else str(o)  # arrays in full, never abridged
+
+
+def digest(obj: Any) -> str:
+    """SHA-256 (hex) of ``obj``'s canonical JSON (sorted keys; arrays and tensors as lists);
+    bytes are hashed as they are."""
+    data = obj if isinstance(obj, bytes) else json.dumps(obj, sort_keys=True,
+                                                         default=_json_default).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def _plain(v: Any) -> bool:
+    if isinstance(v, _PLAIN):
+        return True
+    if isinstance(v, (list, tuple)):
+        return all(_plain(x) for x in v)
+    if isinstance(v, dict):
+        return all(isinstance(k, str) and _plain(x) for k, x in v.items())
+    return False
+
+
+def _fn_parts(fn: Any, seen: set[int], out: list[Any]) -> None:
+    if id(fn) in seen:
+        return
+    seen.add(id(fn))
+    fn = inspect.unwrap(fn)
+    if hasattr(fn, "func") and hasattr(fn, "args"):  # functools.partial
+        out.append(["partial", [a if _plain(a) else type(a).__qualname__
+                                for a in (*fn.args, *sorted(fn.keywords.items()))]])
+        _fn_parts(fn.func, seen, out)
+        return
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a builtin (its name) or a callable object (its type, state, __call__)
+        state = {k: v if _plain(v) else type(v).__qualname__
+                 for k, v in sorted(getattr(fn, "__dict__", {}).items())}
+        out.append(["callable", type(fn).__qualname__, getattr(fn, "__module__", None),
+                    getattr(fn, "__qualname__", None), state])
+        call = inspect.getattr_static(type(fn), "__call__", None)
+        if call is not None and hasattr(call, "__code__"):
+            _fn_parts(call, seen, out)
+        return
+    try:
+        body: Any = inspect.getsource(fn)
+    except (OSError, TypeError):  # no source (e.g. exec'd): the code object itself
+        body = [code.co_code.hex(), repr(code.co_consts), code.co_names]
+    out.append([fn.__module__, fn.__qualname__, body,
+                [d if _plain(d) else type(d).__qualname__ for d in fn.__defaults__ or ()]])
+    for cell in fn.__closure__ or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(v) and not isinstance(v, type):
+            _fn_parts(v, seen, out)
+        else:
+            out.append(v if _plain(v) else type(v).__qualname__)
+    glb = getattr(fn, "__globals__", {})
+    for name in code.co_names:  # helpers of the same module, called by name
+        g = glb.get(name)
+        if inspect.isfunction(g) and g.__module__ == fn.__module__:
+            _fn_parts(g, seen, out)
+
+
+def function_digest(fn: Callable[..., Any]) -> str:
+    """SHA-256 of what a function computes, as far as its text shows: its source (or, without
+    source, its code object), its plain defaults, its closure (functions followed, plain values
+    included) and the functions of its own module that it calls by name."""
+    parts: list[Any] = []
+    _fn_parts(fn, set(), parts)
+    return digest(parts)
+
+
+def differences(a: Any, b: Any, ignore: Sequence[str] = ()) -> list[str]:
+    """Names of the dataclass fields where ``a`` and ``b`` differ (dict fields by key, as
+    ``<field>.<key>``), except ``ignore``."""
+    out = []
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name in ignore or x == y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += [f"{f.name}.{k}" for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+        else:
+            out.append(f.name)
+    return out
+
+
+def refusal(error: type[StoreMismatchError], what: str, diff: Sequence[str], fix: str
+            ) -> StoreMismatchError:
+    """The one refusal: ``what`` was made with other settings, naming each differing field."""
+    return error(f"cannot resume: {what} was made with other settings ({', '.join(diff)} "
+                 f"differ from this run's); its results cannot be reused. {fix}")
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Everything that determines a job's results; equal identities give equal results.
+
+    Attributes:
+        kind: the job (``"probes"``, ``"grams"``, ...).
+        model_name: the model's name (names the folder; not part of the check).
+        model_fingerprint: :func:`~tl_reward.model.fingerprint.model_fingerprint`.
+        tokenizer: :func:`~tl_reward.model.fingerprint.tokenizer_fingerprint`.
+        chat_template: SHA-256 of the tokenizer's chat template (also in ``tokenizer``; its
+            own field so a refusal names it).
+        inputs: SHA-256 of the inputs (item texts or token ids).
+        functions: name -> :func:`function_digest` of each user function the job calls.
+        settings: the job's other settings (JSON values).
+        library: ``tl_reward.__version__``; format: the store's format.
+    """
+
+    kind: str
+    model_name: str
+    model_fingerprint: str
+    tokenizer: str
+    chat_template: str
+    inputs: str
+    functions: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    library: str = ""
+    format: str = FORMAT
+
+    @classmethod
+    def of_model(cls, kind: str, model: Any, tokenizer: Any = None) -> RunIdentity:
+        """The model's part of a ``kind`` job's identity (fingerprint, tokenizer, template,
+        library); :meth:`with_job` adds the job's part. ``tokenizer``: default
+        ``model.tokenizer``."""
+        import tl_reward
+        from tl_reward.model.fingerprint import model_fingerprint, tokenizer_fingerprint
+
+        tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        return cls(kind, str(model.cfg.model_name), model_fingerprint(model),
+                   tokenizer_fingerprint(tok), digest(getattr(tok, "chat_template", None)),
+                   "", library=tl_reward.__version__)
+
+    def with_job(self, inputs: Any, functions: Mapping[str, Callable[..., Any]] | None = None,
+                 settings: Mapping[str, Any] | None = None) -> RunIdentity:
+        """This identity with the job's part: ``inputs`` (JSON values or bytes, hashed), the
+        user ``functions`` it calls (by name, hashed) and its ``settings`` (JSON values)."""
+        return replace(
+            self, inputs=digest(inputs),
+            functions={k: function_digest(f) for k, f in (functions or {}).items()},
+            settings=json.loads(json.dumps(dict(settings or {}), sort_keys=True,
+                                           default=_json_default)))
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys): the same text for equal identities."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunIdentity:
+        """The identity in ``text``; fields it lacks are empty (so they count as differing)."""
+        raw = json.loads(text) if text.strip() else {}
+        raw = raw if isinstance(raw, dict) else {}
+        empty: dict[str, Any] = {"functions": {}, "settings": {}}
+        return cls(**{f.name: raw.get(f.name, empty.get(f.name, "")) for f in fields(cls)})
+
+    def differences(self, other: RunIdentity, ignore: tuple[str, ...] = ("model_name",)
+                    ) -> list[str]:
+        """The fields that differ (``functions.<name>``, ``settings.<key>`` inside those)."""
+        return differences(self, other, ignore)
+
+    def folder_name(self) -> str:
+        """``<kind>-<model name>-<12 hex of inputs and settings>``: the same job, one folder."""
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", self.model_name)[-40:] or "model"
+        return f"{self.kind}-{name}-{digest([self.inputs, self.settings])[:12]}"
+
+
+class ChunkStore:
+    """A job's chunks in one folder, beside a ``manifest.json`` with its :class:`RunIdentity`.
+
+    Args:
+        folder: the job's folder (created when missing).
+        identity: the job's identity; a manifest there must hold the same one.
+        overwrite: remove the folder's contents first.
+        error: the exception raised on a mismatch (a :class:`StoreMismatchError` subclass, so
+            callers keep their own error type).
+    """
+
+    def __init__(self, folder: str | Path, identity: RunIdentity, overwrite: bool = False,
+                 error: type[StoreMismatchError] = StoreMismatchError) -> None:
+        self.folder = Path(folder)
+        self.identity = identity
+        if overwrite:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        manifest = self.folder / "manifest.json"
+        if manifest.exists():
+            found = RunIdentity.from_json(manifest.read_text())
+            diff = found.differences(identity)
+            if diff:
+                raise refusal(error, f"the {found.kind or 'tl_reward'} run in {self.folder}",
+                              diff, "Pass overwrite=True to start again, or use another "
+                              "output folder")
+        else:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.save("manifest.json", lambda p: p.write_text(identity.to_json()))
+
+    def path(self, name: str) -> Path:
+        """Where chunk ``name`` lives."""
+        return self.folder / name
+
+    def has(self, name: str) -> bool:
+        """Whether chunk ``name`` is finished."""
+        return self.path(name).exists()
+
+    def save(self, name: str, write: Callable[[Path], Any]) -> Path:
+        """Write chunk ``name`` atomically: ``write(tmp)`` then rename (a crash leaves it absent,
+        never half-written)."""
+        return atomic_write(self.path(name), write)
+
+
+def atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
+    """``write(<path>.tmp)`` then rename it to ``path``: readers see all of it or none."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def entry_key(identity: RunIdentity, content: Any) -> str:
+    """16 hex digits naming one result in an :class:`EntryCache`: a hash of ``content`` and of
+    every identity field but the model's name (a renamed copy of a model shares entries)."""
+    fields_ = asdict(identity)
+    fields_.pop("model_name")
+    return digest([fields_, content])[:16]
+
+
+class EntryCache:
+    """A content-addressed cache: one JSON file per result, ``<folder>/<entry_key>.json``.
+
+    Entries of every model and run share the folder: a key covers the whole run identity, so a
+    changed model, tokenizer or setting gives new keys (recomputed, never mixed), and the
+    entries of a run that did not change are found again.
+    """
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def get(self, key: str) -> Any | None:
+        """The entry under ``key``, or ``None``."""
+        path = self.folder / f"{key}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def put(self, key: str, value: Any) -> None:
+        """Write the entry under ``key`` atomically."""
+        atomic_write(self.folder / f"{key}.json", lambda p: p.write_text(json.dumps(value)))
