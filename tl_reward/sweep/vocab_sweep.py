@@ -350,9 +350,9 @@ def _resolve_cache(model: HookedRewardModel, cache: str, mode: str) -> str:
         raise TLRewardError(f"cache must be one of {CACHES}, got {cache!r}")
     if mode == "text":
         return "none"
-    if cache == "auto":
-        return "stock" if tl_backend.fast_cache_unsupported(model.cfg) else "fast"
-    return cache
+    if cache == "none":
+        return "none"
+    return tl_backend.continuation_method(model, cache)
 
 
 def score_vocabulary(

@@ -13,11 +13,13 @@ from tl_reward.tl_backend.prefix_cache import (
     PrefixCache,
     build_prefix_cache,
     cache_keys,
+    continuation_method,
     expand_stock_cache,
     fast_cache_unsupported,
     frozen_kv_cache,
     fuse_qkv,
     hooks_active,
+    nonstock_module,
 )
 from tl_reward.tl_backend.weights import (
     PROCESSING,
@@ -31,6 +33,7 @@ from tl_reward.tl_backend.weights import (
 
 __all__ = [
     "PROCESSING", "FusedQKV", "PrefixCache", "build_prefix_cache", "cache_keys",
+    "continuation_method", "nonstock_module",
     "convert_state_dict", "cpu_config", "expand_stock_cache", "fast_cache_unsupported",
     "final_residual_at", "frozen_kv_cache", "fuse_qkv", "hooks_active", "make_config",
     "process_weights", "process_weights_stock", "run_after_prefix", "tl_converter",

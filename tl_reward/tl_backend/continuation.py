@@ -19,6 +19,7 @@ from tl_reward.tl_backend.prefix_cache import (
     PrefixCache,
     expand_stock_cache,
     hooks_active,
+    nonstock_module,
 )
 
 
@@ -313,6 +314,11 @@ def _fast_suffix(model: Any, cache: PrefixCache, tokens: torch.Tensor,
     With no hook attached, the projections use the fused Q/K/V weights, hook points are not
     called and, given ``rows``, the last block's MLP runs only at those rows (nothing after
     the last attention mixes positions). With hooks every hook fires on every new position."""
+    reason = nonstock_module(model)
+    if reason is not None:
+        raise ValueError(f"this fast prefix cache cannot continue the model as it is now "
+                         f"({reason}); build a new cache, which uses TransformerLens's own "
+                         "cached forward for such a model")
     past = cache.length
     lean = cache.fused is not None and not hooks_active(model)
     embed = model.hook_embed(model.embed(tokens))

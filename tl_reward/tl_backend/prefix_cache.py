@@ -6,6 +6,7 @@ each candidate against what is kept here.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,17 +139,11 @@ def build_prefix_cache(
     """Run ``prefix`` once (batch 1, all-ones mask) and keep what continuations need.
 
     ``method``: ``"fast"``, ``"stock"`` or ``"auto"`` (``"fast"`` when the configuration
-    allows, see :func:`fast_cache_unsupported`). ``fused``: :func:`fuse_qkv` of the model, to
+    allows, see :func:`fast_cache_unsupported`); a module tree that is not stock always gets
+    ``"stock"`` (:func:`continuation_method`). ``fused``: :func:`fuse_qkv` of the model, to
     share between several prefixes (built here when ``None`` and the method is ``"fast"``).
     """
-    if method not in ("auto", "fast", "stock"):
-        raise ValueError(f"method must be 'auto', 'fast' or 'stock', got {method!r}")
-    reason = fast_cache_unsupported(model.cfg)
-    if method == "fast" and reason:
-        raise ValueError(f"the fast prefix cache does not support this model ({reason}); "
-                         "use method='stock' or 'auto'")
-    if method == "auto":
-        method = "stock" if reason else "fast"
+    method = continuation_method(model, method)
     tokens = prefix.to(model.cfg.device).long()[None]
     mask = torch.ones_like(tokens)
     n = model.cfg.n_layers
@@ -199,6 +194,48 @@ def expand_stock_cache(cache: TransformerLensKeyValueCache, batch: int
     return frozen_kv_cache([e.past_keys.expand(batch, -1, -1, -1) for e in cache.entries],
                            [e.past_values.expand(batch, -1, -1, -1) for e in cache.entries],
                            cache.previous_attention_mask.expand(batch, -1))
+
+
+def nonstock_module(model: Any) -> str | None:
+    """Why the hand-written continuation cannot stand in for this model's forward: the first
+    body module whose class is not TransformerLens's own (an attached SAE, a replaced MLP, a
+    wrapped hook point), or ``None`` for a stock module tree. The reward head is not checked:
+    it is read by the library's readout, never by the continuation."""
+    for name, mod in model.named_modules():
+        if not name or name == "reward_head" or name.startswith("reward_head."):
+            continue
+        cls = type(mod)
+        if cls.__module__.startswith("transformer_lens.") or cls is torch.nn.ModuleList:
+            continue
+        what = ("an attached SAE" if cls.__module__.startswith("sae_lens")
+                else "not TransformerLens's own module")
+        return f"{name} is a {cls.__module__}.{cls.__qualname__} ({what})"
+    return None
+
+
+def continuation_method(model: Any, requested: str = "auto") -> str:
+    """The prefix-cache method that reproduces ``model``'s forward: ``requested`` (``"auto"``
+    picks ``"fast"`` where :func:`fast_cache_unsupported` allows), except that a module tree
+    that is not stock (:func:`nonstock_module`) always gets TransformerLens's own cached
+    forward (``"stock"``), which calls every module. Says so once per model and reason."""
+    if requested not in ("auto", "fast", "stock"):
+        raise ValueError(f"method must be 'auto', 'fast' or 'stock', got {requested!r}")
+    if requested == "stock":
+        return "stock"
+    reason = nonstock_module(model)
+    if reason is not None:
+        warned = model.__dict__.setdefault("_tl_reward_fast_path_refused", set())
+        if reason not in warned:
+            warned.add(reason)
+            warnings.warn(f"the fast continuation path is off for this model: {reason}; "
+                          "using TransformerLens's own cached forward, which runs every "
+                          "module (slower, exact)", RuntimeWarning, stacklevel=3)
+        return "stock"
+    unsupported = fast_cache_unsupported(model.cfg)
+    if requested == "fast" and unsupported:
+        raise ValueError(f"the fast prefix cache does not support this model ({unsupported}); "
+                         "use method='stock' or 'auto'")
+    return "stock" if unsupported else "fast"
 
 
 def hooks_active(model: Any) -> bool:
