@@ -66,7 +66,9 @@ def feature_dashboard(views: list[Any]) -> Any:
 
     if not views:
         raise ValueError("no feature views to show")
-    toks = [[list(v.examples.context_tokens) or [[""]] for v in views]]
+    from tl_reward.viz.tokens import token_labels
+
+    toks = [[[token_labels(c) for c in v.examples.context_tokens] or [[""]] for v in views]]
     acts = [[list(v.examples.context_activations) or [[0.0]] for v in views]]
     labels = [f"{v.feature} (align {v.reward_alignment:+.2f}, ablation "
               f"{v.mean_ablation_effect:+.3f})" for v in views]
@@ -103,4 +105,5 @@ def feature_summary_bars(summary: pd.DataFrame) -> Any:
     for c, (key, _) in enumerate(cols, start=1):
         fig.add_trace(go.Bar(x=labels, y=list(summary[key]), showlegend=False), row=1, col=c)
     fig.update_layout(title="SAE features and the reward", height=350)
+    fig.update_xaxes(type="category", tickmode="linear", dtick=1)  # every feature labelled
     return fig
