@@ -1,11 +1,13 @@
 """Reports as a person sees them: every section and plot rendered by headless Chromium, offline.
 
 The browser tests skip without a ``chromium`` binary (Debian: ``apt-get install -y chromium``).
+``TL_REWARD_SCREENSHOTS=docs/images`` keeps the explain report's screenshot there.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -17,11 +19,9 @@ from tl_reward.cli import main
 from tl_reward.testing import save_tiny_reward_model
 from tl_reward.testing.browser import chromium_path, outline, page_problems, render_page
 from tl_reward.viz.html import save_html
-from tl_reward.viz.tokens import token_label, token_labels
 
 needs_chromium = pytest.mark.skipif(chromium_path() is None,
                                     reason="no chromium binary (apt-get install -y chromium)")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _views_page(path: Path) -> Path:
@@ -42,6 +42,8 @@ def test_views_are_closed_and_share_one_bundle(tmp_path: Path) -> None:
 
 
 def test_token_labels_are_readable_text() -> None:
+    from tl_reward.viz.tokens import token_label, token_labels
+
     assert token_labels(["Ġare", "Ċ", "<|im_end|>", "ĠmoreĠthan", "Ã©t"]) == [
         "\u00b7are", "\u21b5", "\u27e8im_end\u27e9", "\u00b7more\u00b7than", "\u00e9t"]
     assert token_label("\u2581are") == "\u00b7are" and token_label("<0x0A>") == "\u21b5"
@@ -89,8 +91,7 @@ def test_explain_report_renders_completely(tmp_path: Path) -> None:
                  "--prompt", "Is the sky blue?\nAnswer briefly.",
                  "--chosen", "Yes, the sky is blue on a clear day.",
                  "--rejected", "No, it is red.", "--patching", "--output", str(out)]) == 0
-    shot = ROOT / "docs" / "images" / "explain_report.png"
-    shot.parent.mkdir(parents=True, exist_ok=True)
+    shot = Path(os.environ.get("TL_REWARD_SCREENSHOTS", tmp_path)) / "explain_report.png"
     page = render_page(out, screenshot=shot, height=4200)
     assert page_problems(page) == []
     heads = outline(page.dom).headings
