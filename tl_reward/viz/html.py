@@ -68,8 +68,22 @@ def to_html_fragment(part: Any, include_plotlyjs: bool | str = True, offline: bo
     if is_view(part):
         return view_fragment(part, offline=offline, bundle=bundle)
     if hasattr(part, "to_html"):  # DataFrame
-        return part.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
+        return table_fragment(part)
     return str(part)
+
+
+def table_fragment(df: Any) -> str:
+    """A DataFrame as an HTML table in a box that scrolls sideways (a wide table would run off
+    the page), newlines in text shown as line breaks (pandas would print a literal ``\\n``)."""
+    def cell(v: Any) -> Any:
+        return html.escape(v).replace("\n", "<br>") if isinstance(v, str) else v
+
+    shown = df.rename(columns=lambda c: html.escape(str(c)))
+    shown = shown.apply(lambda col: col.map(cell)) if len(shown.columns) else shown
+    table = shown.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0,
+                          escape=False)
+    return f'<div class="table-wrap">{table}</div>'
+
 
 
 def save_html(path: str | Path, *parts: Any, title: str = "tl_reward report",
@@ -88,7 +102,8 @@ def save_html(path: str | Path, *parts: Any, title: str = "tl_reward report",
     head = circuitsvis_bundle() if offline and any(is_view(p) for p in parts) else ""
     doc = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}"
            "</title><style>body{font-family:sans-serif;margin:2em;max-width:1200px}"
-           "table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
+           "table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ddd;"
+           "vertical-align:top}td{max-width:36em}"
            ".table-wrap{overflow-x:auto;max-width:100%}"
            f"</style>{head}</head><body><h1>{html.escape(title)}</h1>\n" + "\n".join(body)
            + "\n</body></html>\n")
