@@ -134,3 +134,22 @@ def test_sae_page_renders_completely(tiny, tmp_path: Path) -> None:  # noqa: ANN
     ticks = re.findall(r'class="xtick"[^>]*>.*?<text[^>]*>([^<]*)</text>', page.dom)
     assert {f"f{f}" for f in range(12)} <= set(ticks)  # every feature labelled
     assert json.dumps("\u0120")[1:-1] not in out.read_text()  # no 'Ġ' in the dashboard data
+
+
+@needs_chromium
+def test_audit_report_renders_completely(tmp_path: Path) -> None:
+    model = save_tiny_reward_model(tmp_path / "rm", "llama")
+    items = tmp_path / "items.jsonl"
+    items.write_text("\n".join(json.dumps({"prompt": f"Question {i}: why is it blue?",
+                                           "reply": f"Because of light {i}.\n- It scatters."})
+                               for i in range(10)))
+    out = tmp_path / "audit.html"
+    assert main(["audit", "--model", str(model), "--device", "cpu", "--items", str(items),
+                 "--dimensions", "length,flattery,repetition", "--resamples", "200",
+                 "--no-published", "--output", str(out)]) == 0
+    page = render_page(out)
+    assert page_problems(page) == []  # no 'Invalid color specifier' warnings either
+    assert {"Probes", "Distortion", "Cascade"} <= set(outline(page.dom).headings)
+    text = _rendered_text(page.dom)
+    assert "light 0." in text and "\\n-" not in text  # the reply's newline is not a literal \n
+    assert page.dom.count('class="table-wrap"') == out.read_text().count("<table")
