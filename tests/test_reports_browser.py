@@ -1,7 +1,7 @@
 """Reports as a person sees them: every section and plot rendered by headless Chromium, offline.
 
 The browser tests skip without a ``chromium`` binary (Debian: ``apt-get install -y chromium``).
-``TL_REWARD_SCREENSHOTS=docs/images`` keeps the explain report's screenshot there.
+``TL_REWARD_SCREENSHOTS=docs/images`` keeps the explain and audit screenshots there.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_explain_report_renders_completely(tmp_path: Path) -> None:
                  "--chosen", "Yes, the sky is blue on a clear day.",
                  "--rejected", "No, it is red.", "--patching", "--output", str(out)]) == 0
     shot = Path(os.environ.get("TL_REWARD_SCREENSHOTS", tmp_path)) / "explain_report.png"
-    page = render_page(out, screenshot=shot, height=4200)
+    page = render_page(out, screenshot=shot, height=4900)
     assert page_problems(page) == []
     heads = outline(page.dom).headings
     assert "Rejected" in heads and any(h.startswith("Attention patterns") for h in heads)
@@ -147,7 +147,8 @@ def test_audit_report_renders_completely(tmp_path: Path) -> None:
     assert main(["audit", "--model", str(model), "--device", "cpu", "--items", str(items),
                  "--dimensions", "length,flattery,repetition", "--resamples", "200",
                  "--no-published", "--output", str(out)]) == 0
-    page = render_page(out)
+    shot = Path(os.environ.get("TL_REWARD_SCREENSHOTS", tmp_path)) / "audit_report.png"
+    page = render_page(out, screenshot=shot, height=2600)
     assert page_problems(page) == []  # no 'Invalid color specifier' warnings either
     assert {"Probes", "Distortion", "Cascade"} <= set(outline(page.dom).headings)
     text = _rendered_text(page.dom)

@@ -35,7 +35,8 @@ def probe_forest(report: Any, standardised: bool = False, title: str | None = No
         marker={"color": colour, "size": 10},
         error_x={"type": "data", "symmetric": False, "array": hi - mean, "arrayminus": mean - lo,
                  "color": "#555"},  # the bars would inherit the per-point colour list
-        textfont={"color": "#333"}, hovertemplate="%{y}: %{x:.4f}<extra></extra>"))
+        textfont={"color": "#333"}, cliponaxis=False,  # the top label is not cut off
+        hovertemplate="%{y}: %{x:.4f}<extra></extra>"))
     fig.add_vline(x=0, line_dash="dash", line_color="black")
     unit = "natural-reply sd" if standardised else "reward units"
     fig.update_layout(
