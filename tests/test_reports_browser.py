@@ -154,3 +154,21 @@ def test_audit_report_renders_completely(tmp_path: Path) -> None:
     text = _rendered_text(page.dom)
     assert "light 0." in text and "\\n-" not in text  # the reply's newline is not a literal \n
     assert page.dom.count('class="table-wrap"') == out.read_text().count("<table")
+
+
+@needs_chromium
+def test_compare_report_renders_completely(tmp_path: Path) -> None:
+    a = save_tiny_reward_model(tmp_path / "rm_a", "llama", seed=0)
+    b = save_tiny_reward_model(tmp_path / "rm_b", "llama", seed=1)
+    words = ["Is the sky blue?", "Yes, on a clear day.", "No.", "I cannot help.", "Be kind.",
+             "Sure!\nFirst, this.", "Thanks for asking.", "Hate. War."]
+    jsonl = tmp_path / "corpus.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"prompt": words[i % 8], "chosen": words[(i + 3) % 8],
+                                           "rejected": words[(i + 5) % 8]}) for i in range(12)))
+    out = tmp_path / "compare.html"
+    assert main(["compare", "--model", str(a), "--model", str(b), "--input", str(jsonl),
+                 "--device", "cpu", "--layers", "--permutations", "9", "--bootstrap", "100",
+                 "--output", str(out)]) == 0
+    page = render_page(out)
+    assert page_problems(page) == []
+    assert len(outline(page.dom).headings) >= 2

@@ -16,7 +16,8 @@ def attribution_bar(df: pd.DataFrame, b_dec: float, error: float, title: str) ->
     colors = ["#1f77b4" if v >= 0 else "#d62728" for v in df.contribution] + ["#7f7f7f"] * 2
     fig = go.Figure(go.Bar(x=values, y=labels, orientation="h", marker_color=colors))
     fig.update_layout(title=title, xaxis_title="contribution to the reward",
-                      yaxis={"autorange": "reversed"}, height=max(300, 22 * len(labels)))
+                      yaxis={"autorange": "reversed", "type": "category", "dtick": 1},
+                      height=max(300, 22 * len(labels)))
     return fig
 
 
@@ -31,7 +32,8 @@ def pair_difference_bar(df: pd.DataFrame, title: str) -> Any:
     fig = go.Figure(go.Bar(x=list(df.mean_difference), y=labels, orientation="h",
                            marker_color=colors, hovertext=hover))
     fig.update_layout(title=title, xaxis_title="mean contribution, chosen - rejected",
-                      yaxis={"autorange": "reversed"}, height=max(300, 22 * len(labels)))
+                      yaxis={"autorange": "reversed", "type": "category", "dtick": 1},
+                      height=max(300, 22 * len(labels)))
     return fig
 
 
