@@ -126,6 +126,8 @@ def test_sae_page_renders_completely(tiny, tmp_path: Path) -> None:  # noqa: ANN
         sae.b_enc.normal_(0, 0.1)
     views = feature_views(model, sae, list(range(12)), list(CONVERSATIONS)[:4], n_examples=2,
                           context=2, ablate_items=1)
+    for src in (views.dashboard()._repr_html_(), views.dashboard().cdn_src):
+        assert not re.search(r"<div[^>]*/>", src)  # a notebook keeps the cells after it
     out = save_html(tmp_path / "sae.html", "<h2>Feature dashboard</h2>", views.dashboard(),
                     "<h2>Features and the reward</h2>", views.plot(),
                     "<h2>Summary</h2>", views.summary())

@@ -30,6 +30,14 @@ def close_divs(fragment: str) -> str:
     return _SELF_CLOSING_DIV.sub(r"<div\1></div>", fragment)
 
 
+def closed_view(view: Any) -> Any:
+    """The circuitsvis view with its container closed, so a notebook's output (or a page built
+    from ``local_src``) keeps what follows it."""
+    from circuitsvis.utils.render import RenderedHTML
+
+    return RenderedHTML(close_divs(view.local_src), close_divs(view.cdn_src))
+
+
 def circuitsvis_bundle() -> str:
     """circuitsvis's JavaScript bundle (defines ``CircuitsVis``) as one classic ``<script>``."""
     import circuitsvis

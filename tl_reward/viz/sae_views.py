@@ -74,10 +74,12 @@ def feature_dashboard(views: list[Any]) -> Any:
     acts = [[list(v.examples.context_activations) or [[0.0]] for v in views]]
     labels = [f"{v.feature} (align {v.reward_alignment:+.2f}, ablation "
               f"{v.mean_ablation_effect:+.3f})" for v in views]
-    return topk_samples(tokens=toks, activations=acts, zeroth_dimension_name="SAE",
-                        first_dimension_name="Feature",
-                        zeroth_dimension_labels=[views[0].hook_name],
-                        first_dimension_labels=labels)
+    from tl_reward.viz.html import closed_view
+
+    return closed_view(topk_samples(tokens=toks, activations=acts, zeroth_dimension_name="SAE",
+                                    first_dimension_name="Feature",
+                                    zeroth_dimension_labels=[views[0].hook_name],
+                                    first_dimension_labels=labels))
 
 
 def ablation_effect_scatter(view: Any) -> Any:

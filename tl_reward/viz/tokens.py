@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from tl_reward.viz.html import closed_view
+
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level BPE alphabet, symbol -> byte (``'Ġ'`` -> 32, ``'Ċ'`` -> 10)."""
@@ -70,8 +72,8 @@ def token_reward_map(tokens: Sequence[str], values: torch.Tensor | Sequence[floa
 
     vals = torch.as_tensor(values, dtype=torch.float32)
     lim = float(vals.abs().max()) or 1.0
-    return cv.tokens.colored_tokens(token_labels(tokens), vals.tolist(),
-                                    min_value=-lim, max_value=lim)
+    return closed_view(cv.tokens.colored_tokens(token_labels(tokens), vals.tolist(),
+                                                min_value=-lim, max_value=lim))
 
 
 def attribution_token_map(dra: Any, index: int = 0, objective: int | str = 0,
@@ -100,8 +102,8 @@ def head_attention_view(model: Any, tokens: torch.Tensor | Sequence[int],
                                         f"blocks.{la}.attn.hook_pattern" for la in layers})
     pats = torch.stack([cache[f"blocks.{la}.attn.hook_pattern"][0, h] for la, h in heads])
     strs = token_labels(model.tokenizer.convert_ids_to_tokens(toks[0].tolist()), model.tokenizer)
-    return cv.attention.attention_heads(pats.float().cpu(), strs,
-                                        attention_head_names=[f"L{la}H{h}" for la, h in heads])
+    return closed_view(cv.attention.attention_heads(
+        pats.float().cpu(), strs, attention_head_names=[f"L{la}H{h}" for la, h in heads]))
 
 
 def top_heads(dra: Any, k: int = 4, index: int = 0, objective: int | str = 0
