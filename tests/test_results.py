@@ -29,7 +29,10 @@ def test_results_print_short(tiny) -> None:  # noqa: ANN001
     assert f"range [{lo:.4g}, {hi:.4g}]" in text  # the headline numbers are the data's
     res = activation_patching(model, PAIR, "resid", "denoising")
     _short(repr(res), "PatchingResult")
-    _short(repr(differential_lens(model, [PAIR])), "PairLens")
+    lens = differential_lens(model, [PAIR])
+    _short(repr(lens), "PairLens")
+    margin = float(lens.differential()[0, -1, 0])
+    assert f"margin: Tensor[1, 1] float32: [{margin:.4g}]" in repr(lens)  # the headline
     assert repr(res) == str(res)
     small = torch.tensor([0.5, -1.0])
     from tl_reward.results import describe

@@ -67,8 +67,9 @@ def describe(value: Any) -> str:
         return _num(value)
     if isinstance(value, str):
         return repr(value if len(value) <= _WIDTH else value[:_WIDTH] + "...")
-    if isinstance(value, ShortRepr):
-        return f"{type(value).__name__}(...)"
+    if isinstance(value, ShortRepr):  # a nested result: its first two fields
+        inner = [line.strip() for line in repr(value).splitlines()[1:3]]
+        return f"{type(value).__name__}({'; '.join(inner)}{'; ...' if inner else ''})"
     text = repr(value)
     return text if len(text) <= _WIDTH and "\n" not in text else type(value).__name__
 

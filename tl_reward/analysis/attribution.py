@@ -250,6 +250,10 @@ class PairAttribution(ShortRepr):
         """``r(chosen) - r(rejected)`` per objective."""
         return self.chosen.reward - self.rejected.reward
 
+    def headline(self) -> dict[str, Any]:
+        """The reward margin per pair and objective."""
+        return {"margin": self.margin}
+
     def to_dataframe(self, level: str = "sublayer") -> pd.DataFrame:
         """Long table: pair, objective, component, chosen, rejected and difference."""
         c, names = self.chosen.components(level)

@@ -184,6 +184,11 @@ class PairLens(ShortRepr):
     def objectives(self) -> list[str]:
         return self.chosen.objectives
 
+    def headline(self) -> dict[str, Any]:
+        """The final margin ``D_L`` per pair and objective, and the crystallisation layer."""
+        return {"margin": self.differential()[:, -1],
+                "crystallisation_layer": self.crystallisation_layer()}
+
     def differential(self, convention: str = "frozen") -> Float[torch.Tensor, "n layer1 n_obj"]:
         """``D_l = r_l(chosen) - r_l(rejected)``; its last layer is the reward margin."""
         return self.chosen.values[convention] - self.rejected.values[convention]
