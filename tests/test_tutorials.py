@@ -9,6 +9,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tl_reward.testing.browser import chromium_path, page_problems, render_page
+
 TUTORIALS = sorted((Path(__file__).resolve().parents[1] / "tutorials").glob("*.ipynb"))
 
 
@@ -32,3 +34,7 @@ def test_tutorial_executes(path: Path, tmp_path: Path, monkeypatch: pytest.Monke
     assert [c.get("execution_count") for c in code] == list(range(1, len(code) + 1))
     probe = json.loads(code[-1]["outputs"][0]["text"])
     assert probe == {"tiny": "1", "out": str(tmp_path)}  # the kernel ran in tiny mode
+    # every HTML report it wrote renders completely, offline, in a browser
+    if chromium_path() is not None:
+        for page in sorted(tmp_path.rglob("*.html")):
+            assert page_problems(render_page(page)) == [], page.name

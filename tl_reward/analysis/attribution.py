@@ -36,10 +36,11 @@ from tl_reward.analysis.components import (
 from tl_reward.analysis.readout import ObjectiveSpec, reward_readout
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
+from tl_reward.results import ShortRepr
 
 
-@dataclass
-class DirectAttribution:
+@dataclass(repr=False)
+class DirectAttribution(ShortRepr):
     """DRA of N inputs (all tensors on CPU, last axis = objective).
 
     Attributes:
@@ -228,8 +229,8 @@ def direct_reward_attribution(
     )
 
 
-@dataclass
-class PairAttribution:
+@dataclass(repr=False)
+class PairAttribution(ShortRepr):
     """DRA of the chosen and rejected reply of N preference pairs, and their difference."""
 
     chosen: DirectAttribution
@@ -250,6 +251,10 @@ class PairAttribution:
     def margin(self) -> Float[torch.Tensor, "n n_obj"]:
         """``r(chosen) - r(rejected)`` per objective."""
         return self.chosen.reward - self.rejected.reward
+
+    def headline(self) -> dict[str, Any]:
+        """The reward margin per pair and objective."""
+        return {"margin": self.margin}
 
     def to_dataframe(self, level: str = "sublayer") -> pd.DataFrame:
         """Long table: pair, objective, component, chosen, rejected and difference."""

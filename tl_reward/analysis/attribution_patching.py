@@ -31,10 +31,11 @@ from tl_reward.analysis.readout import (
     resolve_objectives,
 )
 from tl_reward.data.pairs import as_tokenized_pair
+from tl_reward.results import ShortRepr
 
 
-@dataclass
-class AttributionPatchingResult:
+@dataclass(repr=False)
+class AttributionPatchingResult(ShortRepr):
     """First-order patching estimates for one pair, per direction (``"denoising"``,
     ``"noising"``).
 

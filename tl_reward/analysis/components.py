@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 from transformer_lens import ActivationCache
 
 from tl_reward.analysis.readout import accumulation_dtype
+from tl_reward.results import ShortRepr
 
 SUBLAYER_LEVELS = ("sublayer", "head", "neuron")
 
@@ -123,8 +124,8 @@ def _post_factor(
     return gain / scale
 
 
-@dataclass
-class FinalComponents:
+@dataclass(repr=False)
+class FinalComponents(ShortRepr):
     """Vectors each component wrote into the residual stream at one position per row.
 
     Attributes:

@@ -31,10 +31,11 @@ from tl_reward.analysis.readout import (
 )
 from tl_reward.data.pairs import as_tokenized_pair
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 
 
-@dataclass
-class DirectPathResult:
+@dataclass(repr=False)
+class DirectPathResult(ShortRepr):
     """Direct-path patching effects of every component of one pair.
 
     Attributes:

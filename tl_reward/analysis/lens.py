@@ -38,12 +38,13 @@ from tqdm.auto import tqdm
 from tl_reward.analysis.readout import ObjectiveSpec, normalise, reward_readout
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.model.heads import objective_slot
+from tl_reward.results import ShortRepr
 
 CONVENTIONS = ("frozen", "recompute")
 
 
-@dataclass
-class PooledResiduals:
+@dataclass(repr=False)
+class PooledResiduals(ShortRepr):
     """The residual stream at the pooled token after every layer, with the reward readout.
 
     Attributes:
@@ -96,8 +97,8 @@ def pooled_residuals(
     )
 
 
-@dataclass
-class RewardLens:
+@dataclass(repr=False)
+class RewardLens(ShortRepr):
     """Lens values of N inputs.
 
     Attributes:
@@ -172,8 +173,8 @@ def reward_lens(
                                                        progress))
 
 
-@dataclass
-class PairLens:
+@dataclass(repr=False)
+class PairLens(ShortRepr):
     """Reward lens of the chosen and rejected replies of N pairs."""
 
     chosen: RewardLens
@@ -182,6 +183,11 @@ class PairLens:
     @property
     def objectives(self) -> list[str]:
         return self.chosen.objectives
+
+    def headline(self) -> dict[str, Any]:
+        """The final margin ``D_L`` per pair and objective, and the crystallisation layer."""
+        return {"margin": self.differential()[:, -1],
+                "crystallisation_layer": self.crystallisation_layer()}
 
     def differential(self, convention: str = "frozen") -> Float[torch.Tensor, "n layer1 n_obj"]:
         """``D_l = r_l(chosen) - r_l(rejected)``; its last layer is the reward margin."""

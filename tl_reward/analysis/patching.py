@@ -48,6 +48,7 @@ from tl_reward.analysis.readout import (
 )
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 from tl_reward.tl_backend import cache_keys, frozen_kv_cache
 
 MODES = ("denoising", "noising", "zero", "mean")
@@ -231,8 +232,8 @@ def _chunks(order: list[int], layers: list[int], size: int, by_layer: bool
     return out
 
 
-@dataclass
-class PatchingResult:
+@dataclass(repr=False)
+class PatchingResult(ShortRepr):
     """Effects of patching every site of one kind on one preference pair.
 
     Attributes:

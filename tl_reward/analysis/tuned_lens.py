@@ -26,6 +26,7 @@ from tl_reward.analysis.lens import lens_from_residuals, pooled_residuals
 from tl_reward.analysis.readout import ObjectiveSpec, normalise
 from tl_reward.errors import TLRewardError
 from tl_reward.model.heads import objective_slot
+from tl_reward.results import ShortRepr
 
 ALPHAS = tuple(float(a) for a in np.logspace(-3, 4, 15))
 
@@ -36,8 +37,8 @@ def r2_score(pred: np.ndarray, target: np.ndarray) -> float:
     return float("nan") if sst == 0 else 1.0 - float(((target - pred) ** 2).sum()) / sst
 
 
-@dataclass
-class TunedRewardLens:
+@dataclass(repr=False)
+class TunedRewardLens(ShortRepr):
     """Per-layer affine readouts of the final reward.
 
     Attributes:

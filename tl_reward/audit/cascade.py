@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 from tl_reward.stats.paired import benjamini_hochberg
 from tl_reward.stats.ranks import average_ranks
 
@@ -102,8 +103,8 @@ def permutation_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] 
     return Correlation(n, r, float(lo), float(hi), p, method)
 
 
-@dataclass
-class CascadeResult:
+@dataclass(repr=False)
+class CascadeResult(ShortRepr):
     """Pairwise correlations of dimensions over matched units.
 
     Attributes:

@@ -41,11 +41,12 @@ from jaxtyping import Float
 from tl_reward.analysis.readout import is_layernorm, normalise, resolve_objectives
 from tl_reward.audit.pooled import pooled_residual, resid_hook, residual_batches
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 from tl_reward.stats.resampling import bootstrap_ci
 
 
-@dataclass
-class ConceptVector:
+@dataclass(repr=False)
+class ConceptVector(ShortRepr):
     """A difference-of-means concept direction at one layer.
 
     Attributes:
@@ -164,8 +165,8 @@ def local_gradient(
     return g.float()
 
 
-@dataclass
-class ConceptAlignment:
+@dataclass(repr=False)
+class ConceptAlignment(ShortRepr):
     """How one concept lines up with one objective, measured at the head (see module doc).
 
     ``cosine_head``, ``cosine_local`` and ``slope`` are per input ``[n]`` (for a fixed linear
@@ -245,8 +246,8 @@ def concept_alignment(
                             sep, {"n_layers": model.cfg.n_layers})
 
 
-@dataclass
-class SteeringCurve:
+@dataclass(repr=False)
+class SteeringCurve(ShortRepr):
     """The objective as ``alpha * spread * u`` is added at ``t*`` at the concept's layer.
 
     Attributes:

@@ -42,6 +42,7 @@ from tl_reward.audit.pooled import pooled_residual, resid_hook
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.heads import LinearRewardHead
+from tl_reward.results import ShortRepr
 
 
 @dataclass(frozen=True)
@@ -185,8 +186,8 @@ class PairStat:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
-class ConflictResult:
+@dataclass(repr=False)
+class ConflictResult(ShortRepr):
     """Pairwise conflict statistics of one or more views.
 
     Attributes:

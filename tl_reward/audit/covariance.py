@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 
 
 def ledoit_wolf(
@@ -44,8 +45,8 @@ def ledoit_wolf(
     return shrunk, a
 
 
-@dataclass
-class GaussianFit:
+@dataclass(repr=False)
+class GaussianFit(ShortRepr):
     """Mean and whitening map of a site's natural activations.
 
     ``distance(x) = |W (x - mean)|``: with ``method="ledoit_wolf"`` ``W`` is the inverse Cholesky

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 
 
 def gini(values: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -54,8 +55,8 @@ def coefficient_of_variation(values: np.ndarray, axis: int = -1) -> np.ndarray:
         return np.where(mean > 0, a.std(axis) / mean, np.nan)
 
 
-@dataclass
-class DistortionResult:
+@dataclass(repr=False)
+class DistortionResult(ShortRepr):
     """Sensitivity per dimension (natural-sd units) and the unevenness index.
 
     Attributes:

@@ -37,6 +37,7 @@ from tl_reward.analysis.patching import PatchingResult, activation_patching, sit
 from tl_reward.audit.covariance import GaussianFit, fit_gaussian
 from tl_reward.data.pairs import as_tokenized_pair
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 
 SiteKey = tuple[str, int | None]  # (hook name, unit or None)
 
@@ -155,8 +156,8 @@ def fit_divergence(
     return DivergenceModel(fits, method, len(fit_in), len(ref_in), skip_first)
 
 
-@dataclass
-class DivergentPatchingResult:
+@dataclass(repr=False)
+class DivergentPatchingResult(ShortRepr):
     """A :class:`PatchingResult` with, per patch, how unnatural its patched-in value is.
 
     Attributes:

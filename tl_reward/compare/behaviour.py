@@ -37,6 +37,7 @@ from jaxtyping import Float
 from tl_reward.compare.layers import activations, model_label
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 from tl_reward.stats.ranks import kendall_tau_b, rank_biased_overlap, spearman_rho, top_ranking
 
 DEFAULT_ALPHAS: tuple[float, ...] = tuple(float(a) for a in np.logspace(-3, 5, 17))
@@ -180,8 +181,8 @@ def ridge_readability(
     return r2, chosen, pred
 
 
-@dataclass
-class BehaviourComparison:
+@dataclass(repr=False)
+class BehaviourComparison(ShortRepr):
     """Behavioural agreement of several reward models (:func:`compare_models`).
 
     Attributes:

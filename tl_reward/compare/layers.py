@@ -43,6 +43,7 @@ from tl_reward.compare.similarity import (
 from tl_reward.errors import TLRewardError
 from tl_reward.model.inputs import EncodedInput, collate, encode
 from tl_reward.model.pooling import pool_positions as pool_by_rule
+from tl_reward.results import ShortRepr
 
 Positions = Literal["pooled", "response"]
 DEFAULT_HOOK = "blocks.{layer}.hook_resid_post"
@@ -266,8 +267,8 @@ def layer_grams(
     return LayerGrams(model_label(model), names, grams, positions, row_item)
 
 
-@dataclass
-class LayerComparison:
+@dataclass(repr=False)
+class LayerComparison(ShortRepr):
     """Layer x layer similarity of two models (or one model with itself), with permutation nulls.
 
     Attributes:

@@ -40,6 +40,7 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 
 Measure = Literal["rv", "rv2", "linear_cka", "debiased_cka"]
 MEASURES: tuple[str, ...] = ("rv", "rv2", "linear_cka", "debiased_cka")
@@ -167,8 +168,8 @@ SIMILARITIES: dict[str, Callable[[Matrix, Matrix], float]] = {
     "rv": rv, "rv2": rv2, "linear_cka": linear_cka, "debiased_cka": debiased_cka}
 
 
-@dataclass
-class PermutationResult:
+@dataclass(repr=False)
+class PermutationResult(ShortRepr):
     """A permutation test of a similarity: rows of Y are permuted B times.
 
     Attributes:

@@ -95,14 +95,19 @@ class TokenizedPair:
         return self.map_position(rejected_pos, "rejected")
 
     def position_labels(self, tokenizer: Any = None) -> list[str]:
-        """One label per aligned row: ``"c12/r10 'tok'"`` (the chosen token shown)."""
+        """One label per aligned row: ``"c12/r10 ·blue"`` (the chosen token as readable text,
+        ``|`` then the rejected one where they differ; ids without a tokenizer)."""
+        from tl_reward.viz.tokens import token_labels
+
         labels = []
         for c, r in self.aligned.tolist():
-            tok = (tokenizer.convert_ids_to_tokens(self.chosen_ids[c]) if tokenizer is not None
-                   else str(self.chosen_ids[c]))
-            if tokenizer is not None and self.chosen_ids[c] != self.rejected_ids[r]:
-                tok += "|" + tokenizer.convert_ids_to_tokens(self.rejected_ids[r])
-            labels.append(f"c{c}/r{r} {tok!r}")
+            a, b = self.chosen_ids[c], self.rejected_ids[r]
+            if tokenizer is None:
+                tok = str(a) if a == b else f"{a}|{b}"
+            else:
+                pair = token_labels(tokenizer.convert_ids_to_tokens([a, b]), tokenizer)
+                tok = pair[0] if a == b else "|".join(pair)
+            labels.append(f"c{c}/r{r} {tok}")
         return labels
 
 

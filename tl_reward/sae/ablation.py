@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from tl_reward.analysis.readout import resolve_objectives
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 from tl_reward.sae.attribution import differential_sae_attribution, sae_attribution
 from tl_reward.sae.splice import (
     as_sae_model,
@@ -41,8 +42,8 @@ from tl_reward.sae.splice import (
 )
 
 
-@dataclass
-class AblationCheck:
+@dataclass(repr=False)
+class AblationCheck(ShortRepr):
     """Predicted (attribution) against actual (ablation) reward changes.
 
     Attributes:

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from tl_reward.analysis.readout import ObjectiveSpec, resolve_objectives, reward_readout
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
+from tl_reward.results import ShortRepr
 from tl_reward.sae.splice import (
     SAEError,
     as_sae_model,
@@ -52,8 +53,8 @@ from tl_reward.sae.splice import (
 METHODS = ("auto", "exact", "gradient")
 
 
-@dataclass
-class SAEAttribution:
+@dataclass(repr=False)
+class SAEAttribution(ShortRepr):
     """Per-feature reward attribution of N inputs at one SAE (tensors on CPU).
 
     Attributes:
@@ -148,8 +149,8 @@ class SAEAttribution:
                                float(self.error[rows, j].mean()), title)
 
 
-@dataclass
-class PairSAEAttribution:
+@dataclass(repr=False)
+class PairSAEAttribution(ShortRepr):
     """SAE attribution of the chosen and rejected reply of N pairs, and their difference."""
 
     chosen: SAEAttribution

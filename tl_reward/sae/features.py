@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tl_reward.analysis.readout import ObjectiveSpec, resolve_objectives, reward_readout
+from tl_reward.results import ShortRepr
 from tl_reward.sae.ablation import ablate_rows
 from tl_reward.sae.attribution import PairSAEAttribution, differential_sae_attribution
 from tl_reward.sae.splice import (
@@ -42,8 +43,8 @@ from tl_reward.sae.splice import (
 )
 
 
-@dataclass
-class TopFeatures:
+@dataclass(repr=False)
+class TopFeatures(ShortRepr):
     """Features ranked by how much they separate chosen from rejected replies.
 
     Attributes:
@@ -86,8 +87,8 @@ def top_features(
     return TopFeatures(pd.concat(tables, ignore_index=True), pa)
 
 
-@dataclass
-class FeatureView:
+@dataclass(repr=False)
+class FeatureView(ShortRepr):
     """One SAE feature: what it reads, how it bears on the reward, what ablating it does.
 
     Attributes:

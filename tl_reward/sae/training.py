@@ -39,6 +39,7 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
+from tl_reward.results import ShortRepr
 from tl_reward.sae.splice import SAEError
 
 
@@ -149,8 +150,8 @@ def reconstruction_metrics(sae: Any, acts: Float[torch.Tensor, "n d"],
             "l0": l0 / n, "dead_fraction": float((~fired).float().mean()), "n_tokens": n}
 
 
-@dataclass
-class TrainedSAE:
+@dataclass(repr=False)
+class TrainedSAE(ShortRepr):
     """A TopK SAE trained by :func:`train_topk_sae` and how well it reconstructs.
 
     Attributes:

@@ -25,14 +25,15 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 from tl_reward.stats.ranks import kendall_tau_b, rank_biased_overlap, spearman_rho, top_ranking
 from tl_reward.sweep.vocab_sweep import VocabSweep
 
 METRICS = ("kendall_tau_b", "spearman_rho", "rbo_top", "rbo_bottom")
 
 
-@dataclass
-class ModelAgreement:
+@dataclass(repr=False)
+class ModelAgreement(ShortRepr):
     """Pairwise rank agreement between models on their shared decoded vocabulary.
 
     Attributes:

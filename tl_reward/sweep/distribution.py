@@ -19,13 +19,14 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from tl_reward.results import ShortRepr
 from tl_reward.sweep.vocab_sweep import VocabSweep
 
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
 
-@dataclass
-class ScoreDistribution:
+@dataclass(repr=False)
+class ScoreDistribution(ShortRepr):
     """Summary statistics of each prompt's scores over the swept tokens.
 
     Attributes:

@@ -16,12 +16,13 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
+from tl_reward.results import ShortRepr
 from tl_reward.sweep.lexicon import percentile_of
 from tl_reward.sweep.vocab_sweep import VocabSweep
 
 
-@dataclass
-class TokenExtremes:
+@dataclass(repr=False)
+class TokenExtremes(ShortRepr):
     """The ``k`` highest and lowest tokens of each prompt.
 
     Attributes:

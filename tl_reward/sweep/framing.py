@@ -22,14 +22,15 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 from tl_reward.stats.ranks import kendall_tau_b, rank_biased_overlap, spearman_rho, top_ranking
 from tl_reward.sweep.agreement import METRICS
 from tl_reward.sweep.extremes import percentiles
 from tl_reward.sweep.vocab_sweep import VocabSweep
 
 
-@dataclass
-class PromptFraming:
+@dataclass(repr=False)
+class PromptFraming(ShortRepr):
     """Agreement of one model's rankings across prompts.
 
     Attributes:

@@ -21,14 +21,15 @@ import numpy as np
 import pandas as pd
 
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 from tl_reward.stats.regression import OLSFit, ols
 from tl_reward.sweep.lexicon import afinn_lexicon, zipf_frequency
 from tl_reward.sweep.valence import lexicon_words
 from tl_reward.sweep.vocab_sweep import VocabSweep
 
 
-@dataclass
-class FrequencyBias:
+@dataclass(repr=False)
+class FrequencyBias(ShortRepr):
     """Score against log word frequency, with and without valence as a covariate.
 
     Attributes:

@@ -20,12 +20,13 @@ from typing import Any
 import pandas as pd
 
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 from tl_reward.sweep.lexicon import percentile_of, token_word
 from tl_reward.sweep.vocab_sweep import VocabSweep
 
 
-@dataclass
-class IdentityAudit:
+@dataclass(repr=False)
+class IdentityAudit(ShortRepr):
     """Percentiles of identity terms' tokens per prompt.
 
     Attributes:

@@ -20,6 +20,7 @@ from typing import Any
 from tl_reward.data.conversation import Conversation, Message, as_conversation
 from tl_reward.errors import TLRewardError
 from tl_reward.model.inputs import template_ids
+from tl_reward.results import ShortRepr
 
 Prompt = str | Sequence[Mapping[str, str]]
 
@@ -27,8 +28,8 @@ Prompt = str | Sequence[Mapping[str, str]]
 _PLACEHOLDERS = ("A", "B", "x", "Z", "Hello", "OK")
 
 
-@dataclass(frozen=True)
-class ResponseTemplate:
+@dataclass(frozen=True, repr=False)
+class ResponseTemplate(ShortRepr):
     """``prefix + [v] + suffix``: a prompt with a one-token assistant response ``v``.
 
     Attributes:

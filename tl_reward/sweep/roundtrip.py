@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from tl_reward.data.conversation import Conversation, Message
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 from tl_reward.sweep.response_template import Prompt, ResponseTemplate, response_template
 
 if TYPE_CHECKING:
@@ -57,8 +58,8 @@ def text_path_ids(tokenizer: Any, conversation: Conversation, token_id: int,
     return [int(t) for t in out]
 
 
-@dataclass
-class RoundTripReport:
+@dataclass(repr=False)
+class RoundTripReport(ShortRepr):
     """Per token: does the text path give the same ids as the id path?
 
     Attributes:

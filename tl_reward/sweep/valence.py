@@ -23,13 +23,14 @@ import pandas as pd
 from scipy import special
 
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 from tl_reward.stats.regression import OLSFit, ols
 from tl_reward.sweep.lexicon import afinn_lexicon, per_word, scale_values, word_table
 from tl_reward.sweep.vocab_sweep import VocabSweep
 
 
-@dataclass
-class ValenceAsymmetry:
+@dataclass(repr=False)
+class ValenceAsymmetry(ShortRepr):
     """Score against valence, fitted separately for positive and negative words.
 
     Attributes:

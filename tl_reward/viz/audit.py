@@ -33,7 +33,9 @@ def probe_forest(report: Any, standardised: bool = False, title: str | None = No
     fig = go.Figure(go.Scatter(
         x=mean, y=labels, mode="markers+text", text=text, textposition="top center",
         marker={"color": colour, "size": 10},
-        error_x={"type": "data", "symmetric": False, "array": hi - mean, "arrayminus": mean - lo},
+        error_x={"type": "data", "symmetric": False, "array": hi - mean, "arrayminus": mean - lo,
+                 "color": "#555"},  # the bars would inherit the per-point colour list
+        textfont={"color": "#333"}, cliponaxis=False,  # the top label is not cut off
         hovertemplate="%{y}: %{x:.4f}<extra></extra>"))
     fig.add_vline(x=0, line_dash="dash", line_color="black")
     unit = "natural-reply sd" if standardised else "reward units"
@@ -58,10 +60,14 @@ def effect_size_forest(report: Any, title: str | None = None) -> Any:
         x=np.nan_to_num(es), y=labels, mode="markers",
         marker={"symbol": ["circle" if e == e else "x" for e in es], "size": 10},
         error_x={"type": "data", "symmetric": False, "array": np.nan_to_num(hi - es),
-                 "arrayminus": np.nan_to_num(es - lo)},
-        text=[s.effect_reason or "" for s in stats],
+                 "arrayminus": np.nan_to_num(es - lo), "color": "#555"},
+        text=[(s.effect_reason or "") + f" CI [{s.effect_ci_low:.3g}, {s.effect_ci_high:.3g}]"
+              for s in stats],
         hovertemplate="%{y}: %{x:.3f} %{text}<extra></extra>"))
     fig.add_vline(x=0, line_dash="dash", line_color="black")
+    finite = np.abs(es[np.isfinite(es)])
+    lim = max(1.0, 2.0 * float(finite.max())) if finite.size else 1.0
+    fig.update_xaxes(range=[-lim, lim])  # a tiny-n interval (sd near 0) would stretch it
     fig.update_layout(title=title or "Paired effect size (mean / sd, ddof 1) with 95% bootstrap "
                                      "CI; x = undefined (zero spread or n < 2)",
                       xaxis_title="effect size", yaxis={"autorange": "reversed"},

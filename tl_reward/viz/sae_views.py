@@ -16,7 +16,8 @@ def attribution_bar(df: pd.DataFrame, b_dec: float, error: float, title: str) ->
     colors = ["#1f77b4" if v >= 0 else "#d62728" for v in df.contribution] + ["#7f7f7f"] * 2
     fig = go.Figure(go.Bar(x=values, y=labels, orientation="h", marker_color=colors))
     fig.update_layout(title=title, xaxis_title="contribution to the reward",
-                      yaxis={"autorange": "reversed"}, height=max(300, 22 * len(labels)))
+                      yaxis={"autorange": "reversed", "type": "category", "dtick": 1},
+                      height=max(300, 22 * len(labels)))
     return fig
 
 
@@ -31,7 +32,8 @@ def pair_difference_bar(df: pd.DataFrame, title: str) -> Any:
     fig = go.Figure(go.Bar(x=list(df.mean_difference), y=labels, orientation="h",
                            marker_color=colors, hovertext=hover))
     fig.update_layout(title=title, xaxis_title="mean contribution, chosen - rejected",
-                      yaxis={"autorange": "reversed"}, height=max(300, 22 * len(labels)))
+                      yaxis={"autorange": "reversed", "type": "category", "dtick": 1},
+                      height=max(300, 22 * len(labels)))
     return fig
 
 
@@ -66,14 +68,18 @@ def feature_dashboard(views: list[Any]) -> Any:
 
     if not views:
         raise ValueError("no feature views to show")
-    toks = [[list(v.examples.context_tokens) or [[""]] for v in views]]
+    from tl_reward.viz.tokens import token_labels
+
+    toks = [[[token_labels(c) for c in v.examples.context_tokens] or [[""]] for v in views]]
     acts = [[list(v.examples.context_activations) or [[0.0]] for v in views]]
     labels = [f"{v.feature} (align {v.reward_alignment:+.2f}, ablation "
               f"{v.mean_ablation_effect:+.3f})" for v in views]
-    return topk_samples(tokens=toks, activations=acts, zeroth_dimension_name="SAE",
-                        first_dimension_name="Feature",
-                        zeroth_dimension_labels=[views[0].hook_name],
-                        first_dimension_labels=labels)
+    from tl_reward.viz.html import closed_view
+
+    return closed_view(topk_samples(tokens=toks, activations=acts, zeroth_dimension_name="SAE",
+                                    first_dimension_name="Feature",
+                                    zeroth_dimension_labels=[views[0].hook_name],
+                                    first_dimension_labels=labels))
 
 
 def ablation_effect_scatter(view: Any) -> Any:
@@ -103,4 +109,5 @@ def feature_summary_bars(summary: pd.DataFrame) -> Any:
     for c, (key, _) in enumerate(cols, start=1):
         fig.add_trace(go.Bar(x=labels, y=list(summary[key]), showlegend=False), row=1, col=c)
     fig.update_layout(title="SAE features and the reward", height=350)
+    fig.update_xaxes(type="category", tickmode="linear", dtick=1)  # every feature labelled
     return fig

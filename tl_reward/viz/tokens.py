@@ -6,15 +6,64 @@ standalone HTML with :func:`tl_reward.viz.html.save_html`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
 
+from tl_reward.viz.html import closed_view
 
-def clean_token(tok: str) -> str:
-    """Byte-level BPE markers shown as plain spaces and newlines."""
-    return tok.replace("\u0120", " ").replace("\u010a", "\n").replace("\u2581", " ")
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, symbol -> byte (``'Ġ'`` -> 32, ``'Ċ'`` -> 10)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, n = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTES = _byte_decoder()
+_SPECIAL = re.compile(r"^(<\|[^|<>]+\|>|<[/]?[a-z_]+>|\[[A-Z]+\])$")
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+#: whitespace made visible in token labels
+VISIBLE = {" ": "\u00b7", "\n": "\u21b5", "\t": "\u2192", "\r": "\u240d"}
+
+
+def token_label(tok: str, special: Collection[str] = ()) -> str:
+    """A tokenizer symbol as the text it stands for, whitespace and special tokens visible.
+
+    Byte-level BPE (``'Ġare'``) and SentencePiece (``'▁are'``, ``'<0x0A>'``) symbols are
+    decoded; spaces show as ``·``, newlines as ``↵``, tabs as ``→``; a special token
+    (in ``special``, or shaped like ``<|im_end|>``, ``</s>``, ``[CLS]``) as ``⟨im_end⟩``.
+
+    Example:
+        >>> token_label("Ġare"), token_label("Ċ"), token_label("<|im_end|>")
+        ('·are', '↵', '⟨im_end⟩')
+    """
+    if tok in special or _SPECIAL.match(tok):
+        return "\u27e8" + tok.strip("<>|[]") + "\u27e9"
+    if m := _BYTE_FALLBACK.match(tok):
+        text = chr(int(m[1], 16))
+    else:
+        try:  # byte-level BPE; a SentencePiece piece such as 'é' is not valid UTF-8 bytes
+            text = bytes(_BYTES[c] for c in tok).decode("utf-8")
+        except (KeyError, UnicodeDecodeError):
+            text = tok.replace("\u2581", " ")
+    return "".join(VISIBLE.get(c, c) for c in text)
+
+
+def token_labels(tokens: Sequence[str], tokenizer: Any = None) -> list[str]:
+    """:func:`token_label` of each token, the tokenizer's special tokens marked."""
+    special = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    return [token_label(t, special) for t in tokens]
+
+
+clean_token = token_label  # the name earlier views used
 
 
 def token_reward_map(tokens: Sequence[str], values: torch.Tensor | Sequence[float]) -> Any:
@@ -23,8 +72,8 @@ def token_reward_map(tokens: Sequence[str], values: torch.Tensor | Sequence[floa
 
     vals = torch.as_tensor(values, dtype=torch.float32)
     lim = float(vals.abs().max()) or 1.0
-    return cv.tokens.colored_tokens([clean_token(t) for t in tokens], vals.tolist(),
-                                    min_value=-lim, max_value=lim)
+    return closed_view(cv.tokens.colored_tokens(token_labels(tokens), vals.tolist(),
+                                                min_value=-lim, max_value=lim))
 
 
 def attribution_token_map(dra: Any, index: int = 0, objective: int | str = 0,
@@ -52,9 +101,9 @@ def head_attention_view(model: Any, tokens: torch.Tensor | Sequence[int],
                                     names_filter=lambda n: n in {
                                         f"blocks.{la}.attn.hook_pattern" for la in layers})
     pats = torch.stack([cache[f"blocks.{la}.attn.hook_pattern"][0, h] for la, h in heads])
-    strs = [clean_token(t) for t in model.tokenizer.convert_ids_to_tokens(toks[0].tolist())]
-    return cv.attention.attention_heads(pats.float().cpu(), strs,
-                                        attention_head_names=[f"L{la}H{h}" for la, h in heads])
+    strs = token_labels(model.tokenizer.convert_ids_to_tokens(toks[0].tolist()), model.tokenizer)
+    return closed_view(cv.attention.attention_heads(
+        pats.float().cpu(), strs, attention_head_names=[f"L{la}H{h}" for la, h in heads]))
 
 
 def top_heads(dra: Any, k: int = 4, index: int = 0, objective: int | str = 0

@@ -1,0 +1,136 @@
+"""Check an HTML report as a person sees it: rendered by headless Chromium with the network off.
+
+Example:
+    >>> page = render_page("explain.html", screenshot="explain.png")
+    >>> assert not page_problems(page), page_problems(page)
+
+Needs a ``chromium`` binary (Debian: ``apt-get install -y chromium``); :func:`chromium_path`
+is ``None`` without one.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+
+#: resolve no host and route everything to a closed port: a report must not need the network
+OFFLINE_FLAGS = ('--host-resolver-rules=MAP * ~NOTFOUND', "--proxy-server=127.0.0.1:9")
+_CONSOLE = re.compile(r":INFO:CONSOLE[^\]]*\] (.*)$", re.M)
+#: what a page would fetch (links a reader may follow, ``<a href>``, are not requests)
+_EXTERNAL = re.compile(r"""(?:\bsrc\s*=\s*["']?|<link\b[^>]*\bhref\s*=\s*["']?|url\(\s*["']?"""
+                       r"""|@import\s+["']?)(?:https?:)?//""", re.I)
+
+
+def chromium_path() -> str | None:
+    """The headless browser's path, or ``None`` when none is installed."""
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+@dataclass
+class RenderedPage:
+    """A page as Chromium left it: the source, the DOM after scripts ran, console messages."""
+
+    source: str
+    dom: str
+    console: list[str] = field(default_factory=list)
+
+
+def render_page(path: str | Path, screenshot: str | Path | None = None, width: int = 1400,
+                height: int = 3000, budget_ms: int = 10_000, timeout: float = 180.0
+                ) -> RenderedPage:
+    """Render ``path`` offline; ``screenshot`` also writes a ``width`` x ``height`` PNG."""
+    exe = chromium_path()
+    if exe is None:
+        raise RuntimeError("no chromium: apt-get install -y chromium")
+    path = Path(path).resolve()
+    base = [exe, "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
+            *OFFLINE_FLAGS, "--enable-logging=stderr", "--v=0",
+            f"--virtual-time-budget={budget_ms}", f"--window-size={width},{height}"]
+    run = subprocess.run([*base, "--dump-dom", path.as_uri()], capture_output=True, text=True,
+                         timeout=timeout, check=True)
+    if screenshot is not None:
+        subprocess.run([*base, f"--screenshot={Path(screenshot).resolve()}", path.as_uri()],
+                       capture_output=True, text=True, timeout=timeout, check=True)
+    return RenderedPage(path.read_text(encoding="utf-8"), run.stdout,
+                        _CONSOLE.findall(run.stderr))
+
+
+class _Outline(HTMLParser):
+    """Headings' text, plot and circuitsvis containers, and how much each holds."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.headings: list[str] = []
+        self.containers: dict[str, int] = {}  # id -> elements inside
+        self._heading: list[str] | None = None
+        self._open: list[tuple[str, str | None]] = []  # (tag, container id)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        cls, ident = a.get("class") or "", a.get("id") or ""
+        for _, cid in self._open:
+            if cid is not None:
+                self.containers[cid] += 1
+        is_box = tag == "div" and (ident.startswith("circuits-vis-") or "plotly-graph-div" in cls)
+        if is_box:
+            self.containers[ident] = 0
+        if tag in ("h2", "h3"):
+            self._heading = []
+        if tag not in _VOID:
+            self._open.append((tag, ident if is_box else None))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("h2", "h3") and self._heading is not None:
+            self.headings.append(" ".join("".join(self._heading).split()))
+            self._heading = None
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i][0] == tag:
+                del self._open[i:]
+                break
+
+    def handle_data(self, data: str) -> None:
+        if self._heading is not None:
+            self._heading.append(data)
+
+
+_VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+         "track", "wbr"}
+
+
+def outline(html: str) -> _Outline:
+    """The headings and containers of an HTML document."""
+    parser = _Outline()
+    parser.feed(html)
+    return parser
+
+
+def source_outline(source: str) -> _Outline:
+    """The headings and containers the source declares (scripts' text ignored)."""
+    return outline(re.sub(r"<script\b.*?</script>", "", source, flags=re.S | re.I))
+
+
+def page_problems(page: RenderedPage) -> list[str]:
+    """What a reader would miss: each heading or container of the source absent from the
+    rendered page, each container left empty, each console message, each external address."""
+    want, got = source_outline(page.source), outline(page.dom)
+    problems = [f"heading missing: {h!r}" for h in want.headings if h not in got.headings]
+    for cid in want.containers:
+        if cid not in got.containers:
+            problems.append(f"container missing: {cid}")
+        elif got.containers[cid] == 0:
+            problems.append(f"container empty (not rendered): {cid}")
+    problems += [f"console: {m}" for m in page.console]
+    scripts_out = re.sub(r"<script\b[^>]*>.*?</script>", "<script></script>", page.dom,
+                         flags=re.S | re.I)
+    problems += [f"external address: ...{scripts_out[max(0, m.start() - 60):m.end() + 40]}..."
+                 for m in _EXTERNAL.finditer(scripts_out)]
+    problems += [f"external import in a script: {m[0]}" for m in
+                 re.finditer(r"""import\s*\{?[^;]*?from\s*["']https?://[^"']+""", page.source)]
+    return problems
