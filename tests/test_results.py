@@ -38,3 +38,22 @@ def test_results_print_short(tiny) -> None:  # noqa: ANN001
     from tl_reward.results import describe
 
     assert describe(small) == "Tensor[2] float32: [0.5, -1]"
+
+
+def test_rewards_sweeps_and_reports_print_short(tiny) -> None:  # noqa: ANN001
+    """The rest of the result classes: rewards, sweeps, implicit rewards, readouts."""
+    from tl_reward.analysis.readout import reward_readout
+    from tl_reward.sweep.vocab_sweep import score_vocabulary
+
+    model = tiny("llama", 1)[0]
+    res = model.rewards([("Is the sky blue?", "Yes.")] * 40)
+    _short(repr(res), "RewardResult")
+    lo, hi = float(res.rewards.min()), float(res.rewards.max())
+    assert f"range [{lo:.4g}, {hi:.4g}]" in repr(res) or lo == hi
+    sweep = score_vocabulary(model, "Love?", list(range(20, 120)), progress=False)
+    _short(repr(sweep), "VocabSweep")
+    batch = model.build([("Is the sky blue?", "Yes.")])
+    with torch.no_grad():
+        resid = model(batch.tokens, attention_mask=batch.attention_mask,
+                      stop_at_layer=model.cfg.n_layers)
+    _short(repr(reward_readout(model, resid, batch.tokens, batch.attention_mask)), "Readout")

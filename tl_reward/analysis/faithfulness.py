@@ -44,6 +44,7 @@ from tl_reward.analysis.patching import patch_components
 from tl_reward.analysis.readout import resolve_objectives
 from tl_reward.data.pairs import TokenizedPair, as_pair_batch
 from tl_reward.errors import TLRewardError
+from tl_reward.results import ShortRepr
 from tl_reward.stats.resampling import spearman, summarise_mean
 from tl_reward.store import EntryCache, RunIdentity, entry_key
 
@@ -100,8 +101,8 @@ def pair_scores(
             "scores": {k: v.float().cpu().tolist() for k, v in scores.items()}}
 
 
-@dataclass
-class FaithfulnessReport:
+@dataclass(repr=False)
+class FaithfulnessReport(ShortRepr):
     """Per-pair component scores and their rank agreement.
 
     Attributes:

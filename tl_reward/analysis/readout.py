@@ -25,6 +25,7 @@ import torch
 from jaxtyping import Float, Int
 
 from tl_reward.errors import UnknownObjectiveError
+from tl_reward.results import ShortRepr
 
 ObjectiveSpec = int | str | Sequence[int | str] | None
 
@@ -86,8 +87,8 @@ def resolve_objectives(model: object, objectives: ObjectiveSpec) -> list[str]:
     return out
 
 
-@dataclass
-class Readout:
+@dataclass(repr=False)
+class Readout(ShortRepr):
     """How the reward is read from the final residual of a batch.
 
     Attributes:

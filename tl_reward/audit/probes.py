@@ -44,6 +44,7 @@ from tl_reward.audit.perturbations import (
     resolve_dimensions,
     user_items,
 )
+from tl_reward.results import ShortRepr
 from tl_reward.stats.paired import (
     benjamini_hochberg,
     paired_effect_size,
@@ -203,8 +204,8 @@ def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = 
         hi / scale, published_cohens_d(d) if d.size else float("nan"))
 
 
-@dataclass
-class ProbeReport:
+@dataclass(repr=False)
+class ProbeReport(ShortRepr):
     """A probe run: the per-item table and per-dimension statistics for one objective.
 
     Attributes:
@@ -412,8 +413,8 @@ def published_probes() -> list[PublishedProbe]:
     return published_probe_texts()
 
 
-@dataclass
-class PublishedProbeReport:
+@dataclass(repr=False)
+class PublishedProbeReport(ShortRepr):
     """The published probes scored, with its statistic beside ours.
 
     Attributes:

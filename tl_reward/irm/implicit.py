@@ -19,10 +19,11 @@ from jaxtyping import Float, Int
 from tl_reward.errors import TLRewardError
 from tl_reward.irm.models import is_hooked, model_device
 from tl_reward.model.inputs import EncodedInput, RewardBatch, RewardInput, collate, encode
+from tl_reward.results import ShortRepr
 
 
-@dataclass
-class ImplicitRewardResult:
+@dataclass(repr=False)
+class ImplicitRewardResult(ShortRepr):
     """Implicit rewards of a batch of responses, with each response token's contribution.
 
     Attributes:

@@ -26,12 +26,13 @@ from tqdm.auto import tqdm
 from tl_reward import tl_backend
 from tl_reward.errors import TLRewardError
 from tl_reward.irm.models import hooked_logits, is_hooked, model_device
+from tl_reward.results import ShortRepr
 from tl_reward.sweep.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.sweep.vocab_sweep import VocabSweep, special_token_ids
 
 
-@dataclass
-class IrmVocabSweep:
+@dataclass(repr=False)
+class IrmVocabSweep(ShortRepr):
     """Implicit rewards of N single-token responses for P prompts.
 
     Attributes:

@@ -14,14 +14,15 @@ from tqdm.auto import tqdm
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import UnknownObjectiveError
 from tl_reward.model.heads import ArmoRMHead
+from tl_reward.results import ShortRepr
 
 if TYPE_CHECKING:
     from tl_reward.model.hooked_reward_model import HookedRewardModel
     from tl_reward.model.inputs import RewardInput
 
 
-@dataclass
-class RewardResult:
+@dataclass(repr=False)
+class RewardResult(ShortRepr):
     """Rewards of N inputs.
 
     Attributes:
@@ -126,8 +127,8 @@ def score_inputs(
                         list(labels) if labels is not None else None)
 
 
-@dataclass
-class PairScores:
+@dataclass(repr=False)
+class PairScores(ShortRepr):
     """Scores of chosen and rejected replies over N preference pairs."""
 
     chosen: Float[torch.Tensor, " n"]

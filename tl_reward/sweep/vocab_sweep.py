@@ -30,6 +30,7 @@ from tl_reward.data.conversation import Conversation, is_conversation
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.model.fingerprint import model_fingerprint
 from tl_reward.model.heads import objective_slot
+from tl_reward.results import ShortRepr
 from tl_reward.sweep.response_template import (
     Prompt,
     ResponseTemplate,
@@ -60,8 +61,8 @@ MODES = ("ids", "text")
 CACHES = ("auto", "fast", "stock", "none")
 
 
-@dataclass
-class VocabSweep:
+@dataclass(repr=False)
+class VocabSweep(ShortRepr):
     """Scores of single-token responses: N candidate tokens x P prompts (x K objectives).
 
     Attributes:
@@ -440,8 +441,8 @@ def score_vocabulary(
     return sweep.select(given_ids(model, ids))
 
 
-@dataclass
-class SweepPlan:
+@dataclass(repr=False)
+class SweepPlan(ShortRepr):
     """What one sweep scores, in which chunks (everything but the model's forward passes).
 
     Attributes:
