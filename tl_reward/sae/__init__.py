@@ -7,6 +7,8 @@
   predicted with the actual reward change.
 * :func:`top_features`, :func:`feature_views`: the features behind a set of preferences, and one
   feature's reward alignment, top-activating tokens over a corpus and ablation effect.
+* :func:`sae_fit`: how well an SAE reconstructs the RM's activations (all positions and the
+  pooled token) and how much of the reward and the pair margins survive it spliced in.
 * :func:`collect_activations`, :func:`train_topk_sae`: train a TopK SAE on the RM's own
   activations with SAELens's trainer, offline.
 
@@ -28,6 +30,7 @@ from tl_reward.sae.features import (
     feature_views,
     top_features,
 )
+from tl_reward.sae.fit import SAEFit, sae_fit
 from tl_reward.sae.splice import SAEError, as_sae_model, check_sae, final_hook
 from tl_reward.sae.training import TrainedSAE, collect_activations, train_topk_sae
 
@@ -38,6 +41,7 @@ __all__ = [
     "TopFeatures",
     "TrainedSAE",
     "PairSAEAttribution",
+    "SAEFit",
     "SAEAttribution",
     "SAEError",
     "ablation_check",
@@ -49,6 +53,7 @@ __all__ = [
     "final_hook",
     "pair_ablation_check",
     "sae_attribution",
+    "sae_fit",
     "top_features",
     "train_topk_sae",
 ]
