@@ -147,3 +147,36 @@ def test_processing_and_bos_mismatches(tiny, tmp_path) -> None:
     p = write_sae(tmp_path / "f", llama.cfg.d_model, "blocks.9.hook_resid_post")
     with pytest.raises(SAEError, match="not a hook"):
         load_sae(llama, str(p))
+
+
+def test_cli_sae_fit(tmp_path, capsys) -> None:
+    """``tl-reward sae-fit``: the listing, and the fit of a disk SAE equal to ``sae_fit``'s."""
+    import json
+
+    import pandas as pd
+
+    from tl_reward import HookedRewardModel
+    from tl_reward.cli import main
+    from tl_reward.sae import sae_fit
+    from tl_reward.testing import save_tiny_reward_model
+
+    assert main(["sae-fit", "--list", "--model", "Skywork/Skywork-Reward-V2-Qwen3-8B"]) == 0
+    assert "qwen-scope-3-8b-base" in capsys.readouterr().out
+    path = save_tiny_reward_model(tmp_path / "rm", "llama")
+    model = HookedRewardModel.from_pretrained(str(path), device="cpu")
+    sae_dir = write_sae(tmp_path / "sae", model.cfg.d_model, "blocks.1.hook_resid_post")
+    pairs = [{"prompt": "Is the sky blue?", "chosen": "Yes.", "rejected": "No, green."},
+             {"prompt": "hi", "chosen": "Hello!", "rejected": "Go away."},
+             {"prompt": "2+2?", "chosen": "4", "rejected": "5"}]
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text("\n".join(json.dumps(x) for x in pairs))
+    out = tmp_path / "fit.csv"
+    assert main(["sae-fit", "--model", str(path), "--device", "cpu", "--sae", str(sae_dir),
+                 "--input", str(jsonl), "--output", str(out)]) == 0
+    df = pd.read_csv(out)
+    want = sae_fit(model, SAE.load_from_disk(sae_dir),
+                   [(p["prompt"], p["chosen"], p["rejected"]) for p in pairs]).to_dataframe()
+    assert list(df["metric"]) == list(want["metric"])
+    torch.testing.assert_close(torch.tensor(df["value"].values), torch.tensor(want["value"].values),
+                               atol=1e-6, rtol=1e-6)
+    assert main(["sae-fit", "--model", str(path), "--sae", str(sae_dir)]) == 1

@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, str] = {
     "sweep": "tl_reward.cli.sweep",
     "audit": "tl_reward.cli.audit",
     "compare": "tl_reward.cli.compare",
+    "sae-fit": "tl_reward.cli.sae_fit",
 }
 
 
