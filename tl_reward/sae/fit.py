@@ -2,7 +2,10 @@
 
 :func:`sae_fit` runs the RM on its own (chat-templated) inputs, once clean and once with the
 SAE spliced in without its error term (the reconstruction replaces the activation), and
-reports, at every real (non-pad) position and at the pooled token separately:
+reports, at every real (non-pad) position (``"all"``), at the real positions that hold no special
+token (``"non_special"``: what :func:`~tl_reward.sae.training.collect_activations` trains on by
+default; special tokens such as ``<|im_start|>`` carry outlier norms) and at the pooled token
+(``"pooled"``, where the head reads) separately:
 
 * ``explained_variance``: ``1 - sum|x - x_hat|^2 / sum|x - mean(x)|^2`` over the positions
   (the mean taken over the same positions); 0 is the mean-only baseline.
@@ -41,13 +44,14 @@ from tqdm.auto import tqdm
 from tl_reward.data.pairs import PairBatch, PreferencePair, TokenizedPair, as_pair_batch
 from tl_reward.sae.splice import as_sae_model, check_sae, run_objectives
 
-REGIONS = ("all", "pooled")
+REGIONS = ("all", "non_special", "pooled")
 
 
 @dataclass
 class SAEFit:
     """:func:`sae_fit`'s result: reconstruction metrics per region (``"all"`` real positions,
-    ``"pooled"`` token) and the reward recovered with the SAE spliced in (no error term)."""
+    ``"non_special"`` ones, the ``"pooled"`` token) and the reward recovered with the SAE
+    spliced in (no error term)."""
 
     hook_name: str
     objective: str
@@ -119,7 +123,9 @@ def sae_fit(
             x = x.reshape(*x.shape[:2], -1).to(acc)
         rows = torch.arange(x.shape[0], device=x.device)
         pooled = batch.pooled.to(x.device)
-        sel = {"all": mask.to(x.device).bool(),
+        real = mask.to(x.device).bool()
+        special = torch.tensor(sorted(set(model.tokenizer.all_special_ids)), device=x.device)
+        sel = {"all": real, "non_special": real & ~torch.isin(tokens.to(x.device), special),
                "pooled": torch.zeros_like(mask, dtype=torch.bool, device=x.device)}
         sel["pooled"][rows, pooled] = True
         for r, keep in sel.items():
