@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 from sae_lens import SAE
+from sae_lens.saes.jumprelu_sae import JumpReLUSAE, JumpReLUSAEConfig
 from sae_lens.saes.sae import SAEMetadata
 from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
+from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
 
 from tl_reward.errors import SAEError
 from tl_reward.sae import as_sae_model
@@ -48,12 +50,18 @@ def test_saes_for_none_with_a_reason() -> None:
     assert normalise_model_name("Qwen/Qwen3-8B") == normalise_model_name("qwen3-8b")
 
 
-def write_sae(path: Path, d_in: int, hook: str, seed: int = 0, **cfg: object) -> Path:
-    """A seeded StandardSAE saved in SAELens's disk format (cfg.json + safetensors)."""
+ARCHS = {"standard": (StandardSAE, StandardSAEConfig), "topk": (TopKSAE, TopKSAEConfig),
+         "jumprelu": (JumpReLUSAE, JumpReLUSAEConfig)}
+
+
+def write_sae(path: Path, d_in: int, hook: str, seed: int = 0, arch: str = "standard",
+              **cfg: object) -> Path:
+    """A seeded SAELens SAE of ``arch`` saved in SAELens's disk format (cfg.json +
+    safetensors)."""
     meta = dict(hook_name=hook, model_name="tiny", prepend_bos=cfg.pop("prepend_bos", True),
                 model_from_pretrained_kwargs=cfg.pop("model_from_pretrained_kwargs", {}))
-    sae = StandardSAE(StandardSAEConfig(d_in=d_in, d_sae=48, metadata=SAEMetadata(**meta),
-                                        **cfg))
+    cls, cfg_cls = ARCHS[arch]
+    sae = cls(cfg_cls(d_in=d_in, d_sae=48, metadata=SAEMetadata(**meta), **cfg))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in sae.parameters():
@@ -74,6 +82,8 @@ VARIANTS = [
     ("blocks.0.hook_mlp_out", dict(normalize_activations="constant_norm_rescale")),
     ("blocks.1.hook_resid_post", dict(normalize_activations="layer_norm")),
     ("blocks.1.attn.hook_z", dict(reshape_activations="hook_z")),
+    ("blocks.0.hook_resid_post", dict(arch="topk", k=6)),
+    ("blocks.1.hook_mlp_out", dict(arch="jumprelu", apply_b_dec_to_input=False)),
 ]
 
 
@@ -85,6 +95,7 @@ def test_disk_sae_variants_splice_as_saelens(tiny, tmp_path, hook, cfg) -> None:
     d_in = model.cfg.n_heads * model.cfg.d_head if hook.endswith("hook_z") else model.cfg.d_model
     sae = load_sae(model, str(write_sae(tmp_path, d_in, hook, **dict(cfg))))
     assert sae.cfg.apply_b_dec_to_input == cfg.get("apply_b_dec_to_input", True)
+    assert sae.cfg.architecture() == cfg.get("arch", "standard")
     batch = model.build([("Is the sky blue?", "Yes."), ("hi", "Hello there, friend!")])
     x = hook_acts(model, batch, hook)
     with torch.no_grad():
