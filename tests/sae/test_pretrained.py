@@ -14,7 +14,7 @@ from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
 from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
 
 from tl_reward.errors import SAEError
-from tl_reward.sae import as_sae_model
+from tl_reward.sae import as_sae_model, sae_fit
 from tl_reward.sae.pretrained import load_sae, normalise_model_name, prepare_sae, saes_for
 
 
@@ -116,6 +116,8 @@ def test_expected_average_norm_needs_its_factor(tiny, tmp_path) -> None:
                      normalize_activations="expected_average_only_in")
     with pytest.raises(SAEError, match="normalize_activations"):
         load_sae(model, str(path))                          # load_from_disk does not fold it
+    with pytest.raises(SAEError, match="normalize_activations"):
+        sae_fit(model, SAE.load_from_disk(path), [("hi", "Hello!")])
     s = 2.5
     sae = load_sae(model, str(path), norm_scaling_factor=s)
     assert sae.cfg.normalize_activations == "none"

@@ -42,7 +42,8 @@ from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from tl_reward.data.pairs import PairBatch, PreferencePair, TokenizedPair, as_pair_batch
-from tl_reward.sae.splice import as_sae_model, check_sae, run_objectives
+from tl_reward.sae.pretrained import prepare_sae
+from tl_reward.sae.splice import as_sae_model, run_objectives
 
 REGIONS = ("all", "non_special", "pooled")
 
@@ -98,9 +99,10 @@ def sae_fit(
 ) -> SAEFit:
     """Fit of ``sae`` on ``model``'s activations over ``inputs`` and the reward it recovers
     (definitions in :mod:`tl_reward.sae.fit`). ``inputs``: anything ``model.build`` takes, or
-    preference pairs (then margins and flips are reported)."""
+    preference pairs (then margins and flips are reported). The SAE is checked first
+    (:func:`~tl_reward.sae.pretrained.prepare_sae`: an unfolded normalisation factor raises)."""
     model = as_sae_model(model)
-    hook = check_sae(model, sae)
+    hook = prepare_sae(model, sae).cfg.metadata.hook_name
     items, n_pairs = _items(model, inputs)
     acc = torch.float64 if model.cfg.dtype == torch.float64 else torch.float32
     stats = {r: {"sse": 0.0, "sq": 0.0, "sum": None, "n": 0, "l0": 0.0,
