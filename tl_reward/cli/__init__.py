@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, str] = {
     "compare": "tl_reward.cli.compare",
     "faithfulness": "tl_reward.cli.faithfulness",
     "irm": "tl_reward.cli.irm",
+    "sae-fit": "tl_reward.cli.sae_fit",
 }
 
 

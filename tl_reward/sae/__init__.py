@@ -7,6 +7,11 @@
   predicted with the actual reward change.
 * :func:`top_features`, :func:`feature_views`: the features behind a set of preferences, and one
   feature's reward alignment, top-activating tokens over a corpus and ablation effect.
+* :func:`saes_for`, :func:`load_sae`, :func:`prepare_sae`: the SAELens releases for an RM's base
+  model (offline, from SAELens's registry), loaded and checked against the model's hooks,
+  processing, normalisation and BOS convention.
+* :func:`sae_fit`: how well an SAE reconstructs the RM's activations (all positions and the
+  pooled token) and how much of the reward and the pair margins survive it spliced in.
 * :func:`collect_activations`, :func:`train_topk_sae`: train a TopK SAE on the RM's own
   activations with SAELens's trainer, offline.
 
@@ -28,6 +33,8 @@ from tl_reward.sae.features import (
     feature_views,
     top_features,
 )
+from tl_reward.sae.fit import SAEFit, sae_fit
+from tl_reward.sae.pretrained import PretrainedSAEs, load_sae, prepare_sae, saes_for
 from tl_reward.sae.splice import SAEError, as_sae_model, check_sae, final_hook
 from tl_reward.sae.training import TrainedSAE, collect_activations, train_topk_sae
 
@@ -38,6 +45,8 @@ __all__ = [
     "TopFeatures",
     "TrainedSAE",
     "PairSAEAttribution",
+    "PretrainedSAEs",
+    "SAEFit",
     "SAEAttribution",
     "SAEError",
     "ablation_check",
@@ -46,9 +55,13 @@ __all__ = [
     "collect_activations",
     "differential_sae_attribution",
     "feature_views",
+    "load_sae",
     "final_hook",
     "pair_ablation_check",
+    "prepare_sae",
     "sae_attribution",
+    "sae_fit",
+    "saes_for",
     "top_features",
     "train_topk_sae",
 ]
