@@ -116,3 +116,18 @@ def test_sign_flip_null_calibration_by_simulation() -> None:
     # a shifted sample is detected (the test is not trivially conservative)
     shifted = [sign_flip_test(rng.normal(1.0, 1, 12)).pvalue for _ in range(50)]
     assert np.mean(np.array(shifted) <= 0.05) > 0.8
+
+
+@pytest.mark.parametrize("n", [2, 3, 7, 10, 100, 1000])
+@pytest.mark.parametrize("v", [0.1, 0.3, 1 / 3, 0.7, -2.2, 7.7e10, 1e-200])
+def test_constant_differences_are_undefined_for_any_n(n: int, v: float) -> None:
+    # on main [0.1] * 3 gave sd = 1.7e-17 (rounding) and an effect of 5.9e15
+    e = paired_effect_size([v] * n)
+    assert np.isnan(e.value) and not e.defined and "zero spread" in e.reason
+
+
+def test_tiny_real_spread_stays_defined() -> None:
+    # a spread of 1e-6 relative to the values is far above 64 ulps (1.4e-14): reference numpy
+    x = np.array([1.0, 1.0 + 1e-6, 1.0 - 1e-6, 1.0])
+    e = paired_effect_size(x)
+    assert e.value == pytest.approx(x.mean() / x.std(ddof=1), rel=1e-12)

@@ -111,11 +111,18 @@ class EffectSize:
         return self.reason is None
 
 
+#: Spread at or below ``SPREAD_ULPS * eps * max|x|`` counts as zero (see paired_effect_size).
+SPREAD_ULPS = 64
+
+
 def paired_effect_size(x: ArrayLike, zero_tol: float = 0.0) -> EffectSize:
     """``mean(x) / sd(x, ddof=1)`` of paired differences; NaN with a reason when undefined.
 
-    Undefined when ``n < 2`` (no spread can be estimated) or when the spread is 0 (``sd <=
-    zero_tol``): then ``mean / sd`` is ``0/0`` or ``c/0`` and no finite standardised size exists.
+    Undefined when ``n < 2`` (no spread can be estimated) or when the spread is 0: then
+    ``mean / sd`` is ``0/0`` or ``c/0`` and no finite standardised size exists. Zero spread
+    means ``sd <= max(zero_tol, SPREAD_ULPS * eps * max|x|)``: equal values give a rounding
+    ``sd`` of about one ulp of ``max|x|`` (``[0.1] * 3`` gives 1.7e-17, so ``mean / sd`` would
+    be 5.9e15), and a spread below 64 ulps of the data is below their resolution, for any n.
     """
     arr = _clean(x)
     n = int(arr.size)
@@ -124,7 +131,8 @@ def paired_effect_size(x: ArrayLike, zero_tol: float = 0.0) -> EffectSize:
         return EffectSize(float("nan"), f"n = {n}: a spread needs at least 2 items", mean,
                           float("nan"), n)
     sd = float(arr.std(ddof=1))
-    if not sd > zero_tol:
+    floor = max(zero_tol, SPREAD_ULPS * np.finfo(np.float64).eps * float(np.abs(arr).max()))
+    if not sd > floor:
         what = "all differences are equal" if mean != 0 else "all differences are 0"
         return EffectSize(float("nan"), f"zero spread ({what}): mean/sd is undefined", mean, sd,
                           n)
