@@ -8,13 +8,14 @@ otherwise draws ``B`` random patterns, with ``p = (1 + #{|sum*| >= |sum|}) / (1 
 observed pattern counted, so ``p > 0`` and the test keeps its level).
 
 Example:
-    >>> sign_flip_test([0.3, 0.1, -0.05, 0.4]).pvalue     # exact, 2^4 patterns
+    >>> sign_flip_test([0.3, 0.1, -0.05, 0.4]).p_value    # exact, 2^4 patterns
     >>> paired_effect_size([0.3, 0.1, -0.05, 0.4]).value   # mean / sd (ddof 1)
     >>> benjamini_hochberg([0.01, 0.04, 0.3])
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,23 +53,32 @@ class SignFlipResult:
     """A two-sided sign-flip test of ``mean(x) != 0``.
 
     Attributes:
-        pvalue: two-sided p-value (NaN when ``n == 0``).
+        p_value: two-sided p-value (NaN when ``n == 0``); ``pvalue`` is a deprecated alias.
         method: ``"exact"`` (all ``2^n`` patterns), ``"monte_carlo"`` or ``"undefined"``.
         n: number of non-NaN values; n_resamples: patterns drawn (Monte Carlo), else ``2^n``.
     """
 
-    pvalue: float
+    p_value: float
     method: str
     n: int
     n_resamples: int
 
+    @property
+    def pvalue(self) -> float:
+        """Deprecated alias of :attr:`p_value`."""
+        warnings.warn("SignFlipResult.pvalue is deprecated; use p_value", DeprecationWarning,
+                      stacklevel=2)
+        return self.p_value
+
 
 def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_resamples: int = 9_999,
                    seed: int = 0) -> SignFlipResult:
-    """Two-sided sign-flip permutation test for ``mean(x) != 0`` (NaNs dropped).
+    """Two-sided sign-flip permutation test for ``mean(x) != 0`` (NaNs dropped): the one
+    sign-flip engine of the package (``|sum|`` and ``|mean|`` order the patterns alike).
 
-    Exact for ``n <= exact_max_n`` (every sign pattern, ``p = #{|sum*| >= |sum|} / 2^n``);
-    otherwise Monte Carlo with ``p = (1 + count) / (1 + n_resamples)``.
+    Exact for ``n <= exact_max_n`` (default 20; every sign pattern,
+    ``p = #{|sum*| >= |sum|} / 2^n``); otherwise Monte Carlo with
+    ``p = (1 + count) / (1 + n_resamples)``.
     """
     arr = _clean(x)
     n = int(arr.size)

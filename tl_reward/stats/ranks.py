@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -27,11 +28,19 @@ ArrayLike = np.ndarray | torch.Tensor | Sequence[float]
 
 @dataclass(frozen=True)
 class RankCorrelation:
-    """A rank correlation with its two-sided p-value and sample size."""
+    """A rank correlation with its two-sided p-value and sample size (``pvalue``: deprecated
+    alias of ``p_value``)."""
 
     statistic: float
-    pvalue: float
+    p_value: float
     n: int
+
+    @property
+    def pvalue(self) -> float:
+        """Deprecated alias of :attr:`p_value`."""
+        warnings.warn("RankCorrelation.pvalue is deprecated; use p_value", DeprecationWarning,
+                      stacklevel=2)
+        return self.p_value
 
 
 def _pair(a: ArrayLike, b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import product
 
 import numpy as np
 import torch
@@ -68,28 +67,14 @@ def bootstrap_ci(
 
 
 def sign_flip_pvalue(
-    x: ArrayLike, n_resamples: int = 10_000, seed: int = 0, exact_max_n: int = 16
+    x: ArrayLike, n_resamples: int = 9_999, seed: int = 0, exact_max_n: int = 20
 ) -> float:
-    """Two-sided sign-flip permutation p-value for ``mean(x) != 0`` (paired / one-sample).
+    """Two-sided sign-flip p-value for ``mean(x) != 0``: the p-value of
+    :func:`tl_reward.stats.paired.sign_flip_test` (exact for ``n <= exact_max_n``, else Monte
+    Carlo with ``(1 + count) / (1 + n_resamples)``)."""
+    from tl_reward.stats.paired import sign_flip_test
 
-    Under the null each value is symmetric about zero, so its sign is exchangeable. Exact
-    enumeration of all ``2^n`` sign patterns for ``n <= exact_max_n``; otherwise Monte Carlo with
-    the observed pattern counted (``(1 + #{|mean*| >= |mean|}) / (1 + n_resamples)``).
-    """
-    arr = _array(x)
-    arr = arr[~np.isnan(arr)]
-    if arr.size == 0:
-        return float("nan")
-    observed = abs(arr.mean())
-    tol = 1e-12 * max(1.0, observed)
-    if arr.size <= exact_max_n:
-        signs = np.array(list(product((1.0, -1.0), repeat=arr.size)))
-        null = np.abs((signs * arr).mean(-1))
-        return float((null >= observed - tol).mean())
-    rng = np.random.default_rng(seed)
-    signs = rng.choice((-1.0, 1.0), size=(n_resamples, arr.size))
-    null = np.abs((signs * arr).mean(-1))
-    return float((1 + (null >= observed - tol).sum()) / (1 + n_resamples))
+    return sign_flip_test(x, exact_max_n, n_resamples, seed).p_value
 
 
 @dataclass
