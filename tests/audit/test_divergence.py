@@ -58,12 +58,14 @@ def test_divergence_patching_keeps_effects_and_matches_direct_pvalues(tiny):
     plain = activation_patching(model, pair, site="resid", layers=[1])
     torch.testing.assert_close(res.patching.effect, plain.effect)  # flagged, never dropped
     assert res.p_value.shape == tuple(plain.effect.shape)
-    # direct: chosen's own activation at each aligned chosen row
+    # direct: chosen's own activation at each aligned chosen row after row 0 (position 0 is
+    # outside the fit and not scored: see the next test)
     from tl_reward.data.pairs import as_tokenized_pair
 
     tp = as_tokenized_pair(model, pair)
     _, cache = model.run_with_cache(tp.tokens("chosen"), return_type=None)
-    act = cache["blocks.1.hook_resid_pre"][0, tp.aligned[:, 0]]
+    act = cache["blocks.1.hook_resid_pre"][0, tp.aligned[1:, 0]]
+    dist, pv = res.distance[0, 1:], res.p_value[0, 1:]
     sf = div.site("blocks.1.hook_resid_pre")
     d = sf.fit.distance(act).cpu().numpy()
     # two float32 forwards of the same tokens (the library's masked one and this one) agree to
@@ -72,18 +74,18 @@ def test_divergence_patching_keeps_effects_and_matches_direct_pvalues(tiny):
     eps = torch.finfo(torch.float32).eps
     tol = 256 * eps * 1 * torch.linalg.matrix_norm(sf.fit.whitener, ord=2).item() * (
         act.double().norm(dim=-1).cpu().numpy())
-    assert np.all(np.abs(res.distance[0] - d) <= tol)
+    assert np.all(np.abs(dist - d) <= tol)
 
     def p_at(x: np.ndarray) -> np.ndarray:  # (1 + #{reference >= x}) / (1 + n), by hand
         return (1 + (sf.reference[None] >= x[:, None]).sum(1)) / (1 + len(sf.reference))
 
     # the p-value of each patch is exactly that of its own distance (ties counted) ...
-    np.testing.assert_array_equal(res.p_value[0], p_at(res.distance[0]))
+    np.testing.assert_array_equal(pv, p_at(dist))
     # ... and that of the direct activation up to float-level ties: the prompt's tokens (and a
     # response's first tokens) share their prefix with held-out inputs, so their distances
     # tie held-out distances exactly and rounding can move a tie across (30 ranks at once)
     lo, hi = p_at(d + tol), p_at(d - tol)
-    assert np.all((lo <= res.p_value[0]) & (res.p_value[0] <= hi))
+    assert np.all((lo <= pv) & (pv <= hi))
     assert (lo == hi).sum() >= 5  # where nothing lies within rounding, the p-value is pinned
     df = res.to_dataframe()
     assert {"distance", "p_value", "off_distribution"} <= set(df.columns)
@@ -109,3 +111,27 @@ def test_unfitted_site_is_an_error(tiny):
         divergence_patching(model, ("Hi.", "love", "war"), div, site="resid", layers=[2])
     with pytest.raises(TLRewardError, match="was not fitted"):
         div.p_value("blocks.0.hook_resid_pre", torch.zeros(1, model.cfg.d_model))
+
+
+def test_position_zero_outside_the_fit_is_never_scored_or_flagged(tiny):
+    # main scored aligned row 0 (BOS) against a fit that had dropped position 0 and flagged it
+    # (p = 0.0008 at distance 20.9 vs 0.55-0.76 elsewhere)
+    model, _, _ = tiny("llama", 1)
+    div = fit_divergence(model, _natural(60, 2), sites=[("resid", 1)])
+    pair = ("Tell me something.", "love music sky", "war hate no no")
+    from tl_reward.data.pairs import as_tokenized_pair
+
+    assert int(as_tokenized_pair(model, pair).aligned[0, 0]) == 0  # row 0 is position 0
+    res = divergence_patching(model, pair, div, site="resid", layers=[1])
+    assert np.isnan(res.p_value[0, 0]) and np.isnan(res.distance[0, 0])
+    assert not res.off_distribution[0, 0] and "position 0" in res.meta["not_scored"]
+    assert np.isfinite(res.p_value[0, 1:]).all()
+    # a fit that includes position 0 scores it, and every row then gets a finite p-value
+    div0 = fit_divergence(model, _natural(60, 2), sites=[("resid", 1)], skip_first=False)
+    res0 = divergence_patching(model, pair, div0, site="resid", layers=[1])
+    assert np.isfinite(res0.p_value).all() and res0.meta["not_scored"] is None
+    # positions="all": position 0 is left out of the Bonferroni minimum (rows 1.. only)
+    allp = divergence_patching(model, pair, div, site="resid", layers=[1], positions="all")
+    n_rows = res.p_value.shape[1] - 1
+    want = min(1.0, float(np.nanmin(res.p_value[0, 1:])) * n_rows)
+    assert float(allp.p_value.ravel()[0]) == pytest.approx(want, rel=1e-12)

@@ -16,6 +16,7 @@ from tl_reward.stats.paired import (
     sign_flip_null_sums,
     sign_flip_test,
 )
+from tl_reward.stats.resampling import sign_flip_pvalue
 
 
 def _brute_force_p(x: np.ndarray) -> float:
@@ -31,7 +32,7 @@ def test_exact_sign_flip_equals_brute_force_enumeration(n: int) -> None:
     x = rng.normal(0.3, 1.0, n)
     res = sign_flip_test(x)
     assert res.method == "exact" and res.n_resamples == 2**n
-    assert res.pvalue == pytest.approx(_brute_force_p(x), abs=1e-15)
+    assert res.p_value == pytest.approx(_brute_force_p(x), abs=1e-15)
     # the doubling enumeration lists exactly the 2^n signed sums
     ref = sorted(float(np.dot(s, x)) for s in product((1, -1), repeat=n))
     np.testing.assert_allclose(np.sort(sign_flip_null_sums(x)), ref, atol=1e-12)
@@ -40,7 +41,7 @@ def test_exact_sign_flip_equals_brute_force_enumeration(n: int) -> None:
 def test_exact_sign_flip_with_ties_and_zeros_matches_brute_force() -> None:
     # ties make many |sum*| equal to the observed one: the tolerance must count them all
     x = np.array([0.1, 0.1, 0.1, -0.1, 0.0, 0.2, 0.2])
-    assert sign_flip_test(x).pvalue == pytest.approx(_brute_force_p(x), abs=1e-15)
+    assert sign_flip_test(x).p_value == pytest.approx(_brute_force_p(x), abs=1e-15)
 
 
 def test_sign_flip_matches_scipy_permutation_test() -> None:
@@ -48,23 +49,23 @@ def test_sign_flip_matches_scipy_permutation_test() -> None:
     ref = stats.permutation_test((x,), lambda v, axis: np.mean(v, axis=axis),
                                  permutation_type="samples", n_resamples=np.inf,
                                  alternative="two-sided").pvalue
-    assert sign_flip_test(x).pvalue == pytest.approx(ref, abs=1e-12)
+    assert sign_flip_test(x).p_value == pytest.approx(ref, abs=1e-12)
     # n = 20 is still exact (the brief's cut-off), n = 21 is Monte Carlo
     rng = np.random.default_rng(1)
     assert sign_flip_test(rng.normal(size=20)).method == "exact"
     y = rng.normal(0.2, 1, 21)
     mc = sign_flip_test(y, n_resamples=40_000, seed=3)
     assert mc.method == "monte_carlo"
-    exact = sign_flip_test(y, exact_max_n=21).pvalue
+    exact = sign_flip_test(y, exact_max_n=21).p_value
     # Monte Carlo SE at p ~ 0.4 with B = 40k is 0.0025; 4 SE
-    assert mc.pvalue == pytest.approx(exact, abs=0.01)
+    assert mc.p_value == pytest.approx(exact, abs=0.01)
 
 
 def test_monte_carlo_counts_the_observed_pattern() -> None:
     # an extreme sample: no random pattern reaches it, so p = 1 / (1 + B), never 0
     x = np.full(40, 1.0) + np.linspace(0, 0.01, 40)
     res = sign_flip_test(x, n_resamples=999)
-    assert res.pvalue == pytest.approx(1 / 1000)
+    assert res.p_value == pytest.approx(1 / 1000)
 
 
 def test_effect_size_ddof1_and_undefined_cases() -> None:
@@ -107,12 +108,44 @@ def test_sign_flip_null_calibration_by_simulation() -> None:
     The binomial SD of a 5 % rate over 500 is 1.0 %, so [0.02, 0.08] is about +-3 SD.
     """
     rng = np.random.default_rng(2026)
-    exact = [sign_flip_test(rng.normal(size=12)).pvalue for _ in range(500)]
-    mc = [sign_flip_test(rng.laplace(size=40), n_resamples=999, seed=i).pvalue
+    exact = [sign_flip_test(rng.normal(size=12)).p_value for _ in range(500)]
+    mc = [sign_flip_test(rng.laplace(size=40), n_resamples=999, seed=i).p_value
           for i in range(500)]
     for ps in (exact, mc):
         rate = float(np.mean(np.array(ps) <= 0.05))
         assert 0.02 <= rate <= 0.08, rate
     # a shifted sample is detected (the test is not trivially conservative)
-    shifted = [sign_flip_test(rng.normal(1.0, 1, 12)).pvalue for _ in range(50)]
+    shifted = [sign_flip_test(rng.normal(1.0, 1, 12)).p_value for _ in range(50)]
     assert np.mean(np.array(shifted) <= 0.05) > 0.8
+
+
+@pytest.mark.parametrize("n", [2, 3, 7, 10, 100, 1000])
+@pytest.mark.parametrize("v", [0.1, 0.3, 1 / 3, 0.7, -2.2, 7.7e10, 1e-200])
+def test_constant_differences_are_undefined_for_any_n(n: int, v: float) -> None:
+    # on main [0.1] * 3 gave sd = 1.7e-17 (rounding) and an effect of 5.9e15
+    e = paired_effect_size([v] * n)
+    assert np.isnan(e.value) and not e.defined and "zero spread" in e.reason
+
+
+def test_tiny_real_spread_stays_defined() -> None:
+    # a spread of 1e-6 relative to the values is far above 64 ulps (1.4e-14): reference numpy
+    x = np.array([1.0, 1.0 + 1e-6, 1.0 - 1e-6, 1.0])
+    e = paired_effect_size(x)
+    assert e.value == pytest.approx(x.mean() / x.std(ddof=1), rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [12, 17, 18])
+def test_one_sign_flip_engine_both_names_equal_brute_force(n: int) -> None:
+    # main: resampling.sign_flip_pvalue drew 10,000 random patterns beyond n = 16 (and used its
+    # own enumeration); now it is sign_flip_test's p, exact up to n = 20
+    x = np.random.default_rng(n).normal(0.4, 1.0, n)
+    ref = _brute_force_p(x)
+    assert sign_flip_test(x).p_value == pytest.approx(ref, abs=1e-15)
+    assert sign_flip_pvalue(x) == pytest.approx(ref, abs=1e-15)
+    # Monte Carlo: (1 + count) / (1 + B) with the same draws in both names
+    mc = sign_flip_test(x, exact_max_n=4, n_resamples=999, seed=1)
+    assert mc.method == "monte_carlo" and (mc.p_value * 1000) == pytest.approx(
+        round(mc.p_value * 1000), abs=1e-9)
+    assert sign_flip_pvalue(x, n_resamples=999, seed=1, exact_max_n=4) == mc.p_value
+    with pytest.warns(DeprecationWarning):
+        assert mc.pvalue == mc.p_value

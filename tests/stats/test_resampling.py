@@ -7,9 +7,9 @@ import pytest
 import torch
 from scipy import stats
 
+from tl_reward.stats.ranks import average_ranks
 from tl_reward.stats.resampling import (
     bootstrap_ci,
-    rankdata,
     sign_flip_pvalue,
     spearman,
     summarise_mean,
@@ -21,11 +21,30 @@ def test_ranks_and_spearman_match_scipy() -> None:
     a = torch.randint(0, 5, (4, 12), generator=gen).double()  # many ties
     b = torch.randn(4, 12, generator=gen, dtype=torch.float64)
     for i in range(4):
-        np.testing.assert_allclose(rankdata(a[i]).numpy(), stats.rankdata(a[i].numpy()))
+        np.testing.assert_array_equal(average_ranks(a[i]), stats.rankdata(a[i].numpy()))
+    np.testing.assert_array_equal(average_ranks(a), stats.rankdata(a.numpy(), axis=-1))
     rho = spearman(a, b)
     ref = [stats.spearmanr(a[i].numpy(), b[i].numpy()).statistic for i in range(4)]
     np.testing.assert_allclose(rho.numpy(), ref, atol=1e-12)
     assert torch.isnan(spearman(torch.ones(5), torch.arange(5.0)))
+
+
+def test_spearman_memory_is_linear_in_the_number_of_values() -> None:
+    # main built [..., C, C] masks: 4 x 200,000^2 bools = 160 GB here. O(C): a few [4, C] arrays
+    # of float64 / int64 (6.4 MB each); numpy reports its buffers to tracemalloc
+    import tracemalloc
+    rng = np.random.default_rng(0)
+    a = torch.from_numpy(rng.integers(0, 1000, size=(4, 200_000)).astype(np.float64))  # ties
+    b = torch.from_numpy(rng.normal(size=(4, 200_000)))
+    tracemalloc.start()
+    try:
+        rho = spearman(a, b)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * a.numel() * 8  # 128 MB: linear; quadratic would be 1e5 times more
+    ref = [stats.spearmanr(a[i].numpy(), b[i].numpy()).statistic for i in range(4)]
+    np.testing.assert_allclose(rho.numpy(), ref, atol=1e-12)
 
 
 def test_sign_flip_pvalue_matches_scipy_exact() -> None:

@@ -26,6 +26,7 @@ its interval. ``published_conflict`` gives the published definition for comparis
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -43,6 +44,7 @@ from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.heads import LinearRewardHead
 from tl_reward.results import ShortRepr
+from tl_reward.stats.paired import benjamini_hochberg
 
 
 @dataclass(frozen=True)
@@ -406,6 +408,36 @@ def _pair_inputs(pairs: Sequence[Any]) -> tuple[list[Any], list[Any]]:
     return chosen, rejected
 
 
+def pair_disagreement(
+    margins: Sequence[Any], names: Sequence[str], alpha: float = 0.05, n_resamples: int = 2000,
+    n_permutations: int = 2000, seed: int = 0,
+) -> tuple[list[PairStat], dict[str, Any]]:
+    """:func:`disagreement_share` for every pair of terms' margins, with verdicts controlled
+    for multiplicity: the family is all ``T(T-1)/2`` pair tests, the permutation p-values are
+    Benjamini-Hochberg adjusted (``extra["p_adjusted"]``; FDR at ``alpha``) and a verdict other
+    than ``no evidence`` needs ``p_adjusted < alpha``. Returns the rows and the family stated."""
+    pairs = list(combinations(range(len(margins)), 2))
+    ds = [disagreement_share(margins[i], margins[j], n_resamples, n_permutations, seed)
+          for i, j in pairs]
+    adjusted = benjamini_hochberg([d.p_value for d in ds]) if ds else np.array([])
+    if ds and 1 / (1 + n_permutations) >= alpha / len(ds):
+        warnings.warn(f"{len(ds)} pair tests with {n_permutations} permutations: the smallest "
+                      f"p-value cannot pass Benjamini-Hochberg's first step (alpha / "
+                      f"{len(ds)}); raise n_permutations above {int(len(ds) / alpha)}",
+                      RuntimeWarning, stacklevel=2)
+    rows = []
+    for (i, j), d, q in zip(pairs, ds, adjusted, strict=True):
+        v = ("conflict" if d.excess > 0 else "aligned") if q < alpha else "no evidence"
+        rows.append(PairStat(names[i], names[j], "pair disagreement", d.share, d.ci_low,
+                             d.ci_high, v, d.p_value,
+                             {"expected": d.expected, "excess": d.excess,
+                              "excess_ci_low": d.excess_ci_low,
+                              "excess_ci_high": d.excess_ci_high, "p_adjusted": float(q)}))
+    family = {"tests": len(ds), "adjustment": "Benjamini-Hochberg (FDR)", "alpha": alpha,
+              "hypotheses": "no excess disagreement, every pair of terms"}
+    return rows, family
+
+
 def behavioural_conflict(
     model_or_terms: Any, corpus: Sequence[Any] | None = None, pairs: Sequence[Any] | None = None,
     objectives: Sequence[int | str] | None = None, thresholds: Thresholds = Thresholds(),
@@ -415,8 +447,9 @@ def behavioural_conflict(
     """Score correlation over ``corpus`` and disagreement over preference ``pairs`` (either or
     both). Terms may come from different models. The correlation's verdict uses the thresholds
     on its CI; the disagreement's verdict is ``conflict`` (more disagreement than independent
-    terms would show) or ``aligned`` (less) when the permutation p < ``alpha``, else
-    ``no evidence``."""
+    terms would show) or ``aligned`` (less) when its Benjamini-Hochberg adjusted p < ``alpha``
+    over the family of all ``T(T-1)/2`` pair tests (see :func:`pair_disagreement`), else
+    ``no evidence``; ``meta["pair disagreement family"]`` states the family."""
     if corpus is None and pairs is None:
         raise TLRewardError("pass corpus= (inputs to score) and/or pairs= (preference pairs)")
     terms = as_terms(model_or_terms, objectives)
@@ -436,15 +469,9 @@ def behavioural_conflict(
         margins = [_term_scores(t, chosen, batch_size) - _term_scores(t, rejected, batch_size)
                    for t in terms]
         meta["n_pairs"] = len(pairs)
-        for i, j in combinations(range(len(terms)), 2):
-            d = disagreement_share(margins[i], margins[j], n_resamples, n_permutations, seed)
-            v = ("conflict" if d.excess > 0 else "aligned") if d.p_value < alpha else \
-                "no evidence"
-            stats.append(PairStat(names[i], names[j], "pair disagreement", d.share, d.ci_low,
-                                  d.ci_high, v, d.p_value,
-                                  {"expected": d.expected, "excess": d.excess,
-                                   "excess_ci_low": d.excess_ci_low,
-                                   "excess_ci_high": d.excess_ci_high}))
+        pair_stats, meta["pair disagreement family"] = pair_disagreement(
+            margins, names, alpha, n_resamples, n_permutations, seed)
+        stats.extend(pair_stats)
     return ConflictResult(names, stats, thresholds, meta)
 
 

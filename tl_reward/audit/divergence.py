@@ -17,7 +17,9 @@ distance of its patched-in value and an empirical p-value:
 3. :func:`divergence_patching` runs :func:`tl_reward.analysis.patching.activation_patching`
    unchanged and flags (never drops) the patches whose source is off-distribution
    (``p < alpha``). For ``positions="all"`` a patch writes several positions; its p-value is
-   the Bonferroni-adjusted minimum over them.
+   the Bonferroni-adjusted minimum over them. When the fit left position 0 out
+   (``skip_first``), a patch whose source is position 0 is not scored (distance and p-value
+   NaN, never flagged, ``meta["not_scored"]`` says why): the fit says nothing about it.
 
 A site that was not fitted is an error, never "in distribution".
 """
@@ -164,8 +166,9 @@ class DivergentPatchingResult(ShortRepr):
         patching: the unchanged patching result (effects are kept for every patch).
         distance: Mahalanobis distance of the patched-in value (max over positions for
             ``positions="all"``), shaped like ``patching.effect``.
-        p_value: empirical p-value (Bonferroni-adjusted minimum over positions for "all").
-        off_distribution: ``p_value < alpha``.
+        p_value: empirical p-value (Bonferroni-adjusted minimum over positions for "all");
+            NaN where not scored (a source at position 0 outside a ``skip_first`` fit).
+        off_distribution: ``p_value < alpha`` (False where not scored).
     """
 
     patching: PatchingResult
@@ -206,7 +209,9 @@ def divergence_patching(
     """:func:`activation_patching` plus each patch's distance and p-value under ``divergence``.
 
     The patched-in value is the source run's activation at the aligned source row (denoising:
-    chosen; noising: rejected), zero, or the reference mean, as the patch writes it.
+    chosen; noising: rejected), zero, or the reference mean, as the patch writes it. Source
+    position 0 is scored only if the fit included it (``skip_first=False``); otherwise those
+    patches get NaN (``positions="all"``: position 0 is left out of the minimum).
     """
     res = activation_patching(model, pair, site=site, mode=mode, positions=positions,
                               layers=layers, units=units, objective=objective,
@@ -237,7 +242,14 @@ def divergence_patching(
         for unit in (res.units or [None]):
             sf = divergence.site(hook, unit)
             for r in rows:
-                idx = (src_rows if r is None else src_rows[r : r + 1]).to(model.cfg.device)
+                idx = src_rows if r is None else src_rows[r : r + 1]
+                if divergence.skip_first:
+                    idx = idx[idx != 0]  # position 0 lies outside the fit: not scored
+                if len(idx) == 0:
+                    dist.append(float("nan"))
+                    pval.append(float("nan"))
+                    continue
+                idx = idx.to(model.cfg.device)
                 act = cache[hook][0, idx]
                 if mode == "zero":
                     act = torch.zeros_like(act)
@@ -251,4 +263,6 @@ def divergence_patching(
     shape = tuple(res.effect.shape)
     return DivergentPatchingResult(res, np.array(dist).reshape(shape),
                                    np.array(pval).reshape(shape), alpha,
-                                   {"method": divergence.method})
+                                   {"method": divergence.method, "not_scored": (
+                                       "source position 0 (BOS): outside the fit "
+                                       "(skip_first=True)" if divergence.skip_first else None)})

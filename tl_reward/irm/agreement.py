@@ -105,5 +105,5 @@ def rank_agreement(x: np.ndarray, y: np.ndarray, n_resamples: int = 1000, seed: 
     tau = kendall_tau_b(a, b)
     lo, hi = _bootstrap(a.size, lambda i: kendall_tau_b(a[i], b[i]).statistic, n_resamples,
                         seed)
-    return RankAgreement(tau.statistic, lo, hi, tau.pvalue, spearman_rho(a, b).statistic,
+    return RankAgreement(tau.statistic, lo, hi, tau.p_value, spearman_rho(a, b).statistic,
                          int(a.size), a, b, x_label, y_label)

@@ -8,13 +8,14 @@ otherwise draws ``B`` random patterns, with ``p = (1 + #{|sum*| >= |sum|}) / (1 
 observed pattern counted, so ``p > 0`` and the test keeps its level).
 
 Example:
-    >>> sign_flip_test([0.3, 0.1, -0.05, 0.4]).pvalue     # exact, 2^4 patterns
+    >>> sign_flip_test([0.3, 0.1, -0.05, 0.4]).p_value    # exact, 2^4 patterns
     >>> paired_effect_size([0.3, 0.1, -0.05, 0.4]).value   # mean / sd (ddof 1)
     >>> benjamini_hochberg([0.01, 0.04, 0.3])
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,23 +53,32 @@ class SignFlipResult:
     """A two-sided sign-flip test of ``mean(x) != 0``.
 
     Attributes:
-        pvalue: two-sided p-value (NaN when ``n == 0``).
+        p_value: two-sided p-value (NaN when ``n == 0``); ``pvalue`` is a deprecated alias.
         method: ``"exact"`` (all ``2^n`` patterns), ``"monte_carlo"`` or ``"undefined"``.
         n: number of non-NaN values; n_resamples: patterns drawn (Monte Carlo), else ``2^n``.
     """
 
-    pvalue: float
+    p_value: float
     method: str
     n: int
     n_resamples: int
 
+    @property
+    def pvalue(self) -> float:
+        """Deprecated alias of :attr:`p_value`."""
+        warnings.warn("SignFlipResult.pvalue is deprecated; use p_value", DeprecationWarning,
+                      stacklevel=2)
+        return self.p_value
+
 
 def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_resamples: int = 9_999,
                    seed: int = 0) -> SignFlipResult:
-    """Two-sided sign-flip permutation test for ``mean(x) != 0`` (NaNs dropped).
+    """Two-sided sign-flip permutation test for ``mean(x) != 0`` (NaNs dropped): the one
+    sign-flip engine of the package (``|sum|`` and ``|mean|`` order the patterns alike).
 
-    Exact for ``n <= exact_max_n`` (every sign pattern, ``p = #{|sum*| >= |sum|} / 2^n``);
-    otherwise Monte Carlo with ``p = (1 + count) / (1 + n_resamples)``.
+    Exact for ``n <= exact_max_n`` (default 20; every sign pattern,
+    ``p = #{|sum*| >= |sum|} / 2^n``); otherwise Monte Carlo with
+    ``p = (1 + count) / (1 + n_resamples)``.
     """
     arr = _clean(x)
     n = int(arr.size)
@@ -111,11 +121,18 @@ class EffectSize:
         return self.reason is None
 
 
+#: Spread at or below ``SPREAD_ULPS * eps * max|x|`` counts as zero (see paired_effect_size).
+SPREAD_ULPS = 64
+
+
 def paired_effect_size(x: ArrayLike, zero_tol: float = 0.0) -> EffectSize:
     """``mean(x) / sd(x, ddof=1)`` of paired differences; NaN with a reason when undefined.
 
-    Undefined when ``n < 2`` (no spread can be estimated) or when the spread is 0 (``sd <=
-    zero_tol``): then ``mean / sd`` is ``0/0`` or ``c/0`` and no finite standardised size exists.
+    Undefined when ``n < 2`` (no spread can be estimated) or when the spread is 0: then
+    ``mean / sd`` is ``0/0`` or ``c/0`` and no finite standardised size exists. Zero spread
+    means ``sd <= max(zero_tol, SPREAD_ULPS * eps * max|x|)``: equal values give a rounding
+    ``sd`` of about one ulp of ``max|x|`` (``[0.1] * 3`` gives 1.7e-17, so ``mean / sd`` would
+    be 5.9e15), and a spread below 64 ulps of the data is below their resolution, for any n.
     """
     arr = _clean(x)
     n = int(arr.size)
@@ -124,7 +141,8 @@ def paired_effect_size(x: ArrayLike, zero_tol: float = 0.0) -> EffectSize:
         return EffectSize(float("nan"), f"n = {n}: a spread needs at least 2 items", mean,
                           float("nan"), n)
     sd = float(arr.std(ddof=1))
-    if not sd > zero_tol:
+    floor = max(zero_tol, SPREAD_ULPS * np.finfo(np.float64).eps * float(np.abs(arr).max()))
+    if not sd > floor:
         what = "all differences are equal" if mean != 0 else "all differences are 0"
         return EffectSize(float("nan"), f"zero spread ({what}): mean/sd is undefined", mean, sd,
                           n)

@@ -1,9 +1,10 @@
 """Rank agreement for long rankings: Kendall's tau-b, Spearman's rho, rank-biased overlap.
 
 Vocabulary sweeps rank 50k-256k tokens, so everything here is O(n log n) in numpy (no n x n
-matrices). Kendall and Spearman match ``scipy.stats.kendalltau`` / ``spearmanr`` (statistic and
-two-sided asymptotic p-value, ties handled); rank-biased overlap is Webber, Moffat & Zobel
-(2010), the extrapolated form (their eq. 32) with persistence ``p``.
+matrices). Kendall and Spearman match ``scipy.stats.kendalltau`` / ``spearmanr`` (statistic, ties
+handled); Kendall's p is scipy's ``method="auto"`` one (exact for small untied samples), and
+Spearman's is an exact permutation p for ``n <= SPEARMAN_EXACT_MAX_N``; rank-biased overlap is
+Webber, Moffat & Zobel (2010), the extrapolated form (their eq. 32) with persistence ``p``.
 
 Example:
     >>> kendall_tau_b(scores_a, scores_b).statistic
@@ -12,24 +13,34 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
+import warnings
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy import special
+from scipy import special, stats
 
 ArrayLike = np.ndarray | torch.Tensor | Sequence[float]
 
 
 @dataclass(frozen=True)
 class RankCorrelation:
-    """A rank correlation with its two-sided asymptotic p-value and sample size."""
+    """A rank correlation with its two-sided p-value and sample size (``pvalue``: deprecated
+    alias of ``p_value``)."""
 
     statistic: float
-    pvalue: float
+    p_value: float
     n: int
+
+    @property
+    def pvalue(self) -> float:
+        """Deprecated alias of :attr:`p_value`."""
+        warnings.warn("RankCorrelation.pvalue is deprecated; use p_value", DeprecationWarning,
+                      stacklevel=2)
+        return self.p_value
 
 
 def _pair(a: ArrayLike, b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -45,18 +56,21 @@ def _pair(a: ArrayLike, b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 def average_ranks(x: ArrayLike) -> np.ndarray:
-    """1-based ranks, ties sharing their average rank (as ``scipy.stats.rankdata``)."""
+    """1-based ranks along the last axis, ties sharing their average rank (as
+    ``scipy.stats.rankdata(x, axis=-1)``); O(n log n) time and O(n) memory per row."""
     v = x.detach().cpu().double().numpy() if isinstance(x, torch.Tensor) else np.asarray(
         x, dtype=np.float64)
-    order = np.argsort(v, kind="mergesort")
-    sorted_v = v[order]
-    new = np.r_[True, sorted_v[1:] != sorted_v[:-1]]
-    group = np.cumsum(new) - 1
-    starts = np.flatnonzero(new)
-    ends = np.r_[starts[1:], len(v)]
-    mean_rank = (starts + ends + 1) / 2.0  # average of 1-based ranks start+1 .. end
-    ranks = np.empty(len(v))
-    ranks[order] = mean_rank[group]
+    n = v.shape[-1]
+    order = np.argsort(v, axis=-1, kind="mergesort")
+    sorted_v = np.take_along_axis(v, order, -1)
+    idx = np.arange(n)
+    diff = sorted_v[..., 1:] != sorted_v[..., :-1]
+    first = np.concatenate([np.ones_like(diff[..., :1]), diff], -1)  # a tie group starts
+    last = np.concatenate([diff, np.ones_like(diff[..., :1])], -1)   # a tie group ends
+    start = np.maximum.accumulate(np.where(first, idx, 0), axis=-1)
+    end = np.flip(np.minimum.accumulate(np.flip(np.where(last, idx, n), -1), axis=-1), -1)
+    ranks = np.empty(v.shape)
+    np.put_along_axis(ranks, order, (start + end) / 2.0 + 1.0, -1)  # mean of start+1 .. end+1
     return ranks
 
 
@@ -91,7 +105,11 @@ def _count_inversions(y: np.ndarray) -> int:
 
 
 def kendall_tau_b(a: ArrayLike, b: ArrayLike) -> RankCorrelation:
-    """Kendall's tau-b with ties, in O(n log n) (Knight's method), and scipy's asymptotic p."""
+    """Kendall's tau-b with ties, in O(n log n) (Knight's method), and scipy's ``auto`` p.
+
+    The p is exact (scipy's null distribution of the discordant count) when neither ranking has
+    ties and ``n <= 33`` or at most one pair is discordant or concordant; otherwise asymptotic.
+    """
     x, y = _pair(a, b)
     n = len(x)
     if n < 2:
@@ -115,13 +133,26 @@ def kendall_tau_b(a: ArrayLike, b: ArrayLike) -> RankCorrelation:
            + (tx * (tx - 1)).sum() * (ty * (ty - 1)).sum() / (2 * n * (n - 1))
            + ((tx * (tx - 1) * (tx - 2)).sum() * (ty * (ty - 1) * (ty - 2)).sum()
               / (9 * n * (n - 1) * (n - 2)) if n > 2 else 0.0))
+    tau = float(min(1.0, max(-1.0, tau)))
+    if tx.size == 0 and ty.size == 0 and (n <= 33 or min(dis, n0 - dis) <= 1):
+        return RankCorrelation(tau, float(stats.kendalltau(x, y, method="exact").pvalue), n)
     z = con_minus_dis / math.sqrt(var)
-    return RankCorrelation(float(min(1.0, max(-1.0, tau))), float(special.erfc(abs(z) / 2**0.5)),
-                           n)
+    return RankCorrelation(tau, float(special.erfc(abs(z) / 2**0.5)), n)
+
+
+#: Largest ``n`` for which ``spearman_rho`` enumerates all ``n!`` permutations (40,320).
+SPEARMAN_EXACT_MAX_N = 8
 
 
 def spearman_rho(a: ArrayLike, b: ArrayLike) -> RankCorrelation:
-    """Spearman's rho (Pearson on average ranks) with the t-distribution p-value scipy uses."""
+    """Spearman's rho (Pearson on average ranks) with a two-sided p-value.
+
+    ``n <= SPEARMAN_EXACT_MAX_N``: exact permutation p, ``#{|rho*| >= |rho|} / n!`` over every
+    permutation of ``b``. Beyond: scipy's t-distribution p, except at ``|rho| = 1`` where that
+    p is 0; there the exact permutation p is used: a random permutation reaches rho = +1 (or -1)
+    only by reproducing one rank vector, which ``prod(t_j!)`` of the ``n!`` permutations do
+    (``t_j`` the tie sizes of ``b``).
+    """
     x, y = _pair(a, b)
     n = len(x)
     rx, ry = average_ranks(x), average_ranks(y)
@@ -130,9 +161,17 @@ def spearman_rho(a: ArrayLike, b: ArrayLike) -> RankCorrelation:
     if n < 3 or den == 0:
         return RankCorrelation(float("nan"), float("nan"), n)
     rho = float(np.clip((rx * ry).sum() / den, -1.0, 1.0))
+    if n <= SPEARMAN_EXACT_MAX_N:
+        perms = np.array(list(itertools.permutations(range(n))))
+        null = np.abs(ry[perms] @ rx) / den
+        return RankCorrelation(rho, float((null >= abs(rho) - 1e-12).mean()), n)
     dof = n - 2
-    if abs(rho) == 1.0:
-        return RankCorrelation(rho, 0.0, n)
+    if np.allclose(ry, rx) or np.allclose(ry, -rx):  # |rho| = 1 up to rounding
+        rho = math.copysign(1.0, rho)
+        # rank vectors reached at |rho| = 1: rx itself, and its reflection if ry's ranks allow it
+        ways = 1 + int(np.array_equal(np.sort(-rx), np.sort(rx)))
+        log_p = sum(math.lgamma(t + 1) for t in _tie_sizes(y)) - math.lgamma(n + 1)
+        return RankCorrelation(rho, float(min(1.0, ways * math.exp(log_p))), n)
     t = rho * math.sqrt(dof / ((1.0 - rho) * (1.0 + rho)))
     return RankCorrelation(rho, float(2 * special.stdtr(dof, -abs(t))), n)
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import product
 
 import numpy as np
 import torch
 from jaxtyping import Float
+
+from tl_reward.stats.ranks import average_ranks
 
 ArrayLike = np.ndarray | torch.Tensor | list[float]
 
@@ -26,27 +27,19 @@ def _array(x: ArrayLike) -> np.ndarray:
     return arr
 
 
-def rankdata(x: Float[torch.Tensor, "... n"]) -> Float[torch.Tensor, "... n"]:
-    """Ranks along the last axis, ties given their average rank (as ``scipy.stats.rankdata``)."""
-    x = x.double()
-    order = x.argsort(-1)
-    ranks = torch.empty_like(x)
-    ranks.scatter_(-1, order, torch.arange(1, x.shape[-1] + 1, dtype=x.dtype,
-                                           device=x.device).expand_as(x).contiguous())
-    # average over ties: for each value, mean of the ranks sharing it
-    eq = x[..., :, None] == x[..., None, :]
-    return (eq.double() * ranks[..., None, :]).sum(-1) / eq.sum(-1)
-
-
 def spearman(a: Float[torch.Tensor, "... n"], b: Float[torch.Tensor, "... n"]
              ) -> Float[torch.Tensor, "..."]:
-    """Spearman's rho along the last axis (NaN where either side is constant)."""
-    ra, rb = rankdata(a), rankdata(b)
-    ra = ra - ra.mean(-1, keepdim=True)
-    rb = rb - rb.mean(-1, keepdim=True)
-    den = (ra.pow(2).sum(-1) * rb.pow(2).sum(-1)).sqrt()
-    out = (ra * rb).sum(-1) / den
-    return torch.where(den > 0, out, torch.full_like(out, float("nan")))
+    """Spearman's rho along the last axis (NaN where either side is constant), float64.
+
+    Ranks from :func:`tl_reward.stats.ranks.average_ranks`: O(n log n), O(n) memory per row.
+    """
+    ra, rb = average_ranks(a), average_ranks(b)
+    ra = ra - ra.mean(-1, keepdims=True)
+    rb = rb - rb.mean(-1, keepdims=True)
+    den = np.sqrt((ra**2).sum(-1) * (rb**2).sum(-1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(den > 0, (ra * rb).sum(-1) / den, np.nan)
+    return torch.as_tensor(out, dtype=torch.float64, device=a.device)
 
 
 def bootstrap_ci(
@@ -74,28 +67,14 @@ def bootstrap_ci(
 
 
 def sign_flip_pvalue(
-    x: ArrayLike, n_resamples: int = 10_000, seed: int = 0, exact_max_n: int = 16
+    x: ArrayLike, n_resamples: int = 9_999, seed: int = 0, exact_max_n: int = 20
 ) -> float:
-    """Two-sided sign-flip permutation p-value for ``mean(x) != 0`` (paired / one-sample).
+    """Two-sided sign-flip p-value for ``mean(x) != 0``: the p-value of
+    :func:`tl_reward.stats.paired.sign_flip_test` (exact for ``n <= exact_max_n``, else Monte
+    Carlo with ``(1 + count) / (1 + n_resamples)``)."""
+    from tl_reward.stats.paired import sign_flip_test
 
-    Under the null each value is symmetric about zero, so its sign is exchangeable. Exact
-    enumeration of all ``2^n`` sign patterns for ``n <= exact_max_n``; otherwise Monte Carlo with
-    the observed pattern counted (``(1 + #{|mean*| >= |mean|}) / (1 + n_resamples)``).
-    """
-    arr = _array(x)
-    arr = arr[~np.isnan(arr)]
-    if arr.size == 0:
-        return float("nan")
-    observed = abs(arr.mean())
-    tol = 1e-12 * max(1.0, observed)
-    if arr.size <= exact_max_n:
-        signs = np.array(list(product((1.0, -1.0), repeat=arr.size)))
-        null = np.abs((signs * arr).mean(-1))
-        return float((null >= observed - tol).mean())
-    rng = np.random.default_rng(seed)
-    signs = rng.choice((-1.0, 1.0), size=(n_resamples, arr.size))
-    null = np.abs((signs * arr).mean(-1))
-    return float((1 + (null >= observed - tol).sum()) / (1 + n_resamples))
+    return sign_flip_test(x, exact_max_n, n_resamples, seed).p_value
 
 
 @dataclass
