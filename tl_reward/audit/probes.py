@@ -200,7 +200,7 @@ def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = 
     scale = natural_sd if natural_sd > 0 else float("nan")
     return DimensionStats(
         dimension, description, int(d.size), n_skipped, es.mean, lo, hi, es.sd, es.value, elo,
-        ehi, es.reason, test.pvalue, test.method, float("nan"), es.mean / scale, lo / scale,
+        ehi, es.reason, test.p_value, test.method, float("nan"), es.mean / scale, lo / scale,
         hi / scale, published_cohens_d(d) if d.size else float("nan"))
 
 
@@ -450,5 +450,5 @@ def run_published_probes(model: Any, objective: str | None = None, batch_size: i
         es = paired_effect_size(d)
         out.append({"dimension": dim, "n": d.size, "mean": float(d.mean()),
                     "published_d": published_cohens_d(d), "effect_size": es.value,
-                    "effect_reason": es.reason, "p_value": sign_flip_test(d).pvalue})
+                    "effect_reason": es.reason, "p_value": sign_flip_test(d).p_value})
     return PublishedProbeReport(df, pd.DataFrame(out))
