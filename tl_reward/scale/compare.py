@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from tl_reward.compare.layers import (
     DEFAULT_HOOK,
@@ -40,39 +39,34 @@ from tl_reward.compare.layers import (
     compare_grams,
 )
 from tl_reward.errors import TLRewardError
-from tl_reward.scale.executors import (
-    Executor,
-    LocalExecutor,
-    ModelSpec,
-    Worker,
-    as_spec,
-    batched,
-)
+from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec, batched
+from tl_reward.scale.jobs import run_chunked
 from tl_reward.store import ChunkStore, RunIdentity, digest
 
 
-def plan_grams(worker: Worker, spec: ModelSpec, inputs: Sequence[Any],
-               hook: str | Sequence[str], layers: Sequence[int] | None) -> dict[str, Any]:
-    """The model's hook names, name and part of the run identity, and the inputs' token
-    lengths, response rows and digest of their ids (run on a worker)."""
+def plan_grams(worker: Worker, spec: Spec, inputs: Sequence[Any],
+               hook: str | Sequence[str], layers: Sequence[int] | None, cached: bool
+               ) -> dict[str, Any]:
+    """The model's hook names, name and (when ``cached``) part of the run identity, and the
+    inputs' token lengths, response rows and digest of their ids (run on a worker)."""
     from tl_reward.compare.layers import _encode_all, hook_names, model_label
 
     model = worker.model(spec)
     names = hook_names(model, hook, layers)
     enc = _encode_all(model, list(inputs))
     return {"hooks": names, "label": model_label(model),
-            "identity": RunIdentity.of_model("grams", model),
+            "identity": RunIdentity.of_model("grams", model) if cached else None,
             "lengths": [len(e.ids) for e in enc],
             "response_rows": sum(len(e.ids) - (e.response_start or 0) for e in enc),
             "inputs": digest([[list(e.ids), e.response_start] for e in enc])}
 
 
-def read_unit(worker: Worker, spec: ModelSpec, batches: Sequence[Sequence[Any]],
+def read_unit(worker: Worker, spec: Spec, batches: Sequence[Sequence[Any]],
               hooks: Sequence[str], positions: Positions
-              ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+              ) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
     """Rows of ``hooks`` for consecutive batches of inputs (each read as one forward batch):
     rows per hook in batch order and, per row, its input's place in the flattened batches
-    (run on a worker)."""
+    (run on a worker; one result: the unit is one chunk of the job)."""
     from tl_reward.compare.layers import _encode_all, read_rows
 
     model = worker.model(spec)
@@ -86,7 +80,7 @@ def read_unit(worker: Worker, spec: ModelSpec, batches: Sequence[Sequence[Any]],
             rows[h].append(got[h])
         items.append(item + offset)
         offset += len(batch)
-    return {h: np.concatenate(v) for h, v in rows.items()}, np.concatenate(items)
+    return [({h: np.concatenate(v) for h, v in rows.items()}, np.concatenate(items))]
 
 
 @dataclass
@@ -133,7 +127,7 @@ def _grams(hooks: list[str], rows: dict[str, np.ndarray]) -> np.ndarray:
     return grams
 
 
-def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequence[Any],
+def _run(jobs: Sequence[tuple[Spec, Sequence[int] | None]], inputs: Sequence[Any],
          hook: str | Sequence[str], positions: Positions, batch_size: int,
          layer_chunk: int | None, executor: Executor | None,
          cache_dir: str | Path | None, batches_per_unit: int, max_gram_bytes: float,
@@ -149,7 +143,8 @@ def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequenc
         raise TLRewardError(f"batch_size must be positive, got {batch_size}")
     out: list[LayerGrams | None] = [None] * len(jobs)
     with (executor or LocalExecutor()).session() as pool:
-        plans = pool.gather(plan_grams, [(s, inputs, hook, layers) for s, layers in jobs])
+        plans = pool.gather(plan_grams, [(s, inputs, hook, layers, cache_dir is not None)
+                                          for s, layers in jobs])
         groups: list[_Group] = []
         units: list[tuple[int, int, list[int]]] = []  # (group, unit index, input indices)
         stores: list[ChunkStore | None] = []
@@ -185,8 +180,6 @@ def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequenc
                 for u, unit in enumerate(batched(batches, batches_per_unit)):
                     group.units.append(u)
                     units.append((gi, u, [i for b in unit for i in b]))
-        bar = tqdm(total=len(units), disable=progress is False if progress is not None
-                   else len(units) < 8, desc="reading activations", unit="unit")
 
         def finish(gi: int) -> None:
             group = groups[gi]
@@ -210,48 +203,42 @@ def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequenc
                 out[j] = LayerGrams(plan["label"], plan["hooks"], st.pop("grams"), positions,
                                     st["row_item"])
 
-        def arrive(gi: int, u: int, idx: list[int], rows: dict[str, np.ndarray],
-                   local: np.ndarray, from_disk: bool) -> None:
+        def deliver(k: int, result: tuple[dict[str, np.ndarray], np.ndarray], new: bool
+                    ) -> None:
+            gi, u, idx = units[k]
             group = groups[gi]
-            store = stores[group.job]
-            if not from_disk and store is not None:
-                _write_unit(store, group.local, u, group.hooks, rows, local)
-            group.results[u] = (rows, np.asarray(idx)[local])
-            bar.update(1)
-            if callback is not None and not from_disk:
+            group.results[u] = (result[0], np.asarray(idx)[result[1]])
+            if new and callback is not None:
                 callback(group.job, group.local, u)
             if len(group.results) == len(group.units):
                 finish(gi)
 
-        todo = []
-        for gi, u, idx in units:
-            group = groups[gi]
-            store = stores[group.job]
-            got = (_read_unit(store, group.local, u, group.hooks) if store is not None
-                   else None)
-            if got is None:
-                todo.append((gi, u, idx))
-            else:
-                arrive(gi, u, idx, *got, from_disk=True)
+        def load(k: int) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+            group, store = groups[units[k][0]], stores[groups[units[k][0]].job]
+            return None if store is None else _read_unit(store, group.local, units[k][1],
+                                                         group.hooks)
 
-        def done(k: int, result: tuple[dict[str, np.ndarray], np.ndarray]) -> None:
-            gi, u, idx = todo[k]
-            arrive(gi, u, idx, *result, from_disk=False)
+        def save(k: int, result: tuple[dict[str, np.ndarray], np.ndarray]) -> None:
+            group, store = groups[units[k][0]], stores[groups[units[k][0]].job]
+            if store is not None:
+                _write_unit(store, group.local, units[k][1], group.hooks, *result)
 
-        try:
-            pool.stream(read_unit, [
-                (jobs[groups[gi].job][0], [[inputs[i] for i in b]
-                                           for b in batched(idx, batch_size)],
-                 groups[gi].hooks, positions) for gi, u, idx in todo], done)
-        finally:
-            bar.close()
+        def unit_args(ks: list[int]) -> tuple[Any, ...]:
+            (gi, _, idx), = (units[k] for k in ks)
+            return (jobs[groups[gi].job][0], [[inputs[i] for i in b]
+                                               for b in batched(idx, batch_size)],
+                    groups[gi].hooks, positions)
+
+        run_chunked(pool, read_unit, range(len(units)), unit_args, deliver, load=load,
+                    save=save, desc="reading activations", unit="unit",
+                    progress=progress if progress is not None else len(units) >= 8)
     if any(g is None for g in out):
         raise TLRewardError("internal error: some layer Grams were not finished")
     return out  # type: ignore[return-value]
 
 
 def run_layer_grams(
-    models: str | Path | ModelSpec | Sequence[str | Path | ModelSpec],
+    models: str | Path | Spec | Sequence[str | Path | Spec],
     inputs: Sequence[Any],
     hook: str | Sequence[str] = DEFAULT_HOOK,
     layers: Sequence[int] | None = None,
@@ -285,8 +272,8 @@ def run_layer_grams(
 
 
 def run_compare_layers(
-    model_a: str | Path | ModelSpec,
-    model_b: str | Path | ModelSpec | None = None,
+    model_a: str | Path | Spec,
+    model_b: str | Path | Spec | None = None,
     inputs: Sequence[Any] = (),
     measure: str | Sequence[str] = ("debiased_cka", "rv2"),
     hook: str | Sequence[str] = DEFAULT_HOOK,
