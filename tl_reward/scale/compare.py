@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,50 +82,6 @@ def read_unit(worker: Worker, spec: Spec, batches: Sequence[Sequence[Any]],
     return [({h: np.concatenate(v) for h, v in rows.items()}, np.concatenate(items))]
 
 
-@dataclass
-class _Group:
-    """The driver's side of one (model, hook group): its units' rows until all are in."""
-
-    job: int
-    local: int  # the group's index within its model (names the unit files)
-    hooks: list[str]
-    units: list[int]
-    results: dict[int, tuple[dict[str, np.ndarray], np.ndarray]] = field(default_factory=dict)
-
-
-def _unit(group: int, unit: int) -> str:
-    return f"g{group:04d}-u{unit:06d}.npz"
-
-
-def _read_unit(store: ChunkStore, group: int, unit: int, hooks: Sequence[str]
-               ) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
-    """A unit's rows and row items from ``store`` (``None`` when not there yet)."""
-    if not store.has(_unit(group, unit)):
-        return None
-    with np.load(store.path(_unit(group, unit))) as z:
-        return {h: z[f"h{k}"] for k, h in enumerate(hooks)}, z["item"]
-
-
-def _write_unit(store: ChunkStore, group: int, unit: int, hooks: Sequence[str],
-                rows: dict[str, np.ndarray], item: np.ndarray) -> None:
-    def save(path: Path) -> None:
-        with open(path, "wb") as f:
-            np.savez(f, item=item, **{f"h{k}": rows[h] for k, h in enumerate(hooks)})
-
-    store.save(_unit(group, unit), save)
-
-
-def _grams(hooks: list[str], rows: dict[str, np.ndarray]) -> np.ndarray:
-    """Centred float64 Grams, computed as :func:`~tl_reward.compare.layers.layer_grams` does."""
-    n = len(next(iter(rows.values())))
-    grams = np.zeros((len(hooks), n, n))
-    for k, h in enumerate(hooks):
-        x = rows.pop(h).astype(np.float64)
-        x -= x.mean(0, keepdims=True)
-        grams[k] = x @ x.T
-    return grams
-
-
 def _run(jobs: Sequence[tuple[Spec, Sequence[int] | None]], inputs: Sequence[Any],
          hook: str | Sequence[str], positions: Positions, batch_size: int,
          layer_chunk: int | None, executor: Executor | None,
@@ -141,100 +96,90 @@ def _run(jobs: Sequence[tuple[Spec, Sequence[int] | None]], inputs: Sequence[Any
                             f"{len(inputs)}")
     if batch_size < 1:
         raise TLRewardError(f"batch_size must be positive, got {batch_size}")
-    out: list[LayerGrams | None] = [None] * len(jobs)
     with (executor or LocalExecutor()).session() as pool:
         plans = pool.gather(plan_grams, [(s, inputs, hook, layers, cache_dir is not None)
-                                          for s, layers in jobs])
-        groups: list[_Group] = []
-        units: list[tuple[int, int, list[int]]] = []  # (group, unit index, input indices)
+                                         for s, layers in jobs])
+        # per model: hook groups, each unit's inputs (the batches layer_grams reads), store
+        groups: list[list[list[str]]] = []
+        units: list[list[list[int]]] = []
         stores: list[ChunkStore | None] = []
-        state: list[dict[str, Any]] = []
-        for j, plan in enumerate(plans):
-            names = plan["hooks"]
-            if positions == "response":
-                need = len(names) * plan["response_rows"] ** 2 * 8
-                if need > max_gram_bytes:
-                    raise TLRewardError(
-                        f"positions='response' gives {plan['response_rows']} rows, so "
-                        f"{len(names)} float64 Grams need {need / 1e9:.1f} GB (more than "
-                        f"max_gram_bytes = {max_gram_bytes / 1e9:.1f} GB); use fewer or "
-                        "shorter inputs, fewer layers, positions='pooled', or raise "
-                        "max_gram_bytes")
-            # the batches layer_grams reads: inputs sorted by length (longest first, stable)
-            order = sorted(range(len(inputs)), key=lambda i: -plan["lengths"][i])
-            batches = batched(order, batch_size)
+        for plan in plans:
+            names, rows = plan["hooks"], plan["response_rows"]
+            if positions == "response" and len(names) * rows**2 * 8 > max_gram_bytes:
+                raise TLRewardError(
+                    f"positions='response' gives {rows} rows, so {len(names)} float64 Grams "
+                    f"need {len(names) * rows**2 * 8 / 1e9:.1f} GB (more than max_gram_bytes = "
+                    f"{max_gram_bytes / 1e9:.1f} GB); use fewer or shorter inputs, fewer "
+                    "layers, positions='pooled', or raise max_gram_bytes")
+            order = sorted(range(len(inputs)), key=lambda i: -plan["lengths"][i])  # stable
             chunk = len(names) if layer_chunk is None else max(1, int(layer_chunk))
-            store = None
-            if cache_dir is not None:
-                ident = plan["identity"].with_job(plan["inputs"], settings={
-                    "hooks": names, "positions": positions, "batch_size": batch_size,
-                    "layer_chunk": chunk, "batches_per_unit": batches_per_unit})
-                store = ChunkStore(Path(cache_dir) / ident.folder_name(), ident)
-            stores.append(store)
-            state.append({"grams": np.zeros(0), "row_item": None, "left": 0})
-            for g0 in range(0, len(names), chunk):
-                group = _Group(j, g0 // chunk, names[g0: g0 + chunk], [])
-                gi = len(groups)
-                groups.append(group)
-                state[j]["left"] += 1
-                for u, unit in enumerate(batched(batches, batches_per_unit)):
-                    group.units.append(u)
-                    units.append((gi, u, [i for b in unit for i in b]))
+            groups.append(batched(names, chunk))
+            units.append([[i for b in u for i in b]
+                          for u in batched(batched(order, batch_size), batches_per_unit)])
+            ident = plan["identity"] and plan["identity"].with_job(plan["inputs"], settings={
+                "hooks": names, "positions": positions, "batch_size": batch_size,
+                "layer_chunk": chunk, "batches_per_unit": batches_per_unit})
+            stores.append(None if cache_dir is None else
+                          ChunkStore(Path(cache_dir) / ident.folder_name(), ident))
+        grams: list[np.ndarray | None] = [None] * len(jobs)
+        row_item: list[np.ndarray | None] = [None] * len(jobs)
+        parts: dict[tuple[int, int], dict[int, Any]] = {}
 
-        def finish(gi: int) -> None:
-            group = groups[gi]
-            j, plan = group.job, plans[group.job]
-            parts = [group.results.pop(u) for u in group.units]  # in unit (= batch) order
-            items = np.concatenate([p[1] for p in parts])
-            perm = np.argsort(items, kind="stable")  # rows in input order, as in read_rows
-            rows = {h: np.concatenate([p[0][h] for p in parts])[perm] for h in group.hooks}
-            row_item = items[perm]
-            if positions == "pooled" and not np.array_equal(row_item, np.arange(len(inputs))):
-                raise TLRewardError("internal error: layer rows do not cover every input once")
-            st = state[j]
-            if st["row_item"] is None:
-                st["row_item"] = row_item
-                st["grams"] = np.zeros((len(plan["hooks"]), len(row_item), len(row_item)))
-            grams = _grams(group.hooks, rows)
-            for k, h in enumerate(group.hooks):
-                st["grams"][plan["hooks"].index(h)] = grams[k]
-            st["left"] -= 1
-            if st["left"] == 0:
-                out[j] = LayerGrams(plan["label"], plan["hooks"], st.pop("grams"), positions,
-                                    st["row_item"])
-
-        def deliver(k: int, result: tuple[dict[str, np.ndarray], np.ndarray], new: bool
-                    ) -> None:
-            gi, u, idx = units[k]
-            group = groups[gi]
-            group.results[u] = (result[0], np.asarray(idx)[result[1]])
+        def deliver(key: tuple[int, int, int], result: Any, new: bool) -> None:
+            j, g, u = key
+            got = parts.setdefault((j, g), {})
+            got[u] = (result[0], np.asarray(units[j][u])[result[1]])
             if new and callback is not None:
-                callback(group.job, group.local, u)
-            if len(group.results) == len(group.units):
-                finish(gi)
+                callback(j, g, u)
+            if len(got) < len(units[j]):
+                return
+            del parts[(j, g)]  # a hook group's rows are held only until its Grams are formed
+            items = np.concatenate([got[u][1] for u in range(len(got))])
+            perm = np.argsort(items, kind="stable")  # rows in input order, as in read_rows
+            row_item[j] = items[perm]
+            if positions == "pooled" and not np.array_equal(items[perm], np.arange(len(inputs))):
+                raise TLRewardError("internal error: layer rows do not cover every input once")
+            if grams[j] is None:
+                grams[j] = np.zeros((len(plans[j]["hooks"]), len(perm), len(perm)))
+            for h in groups[j][g]:
+                x = np.concatenate([got[u][0].pop(h) for u in range(len(got))])[perm]
+                x = x.astype(np.float64)
+                x -= x.mean(0, keepdims=True)
+                grams[j][plans[j]["hooks"].index(h)] = x @ x.T  # type: ignore[index]
 
-        def load(k: int) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
-            group, store = groups[units[k][0]], stores[groups[units[k][0]].job]
-            return None if store is None else _read_unit(store, group.local, units[k][1],
-                                                         group.hooks)
+        def name(key: tuple[int, int, int]) -> str:
+            return f"g{key[1]:04d}-u{key[2]:06d}.npz"
 
-        def save(k: int, result: tuple[dict[str, np.ndarray], np.ndarray]) -> None:
-            group, store = groups[units[k][0]], stores[groups[units[k][0]].job]
+        def load(key: tuple[int, int, int]) -> Any:
+            store, hooks = stores[key[0]], groups[key[0]][key[1]]
+            if store is None or not store.has(name(key)):
+                return None
+            with np.load(store.path(name(key))) as z:
+                return {h: z[f"h{k}"] for k, h in enumerate(hooks)}, z["item"]
+
+        def save(key: tuple[int, int, int], result: Any) -> None:
+            store, hooks = stores[key[0]], groups[key[0]][key[1]]
+
+            def write(path: Path) -> None:
+                with open(path, "wb") as f:
+                    np.savez(f, item=result[1], **{f"h{k}": result[0][h]
+                                                   for k, h in enumerate(hooks)})
+
             if store is not None:
-                _write_unit(store, group.local, units[k][1], group.hooks, *result)
+                store.save(name(key), write)
 
-        def unit_args(ks: list[int]) -> tuple[Any, ...]:
-            (gi, _, idx), = (units[k] for k in ks)
-            return (jobs[groups[gi].job][0], [[inputs[i] for i in b]
-                                               for b in batched(idx, batch_size)],
-                    groups[gi].hooks, positions)
+        def unit_args(keys: list[tuple[int, int, int]]) -> tuple[Any, ...]:
+            (j, g, u), = keys
+            return (jobs[j][0], [[inputs[i] for i in b] for b in batched(units[j][u], batch_size)],
+                    groups[j][g], positions)
 
-        run_chunked(pool, read_unit, range(len(units)), unit_args, deliver, load=load,
-                    save=save, desc="reading activations", unit="unit",
-                    progress=progress if progress is not None else len(units) >= 8)
-    if any(g is None for g in out):
-        raise TLRewardError("internal error: some layer Grams were not finished")
-    return out  # type: ignore[return-value]
+        keys = [(j, g, u) for j in range(len(jobs)) for g in range(len(groups[j]))
+                for u in range(len(units[j]))]
+        run_chunked(pool, read_unit, keys, unit_args, deliver, load=load, save=save,
+                    desc="reading activations", unit="unit",
+                    progress=progress if progress is not None else len(keys) >= 8)
+    return [LayerGrams(p["label"], p["hooks"], grams[j], positions, row_item[j])
+            for j, p in enumerate(plans)]
 
 
 def run_layer_grams(
