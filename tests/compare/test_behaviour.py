@@ -9,7 +9,6 @@ import torch
 from scipy import stats
 
 from tl_reward.compare.behaviour import (
-    bootstrap_indices,
     compare_models,
     preference_agreement,
     rank_agreement,
@@ -18,6 +17,7 @@ from tl_reward.compare.behaviour import (
 from tl_reward.compare.layers import activations
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
+from tl_reward.stats.resampling import bootstrap_indices
 
 WORDS = ["Is the sky blue?", "Yes, on a clear day.", "No.", "I cannot help with that.",
          "Love. Friendship. Music.", "Drink water and sleep well.", "Hate. War.", "Sure!",
@@ -42,9 +42,13 @@ def test_rank_agreement_against_scipy_and_brute_force():
     a = rng.normal(size=40)
     b = 0.6 * a + rng.normal(size=40)
     b[:5] = b[0]  # ties
-    res = rank_agreement(a, b, n_resamples=300, seed=4)
+    res = rank_agreement(a, b, n_bootstrap=300, seed=4)
     assert res.kendall_tau_b.value == pytest.approx(stats.kendalltau(a, b).statistic, abs=1e-12)
     assert res.spearman_rho.value == pytest.approx(stats.spearmanr(a, b).statistic, abs=1e-12)
+    # p-values: scipy's (tau-b with ties: asymptotic; rho: t approximation)
+    assert res.kendall_tau_b.p_value == pytest.approx(stats.kendalltau(a, b).pvalue, rel=1e-9)
+    assert res.spearman_rho.p_value == pytest.approx(stats.spearmanr(a, b).pvalue, rel=1e-9)
+    assert np.isnan(res.rbo_top.p_value) and res.kendall_tau_b.n == 40
     order_a = list(np.argsort(-a, kind="stable"))
     order_b = list(np.argsort(-b, kind="stable"))
     assert res.rbo_top.value == pytest.approx(brute_rbo(order_a, order_b, 0.9), abs=1e-12)
@@ -58,7 +62,7 @@ def test_rank_agreement_against_scipy_and_brute_force():
 def test_preference_agreement_brute_force():
     ma = np.array([1.0, -2.0, 0.5, 0.0, 3.0, -1.0])
     mb = np.array([2.0, 1.0, 0.1, 0.0, -3.0, -0.5])
-    res = preference_agreement(ma, mb, n_resamples=500)
+    res = preference_agreement(ma, mb, n_bootstrap=500)
     assert res.agreement.value == pytest.approx(4 / 6)  # pairs 0, 2, 3 (both zero), 5
     assert res.accuracy_a == pytest.approx(3 / 6) and res.accuracy_b == pytest.approx(3 / 6)
     assert 0 <= res.agreement.ci_low <= res.agreement.value <= res.agreement.ci_high <= 1
@@ -86,7 +90,7 @@ def _hf_score(hf, tok, conv) -> float:
 
 def test_compare_models_against_hf_forward(tiny):
     (a, hf_a, tok), (b, hf_b, _) = tiny("llama", 1, 0), tiny("llama", 1, 1)
-    rep = compare_models({"A": a, "B": b}, CORPUS, pairs=PAIRS, n_resamples=200)
+    rep = compare_models({"A": a, "B": b}, CORPUS, pairs=PAIRS, n_bootstrap=200)
     ra = np.array([_hf_score(hf_a, tok, c) for c in CORPUS])
     rb = np.array([_hf_score(hf_b, tok, c) for c in CORPUS])
     np.testing.assert_allclose(rep.rewards["A"], ra, atol=1e-4)  # float32 parity scale
@@ -126,7 +130,7 @@ def test_own_reward_is_readable_from_the_final_norm(tiny):
 
 def test_pairs_as_data_and_bad_input(tiny):
     a, b = tiny("llama", 1, 0)[0], tiny("llama", 1, 1)[0]
-    rep = compare_models([a, b], PAIRS, readability_hook=None, n_resamples=50)
+    rep = compare_models([a, b], PAIRS, readability_hook=None, n_bootstrap=50)
     assert len(rep.models) == 2 and rep.preference and rep.rank and not rep.readability
     with pytest.raises(TLRewardError, match="at least two"):
         compare_models([a], CORPUS)

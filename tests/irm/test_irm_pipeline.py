@@ -43,16 +43,22 @@ def test_agreement_against_scipy_and_hand_count():
     rng = np.random.default_rng(0)
     c, r = rng.normal(size=40), rng.normal(size=40)
     r[:3] = c[:3]  # ties count one half
-    res = pair_agreement(c, r)
+    res = pair_agreement(c, r, n_bootstrap=3000, seed=2)
+    score = np.where(c > r, 1.0, np.where(c < r, 0.0, 0.5))
     assert res.share == pytest.approx(((c > r).sum() + 0.5 * 3) / 40)
-    assert res.ci_low < res.share < res.ci_high
+    # the CI: scipy's percentile bootstrap of the same scores (Monte Carlo: to 3 SE of a quantile)
+    ref = scipy.stats.bootstrap((score,), np.mean, n_resamples=3000, method="percentile",
+                                random_state=0).confidence_interval
+    assert (res.agreement.ci_low, res.agreement.ci_high) == pytest.approx(
+        (ref.low, ref.high), abs=0.03)
     x, y = rng.normal(size=60), rng.normal(size=60)
     y = y + x
     ra = rank_agreement(x, y)
     want = scipy.stats.kendalltau(x, y)
-    assert ra.kendall_tau_b == pytest.approx(want.statistic, abs=1e-12)
-    assert ra.spearman_rho == pytest.approx(scipy.stats.spearmanr(x, y).statistic, abs=1e-12)
-    assert ra.ci_low < ra.kendall_tau_b < ra.ci_high
+    assert ra.kendall_tau_b.value == pytest.approx(want.statistic, abs=1e-12)
+    assert ra.kendall_tau_b.p_value == pytest.approx(want.pvalue, rel=1e-9)
+    assert ra.spearman_rho.value == pytest.approx(scipy.stats.spearmanr(x, y).statistic,
+                                                  abs=1e-12)
 
 
 def test_reconstruction_recovers_signal_and_does_not_leak_words():
@@ -63,14 +69,14 @@ def test_reconstruction_recovers_signal_and_does_not_leak_words():
     w = rng.normal(size=f)
     u = x @ w + 0.3 * rng.normal(size=n)
     rec = reconstruct_utilities(x, u, words, "signal", n_resamples=200)
-    assert rec.agreement.kendall_tau_b > 0.6 and rec.r2 > 0.5
+    assert rec.agreement.kendall_tau_b.value > 0.6 and rec.r2 > 0.5
     # noise features, every word twice with identical rows: folds grouped by word cannot
     # memorise the twin, so tau stays near 0 (ungrouped folds would score the twin highly)
     noise = np.abs(rng.normal(size=(n, 100)))
     u2 = rng.normal(size=n)
     rec2 = reconstruct_utilities(np.vstack([noise, noise]), np.r_[u2, u2], words + words,
                                  "noise", n_resamples=200)
-    assert abs(rec2.agreement.kendall_tau_b) < 0.2
+    assert abs(rec2.agreement.kendall_tau_b.value) < 0.2
     assert len(rec2.to_dataframe()) == 2 * n
 
 

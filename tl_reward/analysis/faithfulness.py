@@ -130,12 +130,14 @@ class FaithfulnessReport(ShortRepr):
                 cols[f"{obs}|{cau}|abs"] = spearman(a.abs(), b.abs()).tolist()
         return pd.DataFrame(cols, index=self.pair_ids)
 
-    def summary(self, n_resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
-        """Mean rho per pairing with a 95 % bootstrap CI, sign-flip p and the number of pairs."""
+    def summary(self, n_bootstrap: int = 10_000, confidence: float = 0.95, seed: int = 0
+                ) -> pd.DataFrame:
+        """Mean rho per pairing with a percentile bootstrap CI over pairs, sign-flip p and the
+        number of pairs."""
         rows = []
         for col, vals in self.rho().items():
             obs, cau, kind = col.split("|")
-            s = summarise_mean(vals.to_numpy(), n_resamples=n_resamples, seed=seed)
+            s = summarise_mean(vals.to_numpy(), n_bootstrap, confidence, seed)
             rows.append({"observational": obs, "causal": cau, "kind": kind, "mean_rho": s.mean,
                          "ci_low": s.ci_low, "ci_high": s.ci_high, "p_value": s.p_value,
                          "n_pairs": s.n, "published_anchor": (obs, cau, kind) == ANCHOR})

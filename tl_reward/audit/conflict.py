@@ -516,7 +516,7 @@ def gradient_conflict(
     stats = []
     for i, j in combinations(range(len(terms)), 2):
         x = per_item[:, i, j]
-        lo, hi = bootstrap_ci(x, n_resamples=n_resamples, seed=seed)
+        lo, hi = bootstrap_ci(x, n_bootstrap=n_resamples, seed=seed)
         stats.append(PairStat(names[i], names[j], "gradient cosine", float(x.mean()), lo, hi,
                               verdict(lo, hi, thresholds),
                               extra={"share_negative": float((x < 0).mean())}))

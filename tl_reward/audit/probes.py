@@ -190,9 +190,9 @@ def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = 
     d = np.asarray(deltas, dtype=np.float64)
     d = d[~np.isnan(d)]
     es = paired_effect_size(d)
-    lo, hi = bootstrap_ci(d, n_resamples=n_resamples, seed=seed)
+    lo, hi = bootstrap_ci(d, n_bootstrap=n_resamples, seed=seed)
     elo, ehi = effect_size_ci(d, n_resamples=n_resamples, seed=seed)
-    test = sign_flip_test(d, exact_max_n=exact_max_n, n_resamples=max(n_resamples, 999) * 5,
+    test = sign_flip_test(d, exact_max_n=exact_max_n, n_permutations=max(n_resamples, 999) * 5,
                           seed=seed)
     scale = natural_sd if natural_sd > 0 else float("nan")
     return DimensionStats(

@@ -32,9 +32,9 @@ from jaxtyping import Float
 
 from tl_reward import tl_backend
 from tl_reward.errors import TLRewardError
-from tl_reward.irm.agreement import RankAgreement, rank_agreement
 from tl_reward.irm.layers import LayerChange, parameter_change
 from tl_reward.model.inputs import EncodedInput, collate
+from tl_reward.stats.agreement import RankAgreement, rank_agreement
 from tl_reward.sweep.response_template import Prompt, response_template
 
 
@@ -179,7 +179,8 @@ def reconstruct_utilities(
         pred[te] = model.predict(x[te])
         chosen.append(float(model[-1].alpha_))
     r2 = 1 - float(((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum())
-    agr = rank_agreement(pred, y, n_resamples, seed, "reconstructed utility", "true utility")
+    agr = rank_agreement(pred, y, ("reconstructed utility", "true utility"), n_resamples,
+                         seed=seed)
     return UtilityReconstruction(feature_set, [str(w) for w in g], y, pred, agr, chosen, r2,
                                  int(x.shape[1]))
 
@@ -207,10 +208,10 @@ class IrmPipelineResult:
         for name, rec in self.reconstructions.items():
             a = rec.agreement
             rows.append({"features": name, "layers": ",".join(map(str, self.layers)),
-                         "n_words": len(set(rec.words)), "n_tokens": a.n,
-                         "n_features": rec.n_features, "kendall_tau_b": a.kendall_tau_b,
-                         "ci_low": a.ci_low, "ci_high": a.ci_high,
-                         "spearman_rho": a.spearman_rho, "r2": rec.r2})
+                         "n_words": len(set(rec.words)), "n_tokens": a.kendall_tau_b.n,
+                         "n_features": rec.n_features, "kendall_tau_b": a.kendall_tau_b.value,
+                         "ci_low": a.kendall_tau_b.ci_low, "ci_high": a.kendall_tau_b.ci_high,
+                         "spearman_rho": a.spearman_rho.value, "r2": rec.r2})
         return pd.DataFrame(rows)
 
     def plot(self) -> Any:

@@ -57,7 +57,7 @@ def run_compare_models(
     readability_hook: str | None = "blocks.{layer}.hook_resid_post",
     readability_layer: int = -1,
     objective: str | Mapping[str, str] = "score",
-    n_resamples: int = 2000,
+    n_bootstrap: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
     batch_size: int = 8,
@@ -97,5 +97,5 @@ def run_compare_models(
             name = results[i][0]
             names.append(name if name not in names else f"{name}_{i}")
     features = {n: results[i][1] for i, n in enumerate(names)}
-    return compare_features(features, sweeps, n_resamples=n_resamples, confidence=confidence,
+    return compare_features(features, sweeps, n_bootstrap=n_bootstrap, confidence=confidence,
                             seed=seed, rbo_p=rbo_p)

@@ -55,13 +55,14 @@ class SignFlipResult:
     Attributes:
         p_value: two-sided p-value (NaN when ``n == 0``); ``pvalue`` is a deprecated alias.
         method: ``"exact"`` (all ``2^n`` patterns), ``"monte_carlo"`` or ``"undefined"``.
-        n: number of non-NaN values; n_resamples: patterns drawn (Monte Carlo), else ``2^n``.
+        n: number of non-NaN values; n_permutations: patterns drawn (Monte Carlo), else
+            ``2^n``.
     """
 
     p_value: float
     method: str
     n: int
-    n_resamples: int
+    n_permutations: int
 
     @property
     def pvalue(self) -> float:
@@ -71,14 +72,14 @@ class SignFlipResult:
         return self.p_value
 
 
-def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_resamples: int = 9_999,
+def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_permutations: int = 9_999,
                    seed: int = 0) -> SignFlipResult:
     """Two-sided sign-flip permutation test for ``mean(x) != 0`` (NaNs dropped): the one
     sign-flip engine of the package (``|sum|`` and ``|mean|`` order the patterns alike).
 
     Exact for ``n <= exact_max_n`` (default 20; every sign pattern,
     ``p = #{|sum*| >= |sum|} / 2^n``); otherwise Monte Carlo with
-    ``p = (1 + count) / (1 + n_resamples)``.
+    ``p = (1 + count) / (1 + n_permutations)``.
     """
     arr = _clean(x)
     n = int(arr.size)
@@ -91,13 +92,13 @@ def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_resamples: in
         return SignFlipResult(float((null >= observed - tol).mean()), "exact", n, 2**n)
     rng = np.random.default_rng(seed)
     count, done = 0, 0
-    step = max(1, min(n_resamples, 4_000_000 // n))  # bound memory to ~32 MB per block
-    while done < n_resamples:
-        b = min(step, n_resamples - done)
+    step = max(1, min(n_permutations, 4_000_000 // n))  # bound memory to ~32 MB per block
+    while done < n_permutations:
+        b = min(step, n_permutations - done)
         signs = rng.integers(0, 2, size=(b, n), dtype=np.int8) * 2 - 1
         count += int((np.abs(signs @ arr) >= observed - tol).sum())
         done += b
-    return SignFlipResult((1 + count) / (1 + n_resamples), "monte_carlo", n, n_resamples)
+    return SignFlipResult((1 + count) / (1 + n_permutations), "monte_carlo", n, n_permutations)
 
 
 @dataclass(frozen=True)
