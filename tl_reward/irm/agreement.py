@@ -12,9 +12,26 @@ from tl_reward.errors import TLRewardError
 from tl_reward.stats.ranks import kendall_tau_b, spearman_rho
 
 
-def _bootstrap(n: int, stat: Any, n_resamples: int, seed: int) -> tuple[float, float]:
+def _bootstrap(n: int, stat: Any, n_resamples: int, seed: int,
+               groups: Any = None) -> tuple[float, float]:
+    """Percentile 95% CI of ``stat(idx)`` over resamples ``idx``: of the ``n`` items, or, with
+    ``groups`` (one label per item), of the groups (a cluster bootstrap: draw as many groups as
+    there are, with replacement, and keep every item of each draw). Groups are numbered in
+    order of first appearance, so one item per group draws exactly the item bootstrap."""
     rng = np.random.default_rng(seed)
-    vals = np.array([stat(rng.integers(0, n, n)) for _ in range(n_resamples)])
+    members = None
+    if groups is not None:
+        codes, _ = pd.factorize(np.asarray(groups))
+        if codes.size != n:
+            raise TLRewardError(f"{codes.size} group labels for {n} items")
+        members = [np.flatnonzero(codes == c) for c in range(codes.max() + 1)]
+
+    def draw() -> np.ndarray:
+        if members is None:
+            return rng.integers(0, n, n)
+        return np.concatenate([members[c] for c in rng.integers(0, len(members), len(members))])
+
+    vals = np.array([stat(draw()) for _ in range(n_resamples)])
     vals = vals[~np.isnan(vals)]
     if vals.size == 0:
         return float("nan"), float("nan")
@@ -64,7 +81,8 @@ def pair_agreement(chosen: np.ndarray, rejected: np.ndarray, n_resamples: int = 
 
 @dataclass
 class RankAgreement:
-    """Kendall tau-b (95% bootstrap CI over items) and Spearman rho of two rewards."""
+    """Kendall tau-b (95% bootstrap CI over ``unit``: items, or the groups items belong to)
+    and Spearman rho of two rewards."""
 
     kendall_tau_b: float
     ci_low: float
@@ -76,10 +94,11 @@ class RankAgreement:
     y: np.ndarray
     x_label: str = "implicit reward"
     y_label: str = "explicit reward"
+    unit: str = "item"
 
     def __str__(self) -> str:
         return (f"tau_b {self.kendall_tau_b:.3f} [{self.ci_low:.3f}, {self.ci_high:.3f}], "
-                f"rho {self.spearman_rho:.3f} (n = {self.n})")
+                f"rho {self.spearman_rho:.3f} (n = {self.n}, resampling {self.unit}s)")
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per item: the two values."""
@@ -94,16 +113,25 @@ class RankAgreement:
 
 
 def rank_agreement(x: np.ndarray, y: np.ndarray, n_resamples: int = 1000, seed: int = 0,
-                   x_label: str = "implicit reward", y_label: str = "explicit reward"
-                   ) -> RankAgreement:
-    """Rank agreement of two rewards on the same items (NaN items dropped)."""
+                   x_label: str = "implicit reward", y_label: str = "explicit reward",
+                   groups: Any = None, unit: str = "group") -> RankAgreement:
+    """Rank agreement of two rewards on the same items (NaN items dropped).
+
+    ``groups``: one label per item when items are not independent (e.g. the tokens of one
+    word); the CI then resamples whole groups (a cluster bootstrap), the unit named ``unit``.
+    Resample by the unit that is independent: near-duplicate items resampled one by one give
+    a CI too narrow by about the square root of the items per group."""
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if groups is not None and len(groups) != a.size:
+        raise TLRewardError(f"{len(groups)} group labels for {a.size} items")
     keep = ~(np.isnan(a) | np.isnan(b))
     a, b = a[keep], b[keep]
     if a.size < 3:
         raise TLRewardError(f"rank agreement needs at least 3 items, got {a.size}")
+    g = None if groups is None else np.asarray(groups)[keep]
     tau = kendall_tau_b(a, b)
     lo, hi = _bootstrap(a.size, lambda i: kendall_tau_b(a[i], b[i]).statistic, n_resamples,
-                        seed)
+                        seed, g)
     return RankAgreement(tau.statistic, lo, hi, tau.p_value, spearman_rho(a, b).statistic,
-                         int(a.size), a, b, x_label, y_label)
+                         int(a.size), a, b, x_label, y_label,
+                         "item" if groups is None else unit)
