@@ -6,9 +6,9 @@ Ledoit-Wolf sums (``O(n d^2)``), then ``w S w'`` (``O(T d^2)``). The new way bui
 and ``Y W'`` once (``O(n^2 d)``) and then costs ``O(n^2 + n T^2)`` per resample. Both run on
 the same synthetic normed residual (anisotropic Gaussian rows, ``n`` items, ``d`` dimensions,
 ``T`` term directions) and the same resample indices. When the old way would take longer than
-``--old-budget`` seconds for all ``--n-resamples`` resamples, only the first few resamples run
-(at least 2) and its total is extrapolated (printed as such). The cosines of the resamples both
-ran are compared.
+``--old-budget`` seconds for all ``--n-resamples`` resamples, only the first ``--min-old``
+resamples run (default 5) and its total is extrapolated (printed as such). The cosines of the
+resamples both ran are compared.
 
     python benchmarks/conflict_ci.py [--n 256] [--d 4096] [--terms 5] [--n-resamples 200]
                                      [--old-budget 120] [--threads 1]
@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--n-resamples", type=int, default=200)
     ap.add_argument("--old-budget", type=float, default=120.0,
                     help="seconds the old way may run before extrapolating")
+    ap.add_argument("--min-old", type=int, default=5,
+                    help="old-way resamples to time at least before extrapolating")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="write a JSON summary here")
     args = ap.parse_args()
@@ -57,7 +59,7 @@ def main() -> None:
     old = []
     for idx in draws:
         old.append(cosine_matrix(w, ledoit_wolf(h[torch.from_numpy(idx)])[0]).numpy())
-        if len(old) >= 2 and len(old) < b and (time.perf_counter() - t0) * b / len(old) \
+        if len(old) >= args.min_old and len(old) < b and (time.perf_counter() - t0) * b / len(old) \
                 > args.old_budget:
             break
     t_old_run = time.perf_counter() - t0
