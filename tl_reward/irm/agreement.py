@@ -19,17 +19,21 @@ def _bootstrap(n: int, stat: Any, n_resamples: int, seed: int,
     there are, with replacement, and keep every item of each draw). Groups are numbered in
     order of first appearance, so one item per group draws exactly the item bootstrap."""
     rng = np.random.default_rng(seed)
-    members = None
     if groups is not None:
         codes, _ = pd.factorize(np.asarray(groups))
         if codes.size != n:
             raise TLRewardError(f"{codes.size} group labels for {n} items")
-        members = [np.flatnonzero(codes == c) for c in range(codes.max() + 1)]
+        order = np.argsort(codes, kind="stable")  # each group's items, in input order
+        counts = np.bincount(codes)
+        starts = np.cumsum(counts) - counts
 
     def draw() -> np.ndarray:
-        if members is None:
+        if groups is None:
             return rng.integers(0, n, n)
-        return np.concatenate([members[c] for c in rng.integers(0, len(members), len(members))])
+        picked = rng.integers(0, len(counts), len(counts))
+        lens = counts[picked]
+        shift = np.repeat(starts[picked] - (np.cumsum(lens) - lens), lens)
+        return order[shift + np.arange(lens.sum())]
 
     vals = np.array([stat(draw()) for _ in range(n_resamples)])
     vals = vals[~np.isnan(vals)]
