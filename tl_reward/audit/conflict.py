@@ -291,7 +291,10 @@ def geometric_conflict(
     the Ledoit-Wolf covariance of the normed final residual at ``t*`` (bootstrap CI over items).
     ``normed``: that normed residual already computed (``pooled_residual(..., normed=True)``,
     e.g. from a feature cache), instead of a corpus.
-    ``transformed=True`` (ArmoRM) adds the ``T``-transformed directions as extra terms."""
+    ``transformed=True`` (ArmoRM) adds the ``T``-transformed directions as extra terms.
+    The bootstrap never forms a ``d x d`` covariance (:class:`GramLedoitWolf`): ``O(n^2 d)``
+    once, then ``O(n^2)`` per resample (0.3 s instead of about 6 min for 200 resamples at
+    ``d = 4096``, ``n = 256`` on one CPU thread: ``benchmarks/conflict_ci.py``)."""
     terms = as_terms(model_or_terms, objectives)
     _check_shared_space(terms)
     names = [t.name for t in terms]
