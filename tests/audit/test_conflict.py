@@ -14,6 +14,7 @@ from scipy import stats
 from sklearn.covariance import LedoitWolf
 
 from tl_reward.audit.conflict import (
+    GramLedoitWolf,
     Thresholds,
     behavioural_conflict,
     disagreement_share,
@@ -46,14 +47,44 @@ def test_whitened_cosine_by_hand(tiny):
         raw = w[i] @ w[j] / np.linalg.norm(w[i]) / np.linalg.norm(w[j])
         assert row.loc["whitened cosine", "value"] == pytest.approx(white, abs=1e-9)
         assert row.loc["raw cosine", "value"] == pytest.approx(raw, abs=1e-9)
-        lo, hi = row.loc["whitened cosine", ["ci_low", "ci_high"]]
-        assert lo <= hi
+    # the CI: a brute-force percentile bootstrap with the same draws, one scikit-learn
+    # Ledoit-Wolf fit of the resampled items at a time
+    rng = np.random.default_rng(0)
+    boot = []
+    for _ in range(20):
+        c = LedoitWolf().fit(h[rng.integers(0, 24, 24)]).covariance_
+        q = w @ c @ w.T
+        boot.append(q / np.sqrt(np.outer(np.diag(q), np.diag(q))))
+    lo_ref, hi_ref = np.quantile(boot, [0.025, 0.975], axis=0)
+    for s in res.stats:
+        if s.view == "whitened cosine":
+            i, j = res.terms.index(s.term_a), res.terms.index(s.term_b)
+            assert (s.ci_low, s.ci_high) == pytest.approx((lo_ref[i, j], hi_ref[i, j]), abs=1e-9)
     # the same from precomputed normed activations (e.g. a feature cache)
     again = geometric_conflict(model, normed=torch.from_numpy(h), n_resamples=20)
     np.testing.assert_allclose(again.matrix("whitened cosine"), res.matrix("whitened cosine"))
     # whitening changes the answer on this anisotropic residual (a no-op metric would not)
     assert np.abs(res.matrix("whitened cosine") - res.matrix("raw cosine")).max() > 0.05
-    assert res.meta["n_corpus"] == 24 and 0 < res.meta["shrinkage"] <= 1
+    assert res.meta["n_corpus"] == 24
+    assert res.meta["shrinkage"] == pytest.approx(LedoitWolf().fit(h).shrinkage_, abs=1e-12)
+
+
+@pytest.mark.parametrize("n,d", [(12, 40), (60, 7), (30, 30)])
+def test_gram_ledoit_wolf_matches_sklearn_on_resamples(n, d):
+    """The O(n^2) per-resample whitened cosines (no d x d matrix) equal scikit-learn's
+    Ledoit-Wolf covariance plugged into the cosine, for resamples with repeated rows."""
+    rng = np.random.default_rng(n * d)
+    h = rng.normal(size=(n, d)) * np.linspace(0.2, 3, d) + rng.normal(size=d)
+    h[:, :3] += 2 * rng.normal(size=(n, 1))  # correlated coordinates: shrinkage inside (0, 1)
+    w = rng.normal(size=(4, d))
+    gram = GramLedoitWolf(torch.from_numpy(h), torch.from_numpy(w))
+    for idx in [np.arange(n), rng.integers(0, n, n), rng.integers(0, n, n)]:
+        lw = LedoitWolf().fit(h[idx])
+        q = w @ lw.covariance_ @ w.T
+        ref = q / np.sqrt(np.outer(np.diag(q), np.diag(q)))
+        got, a = gram.cosines(idx)
+        assert a == pytest.approx(lw.shrinkage_, abs=1e-12)
+        np.testing.assert_allclose(got, ref, atol=1e-12, rtol=0)
 
 
 def test_disagreement_share_brute_force():
@@ -136,7 +167,15 @@ def test_behavioural_conflict_on_model(tiny):
     logits = hf(input_ids=batch.tokens, attention_mask=batch.attention_mask).logits.detach()
     r = np.corrcoef(logits[:, 0].numpy(), logits[:, 1].numpy())[0, 1]
     assert df.loc["score correlation", "value"] == pytest.approx(r, abs=1e-5)
-    assert 0 <= df.loc["pair disagreement", "value"] <= 1
+    # the disagreement share from HF's margins, counted by hand
+    margins = []
+    for k in (1, 2):
+        b = model.make_batch([(pair[0], pair[k]) for pair in pairs])
+        margins.append(hf(input_ids=b.tokens, attention_mask=b.attention_mask).logits.detach())
+    m = (margins[0] - margins[1]).double().numpy()
+    count = sum(1 for x, y in m if x * y < 0)
+    assert 0 < count < 8  # both kinds of pair occur, so the share below is informative
+    assert df.loc["pair disagreement", "value"] == pytest.approx(count / 8)
     t = len(res.terms)
     assert res.meta["pair disagreement family"]["tests"] == t * (t - 1) // 2
 

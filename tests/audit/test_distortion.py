@@ -75,8 +75,21 @@ def test_published_distortion_forced_zero_reproduced_and_absent_from_ours() -> N
     # three dimensions with the same true effect: only noise separates them
     d, nat = _matched(effects=(0.3, 0.3, 0.3), seed=4)
     pub = published_distortion_index(d)
-    assert pub.distortion.min() == 0.0  # the strongest dimension always scores exactly 0
-    assert np.argmin(pub.distortion) == np.argmax(pub.coverage)
+    # the published formula written out with loops: pooled min-max over every probe delta,
+    # coverage 1 - prod(1 - c) per dimension, distortion 1 - C / max C
+    flat = [x for col in d for x in d[col]]
+    lo, hi = min(flat), max(flat)
+    cover = []
+    for col in d:
+        keep = 1.0
+        for x in d[col]:
+            keep *= 1 - (x - lo) / (hi - lo)
+        cover.append(1 - keep)
+    np.testing.assert_allclose(pub.coverage, cover, rtol=1e-12)
+    np.testing.assert_allclose(pub.distortion, [1 - c / max(cover) for c in cover], atol=1e-12)
+    # 60 probes a dimension: 1 - prod(1 - c) rounds to exactly 1.0 for each, so the published
+    # index reads 0 ("no distortion") for all three, whatever the model does
+    assert list(pub.coverage) == [1.0, 1.0, 1.0] and list(pub.distortion) == [0.0, 0.0, 0.0]
     scaled = published_distortion_index(d * 1e-6)  # purely relative: scale-free
     np.testing.assert_allclose(scaled.distortion, pub.distortion, atol=1e-9)
     # hand case: pooled min-max, 1 - prod(1 - c), 1 - C / max C

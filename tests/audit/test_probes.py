@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import smollm2_unavailable
 from scipy import stats
 
 from tl_reward.audit.perturbations import Dimension, ProbeError, hh_rlhf_items, user_items
@@ -140,12 +141,10 @@ def test_published_probes_flaw_on_the_demo_rm() -> None:
     from tl_reward import HookedRewardModel
     from tl_reward.model.demo import HEAD_FILE
 
-    if not HEAD_FILE.exists():
-        pytest.skip("demo head not trained yet")
-    try:
-        demo = HookedRewardModel.from_pretrained("tl-reward/smollm2-135m-hh", device="cpu")
-    except Exception as exc:  # noqa: BLE001 - backbone not cached here
-        pytest.skip(f"demo backbone unavailable: {exc}")
+    assert HEAD_FILE.exists(), "the demo head ships with the package"
+    if (reason := smollm2_unavailable()) is not None:
+        pytest.skip(reason)
+    demo = HookedRewardModel.from_pretrained("tl-reward/smollm2-135m-hh", device="cpu")
     pub = run_published_probes(demo).table.set_index("dimension")
     assert pub.n.to_dict() == {"length": 3, "confidence": 2, "formatting": 2, "sycophancy": 2,
                                "repetition": 1}

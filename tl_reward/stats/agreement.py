@@ -67,18 +67,27 @@ class RankAgreement(ShortRepr):
 
 def rank_agreement(a: Any, b: Any, names: tuple[str, str] = ("a", "b"),
                    n_bootstrap: int = 2000, confidence: float = 0.95, seed: int = 0,
-                   rbo_p: float = 0.9) -> RankAgreement:
+                   rbo_p: float = 0.9, units: Any = None, unit: str = "unit") -> RankAgreement:
     """:class:`RankAgreement` of rewards ``a`` and ``b`` on the same items (NaN items dropped;
-    at least 4 left)."""
+    at least 4 left).
+
+    ``units``: one label per item when items are not independent (e.g. the tokens of one
+    word): the CIs then resample whole units (a cluster bootstrap), named ``unit`` in each
+    estimate's method. Near-duplicate items resampled one by one give CIs too narrow by about
+    the square root of the items per unit."""
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if x.shape != y.shape or x.ndim != 1:
         raise TLRewardError(f"need two reward vectors of the same length, got {x.shape} and "
                             f"{y.shape}")
+    if units is not None and len(units) != x.size:
+        raise TLRewardError(f"{len(units)} unit labels for {x.size} items")
     keep = ~(np.isnan(x) | np.isnan(y))
     x, y = x[keep], y[keep]
+    labels = None if units is None else np.asarray(units)[keep]
     if x.size < 4:
         raise TLRewardError(f"rank agreement needs at least 4 items without NaN, got {x.size}")
-    idx = bootstrap_indices(x.size, n_bootstrap, seed)
+    idx = bootstrap_indices(x.size, n_bootstrap, seed, labels)
+    over = "items" if units is None else f"{unit}s"
     p_values = {"kendall_tau_b": kendall_tau_b(x, y).p_value,
                 "spearman_rho": spearman_rho(x, y).p_value}
     out = {}
@@ -86,6 +95,6 @@ def rank_agreement(a: Any, b: Any, names: tuple[str, str] = ("a", "b"),
         boot = np.array([fn(x[i], y[i], rbo_p) for i in idx])
         out[name] = Estimate(fn(x, y, rbo_p), *percentile_ci(boot, confidence),
                              p_values.get(name, float("nan")), int(x.size),
-                             "percentile bootstrap over items" + (
+                             f"percentile bootstrap over {over}" + (
                                  "; rank test" if name in p_values else ""), confidence)
     return RankAgreement(**out, x=x, y=y, model_a=names[0], model_b=names[1])

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from jaxtyping import Float
 
@@ -51,18 +52,24 @@ def bootstrap_indices(n: int, n_bootstrap: int = 2000, seed: int = 0,
     Without ``units``: ``[n_bootstrap, n]`` item indices drawn with replacement. With ``units``
     (one label per item, e.g. the word a token belongs to), whole units are drawn with
     replacement, as many as there are units, and each resample is the indices of all their
-    items (a cluster bootstrap): a list of ``n_bootstrap`` index arrays.
+    items (a cluster bootstrap): a list of ``n_bootstrap`` index arrays. Units are numbered in
+    order of first appearance, so one unit per item draws exactly the item bootstrap.
     """
     rng = np.random.default_rng(seed)
     if units is None:
         return rng.integers(0, n, size=(n_bootstrap, n))
-    labels = np.asarray(units)
-    if labels.shape != (n,):
-        raise ValueError(f"units must give one label per item ({n}), got shape {labels.shape}")
-    _, inverse = np.unique(labels, return_inverse=True)
-    members = [np.flatnonzero(inverse == u) for u in range(inverse.max() + 1)]
-    draws = rng.integers(0, len(members), size=(n_bootstrap, len(members)))
-    return [np.concatenate([members[u] for u in row]) for row in draws]
+    codes, _ = pd.factorize(np.asarray(units))  # units numbered in order of first appearance
+    if codes.shape != (n,):
+        raise ValueError(f"units must give one label per item ({n}), got shape {codes.shape}")
+    order = np.argsort(codes, kind="stable")  # each unit's items, in input order
+    counts = np.bincount(codes)
+    starts = np.cumsum(counts) - counts
+    out = []
+    for picked in rng.integers(0, counts.size, size=(n_bootstrap, counts.size)):
+        lens = counts[picked]
+        out.append(order[np.repeat(starts[picked] - (np.cumsum(lens) - lens), lens)
+                         + np.arange(lens.sum())])
+    return out
 
 
 def percentile_ci(values: ArrayLike, confidence: float = 0.95) -> tuple[float, float]:
