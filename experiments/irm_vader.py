@@ -52,7 +52,7 @@ def save(results: dict[str, Any]) -> None:
 
 def agreement_dict(a: Any) -> dict[str, Any]:
     return {k: getattr(a, k) for k in ("kendall_tau_b", "ci_low", "ci_high", "kendall_pvalue",
-                                       "spearman_rho", "n")}
+                                       "spearman_rho", "n", "unit")}
 
 
 def heldout_pairs() -> list[dict[str, Any]]:
@@ -129,6 +129,7 @@ def main() -> None:
     if "vocabulary" in todo:
         from tl_reward.irm.pipeline import lexicon_tokens
         from tl_reward.irm.sweep import irm_vocab_sweep
+        from tl_reward.sweep.lexicon import token_word
 
         ids, words, utils = lexicon_tokens(tok, vader_lexicon(), policy.config.vocab_size)
         t0 = time.time()
@@ -136,8 +137,12 @@ def main() -> None:
                                 tokenizer=tok, ids=ids, batch_size=128,
                                 model_name="smollm2-vader-dpo")
         util = token_utilities(sweep.tokens)
-        ra = rank_agreement(sweep.rewards[:, 0].numpy(), util, y_label="VADER valence")
-        first = rank_agreement(sweep.first[:, 0].numpy(), util, y_label="VADER valence")
+        # a word's tokens (" love", "Love", ...) are near-duplicates: the CI resamples words
+        words = [token_word(t) for t in sweep.tokens]
+        ra = rank_agreement(sweep.rewards[:, 0].numpy(), util, y_label="VADER valence",
+                            groups=words, unit="word")
+        first = rank_agreement(sweep.first[:, 0].numpy(), util, y_label="VADER valence",
+                               groups=words, unit="word")
         df = sweep.to_dataframe().assign(utility=util)
         df.to_csv(OUT.with_name("irm_vader_vocab.csv"), index=False)
         top = df.nlargest(10, "reward")["token"].tolist()
