@@ -61,7 +61,8 @@ VALENCE = ("implicit reward", "VADER valence")
 def agreement_dict(a: Any) -> dict[str, Any]:
     tau = a.kendall_tau_b
     return {"kendall_tau_b": tau.value, "ci_low": tau.ci_low, "ci_high": tau.ci_high,
-            "kendall_pvalue": tau.p_value, "spearman_rho": a.spearman_rho.value, "n": tau.n}
+            "kendall_pvalue": tau.p_value, "spearman_rho": a.spearman_rho.value, "n": tau.n,
+            "method": tau.method}
 
 
 def heldout_pairs() -> list[dict[str, Any]]:
@@ -137,6 +138,7 @@ def main() -> None:
     if "vocabulary" in todo:
         from tl_reward.irm.pipeline import lexicon_tokens
         from tl_reward.irm.sweep import irm_vocab_sweep
+        from tl_reward.sweep.lexicon import token_word
 
         ids, words, utils = lexicon_tokens(tok, vader_lexicon(), policy.config.vocab_size)
         t0 = time.time()
@@ -144,8 +146,12 @@ def main() -> None:
                                 tokenizer=tok, ids=ids, batch_size=128,
                                 model_name="smollm2-vader-dpo")
         util = token_utilities(sweep.tokens)
-        ra = rank_agreement(sweep.rewards[:, 0].numpy(), util, names=VALENCE)
-        first = rank_agreement(sweep.first[:, 0].numpy(), util, names=VALENCE)
+        # a word's tokens (" love", "Love", ...) are near-duplicates: the CI resamples words
+        words = [token_word(t) for t in sweep.tokens]
+        ra = rank_agreement(sweep.rewards[:, 0].numpy(), util, names=VALENCE, units=words,
+                            unit="word")
+        first = rank_agreement(sweep.first[:, 0].numpy(), util, names=VALENCE, units=words,
+                               unit="word")
         df = sweep.to_dataframe().assign(utility=util)
         df.to_csv(OUT.with_name("irm_vader_vocab.csv"), index=False)
         top = df.nlargest(10, "reward")["token"].tolist()
