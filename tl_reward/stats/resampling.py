@@ -58,7 +58,8 @@ def bootstrap_indices(n: int, n_bootstrap: int = 2000, seed: int = 0,
     rng = np.random.default_rng(seed)
     if units is None:
         return rng.integers(0, n, size=(n_bootstrap, n))
-    codes, _ = pd.factorize(np.asarray(units))  # units numbered in order of first appearance
+    # units numbered in order of first appearance; a missing label (None) is a unit too
+    codes, _ = pd.factorize(np.asarray(units, dtype=object), use_na_sentinel=False)
     if codes.shape != (n,):
         raise ValueError(f"units must give one label per item ({n}), got shape {codes.shape}")
     order = np.argsort(codes, kind="stable")  # each unit's items, in input order
