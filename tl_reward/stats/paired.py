@@ -184,3 +184,33 @@ def benjamini_hochberg(pvalues: ArrayLike) -> np.ndarray:
     res[order] = np.minimum(adj, 1.0)
     out[ok] = res
     return out
+
+
+def standardised_mean_bootstrap(deltas: ArrayLike, natural: ArrayLike, n_resamples: int = 2000,
+                                seed: int = 0) -> np.ndarray:
+    """Bootstrap replicates ``[n_resamples, K]`` of ``mean_i(delta_ik) / sd(natural)`` (ddof 1),
+    the ratio resampled jointly: each replicate draws ``n`` base items with replacement and
+    recomputes both every column's mean delta (NaN deltas, edits that did not apply, are left
+    out) and the sd of the same items' natural rewards. ``deltas [n, K]`` (or ``[n]``) and
+    ``natural [n]`` are aligned by item. A replicate whose resampled column is empty or whose
+    natural sd is 0 is NaN (use ``nanquantile``)."""
+    d = np.asarray(_array(deltas), dtype=np.float64)
+    d = d[:, None] if d.ndim == 1 else d
+    r = np.asarray(_array(natural), dtype=np.float64).ravel()
+    n = r.size
+    if d.shape[0] != n:
+        raise ValueError(f"deltas have {d.shape[0]} items, natural rewards {n}")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_resamples, n))
+    # resample counts per item: O(B n) memory instead of the [B, n, K] gather
+    w = np.bincount((idx + n * np.arange(n_resamples)[:, None]).ravel(),
+                    minlength=n_resamples * n).reshape(n_resamples, n).astype(np.float64)
+    present = ~np.isnan(d)
+    rc = r - r.mean()
+    mean_r = w @ rc / n
+    var = (w @ rc**2 - n * mean_r**2) / (n - 1)
+    sd = np.sqrt(np.maximum(var, 0.0))
+    floor = 1e-9 * float(np.abs(rc).max(initial=0.0))  # a resample of one repeated value
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (w @ np.where(present, d, 0.0)) / (w @ present.astype(np.float64))
+        return np.where(sd[:, None] > floor, means / sd[:, None], np.nan)
