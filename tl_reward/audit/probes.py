@@ -6,7 +6,8 @@ items: the mean delta with a percentile bootstrap CI; the paired effect size ``m
 (ddof 1, NaN with a reason when undefined) with a bootstrap CI; a two-sided sign-flip p-value
 (exact for n <= 20, else Monte Carlo with ``(1 + count) / (1 + B)``); Benjamini-Hochberg
 adjusted p across the dimensions; and the mean in units of the reward's own spread (sd of
-``r`` over the natural, unedited replies). The per-item table is kept: it is the evidence.
+``r`` over the natural, unedited replies), its CI bootstrapping mean and sd jointly over base
+items. The per-item table is kept: it is the evidence.
 
 Runs are batched (only distinct texts are scored) and resumable: with ``output_dir`` each
 finished chunk of items is written atomically as a parquet file in a
@@ -50,6 +51,7 @@ from tl_reward.stats.paired import (
     paired_effect_size,
     published_cohens_d,
     sign_flip_test,
+    standardised_mean_bootstrap,
 )
 from tl_reward.stats.resampling import bootstrap_ci
 from tl_reward.store import ChunkStore, RunIdentity, StoreMismatchError
@@ -137,7 +139,9 @@ class DimensionStats:
             when undefined; ``effect_reason`` says why).
         p_value, p_method: two-sided sign-flip p (``"exact"`` or ``"monte_carlo"``).
         p_adjusted: Benjamini-Hochberg across the report's dimensions.
-        mean_std, ci_low_std, ci_high_std: the mean and CI divided by the natural-reply sd.
+        mean_std: the mean divided by the natural-reply sd; ci_low_std, ci_high_std: its
+            bootstrap CI, mean and sd resampled jointly over base items (NaN without the
+            natural rewards).
         published_d: reward-lens v1's "Cohen's d" (ddof 0, inf at n = 1), for comparison.
     """
 
@@ -187,21 +191,36 @@ def effect_size_ci(deltas: np.ndarray, n_resamples: int = 2000, confidence: floa
 
 def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = "",
                         description: str = "", n_skipped: int = 0, n_resamples: int = 2000,
-                        exact_max_n: int = 20, seed: int = 0) -> DimensionStats:
+                        exact_max_n: int = 20, seed: int = 0,
+                        natural: np.ndarray | None = None, confidence: float = 0.95
+                        ) -> DimensionStats:
     """:class:`DimensionStats` of one dimension's per-item deltas (``p_adjusted`` = NaN until
-    :func:`summarise` adjusts across dimensions)."""
-    d = np.asarray(deltas, dtype=np.float64)
-    d = d[~np.isnan(d)]
+    :func:`summarise` adjusts across dimensions).
+
+    ``natural``: the natural rewards of the base items, aligned with ``deltas`` (NaN deltas:
+    the edit did not apply). With it, the standardised CI (``ci_low_std``, ``ci_high_std``)
+    bootstraps the ratio jointly: every resample of base items recomputes both the mean delta
+    and the natural sd (:func:`~tl_reward.stats.paired.standardised_mean_bootstrap`), so the
+    uncertainty of the sd is in the interval. Without it that CI is NaN (dividing the mean's
+    CI by a point estimate of the sd understates the uncertainty)."""
+    d_all = np.asarray(deltas, dtype=np.float64)
+    d = d_all[~np.isnan(d_all)]
     es = paired_effect_size(d)
-    lo, hi = bootstrap_ci(d, n_resamples=n_resamples, seed=seed)
-    elo, ehi = effect_size_ci(d, n_resamples=n_resamples, seed=seed)
+    lo, hi = bootstrap_ci(d, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    elo, ehi = effect_size_ci(d, n_resamples=n_resamples, confidence=confidence, seed=seed)
     test = sign_flip_test(d, exact_max_n=exact_max_n, n_resamples=max(n_resamples, 999) * 5,
                           seed=seed)
     scale = natural_sd if natural_sd > 0 else float("nan")
+    slo = shi = float("nan")
+    if natural is not None and d.size:
+        boot = standardised_mean_bootstrap(d_all, natural, n_resamples, seed)[:, 0]
+        if np.isfinite(boot).sum() >= n_resamples // 2:
+            a = (1 - confidence) / 2
+            slo, shi = (float(v) for v in np.nanquantile(boot, [a, 1 - a]))
     return DimensionStats(
         dimension, description, int(d.size), n_skipped, es.mean, lo, hi, es.sd, es.value, elo,
-        ehi, es.reason, test.p_value, test.method, float("nan"), es.mean / scale, lo / scale,
-        hi / scale, published_cohens_d(d) if d.size else float("nan"))
+        ehi, es.reason, test.p_value, test.method, float("nan"), es.mean / scale, slo, shi,
+        published_cohens_d(d) if d.size else float("nan"))
 
 
 @dataclass(repr=False)
@@ -278,8 +297,10 @@ def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
         raise ProbeError(f"objective {objective!r} was not recorded; have {list(reward_names)}")
     descriptions = descriptions or {}
     col = f"delta:{objective}"
-    nat = rows[rows.dimension == NATURAL][f"neutral:{objective}"].to_numpy(np.float64)
+    nat_rows = rows[rows.dimension == NATURAL]
+    nat = nat_rows[f"neutral:{objective}"].to_numpy(np.float64)
     natural_sd = float(np.std(nat, ddof=1)) if nat.size > 1 else float("nan")
+    nat_ids = pd.Index(nat_rows.item_id)
     stats = []
     for dim in dict.fromkeys(rows.dimension):
         if dim == NATURAL:
@@ -289,9 +310,15 @@ def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
         if applied.item_id.duplicated().any():
             raise ProbeError(f"dimension {dim!r} has several rows for one item; n must count "
                              "distinct base items")
-        stats.append(summarise_dimension(applied[col].to_numpy(np.float64), natural_sd, dim,
-                                         descriptions.get(dim, ""), int((~r.applied).sum()),
-                                         n_resamples, exact_max_n, seed))
+        aligned = None
+        if nat.size > 1 and not nat_ids.duplicated().any() and applied.item_id.isin(
+                nat_ids).all():
+            aligned = pd.Series(applied[col].to_numpy(np.float64),
+                                index=applied.item_id.to_numpy()).reindex(nat_ids).to_numpy()
+        stats.append(summarise_dimension(
+            aligned if aligned is not None else applied[col].to_numpy(np.float64), natural_sd,
+            dim, descriptions.get(dim, ""), int((~r.applied).sum()), n_resamples, exact_max_n,
+            seed, natural=nat if aligned is not None else None))
     adj = benjamini_hochberg([s.p_value for s in stats])
     stats = [DimensionStats(**{**s.__dict__, "p_adjusted": float(a)})
              for s, a in zip(stats, adj, strict=True)]
