@@ -127,7 +127,7 @@ def test_conflict_verdict_at_small_n_is_valid_but_conservative() -> None:
 # ----------------------------------------------------------------------------- cascade
 
 
-@pytest.mark.parametrize(("n", "k", "control"), [(10, 3, True), (40, 5, True),
+@pytest.mark.parametrize(("n", "k", "control"), [(10, 3, True), (40, 4, True),
                                                  (150, 3, False)])
 def test_cascade_link_is_calibrated(n: int, k: int, control: bool) -> None:
     """Matched items whose dimensions share only the neutral baseline ``-r(natural)``
