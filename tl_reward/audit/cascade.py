@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 from tl_reward.stats.paired import benjamini_hochberg
@@ -225,38 +225,9 @@ def cascade_across_models(values: Mapping[str, Any] | pd.DataFrame, statistic: s
     return cascade(mat, kind=kind, units="models", **kwargs)
 
 
-@dataclass
-class PublishedCascade:
-    """reward-lens v1.0.0's cascade, for comparison: index-paired probes of unrelated prompts.
-
-    Attributes:
-        dimensions: the dimensions; n: probes per dimension after truncation;
-        matrix: the correlation matrix; flagged: pairs with ``|r| > threshold``.
-    """
-
-    dimensions: list[str]
-    n: int
-    matrix: np.ndarray
-    flagged: list[tuple[str, str, float]]
-
-    def to_dataframe(self) -> pd.DataFrame:
-        return pd.DataFrame(self.matrix, index=self.dimensions, columns=self.dimensions)
-
-
-def published_cascade(deltas: Mapping[str, Sequence[float]], threshold: float = 0.5
-                      ) -> PublishedCascade:
-    """The published definition: truncate every dimension's probe deltas to the shortest,
-    pair probe i with probe i across dimensions, ``np.corrcoef``, flag ``|r| > threshold``."""
-    dims = list(deltas)
-    m = min(len(deltas[d]) for d in dims)
-    mat = np.eye(len(dims))
-    if m >= 2:
-        for i, j in combinations(range(len(dims)), 2):
-            with np.errstate(invalid="ignore", divide="ignore"):
-                r = np.corrcoef(np.asarray(deltas[dims[i]][:m], dtype=np.float64),
-                                np.asarray(deltas[dims[j]][:m], dtype=np.float64))[0, 1]
-            if not math.isnan(r):
-                mat[i, j] = mat[j, i] = r
-    flagged = [(dims[i], dims[j], float(mat[i, j])) for i, j in combinations(range(len(dims)), 2)
-               if abs(mat[i, j]) > threshold]
-    return PublishedCascade(dims, m, mat, flagged)
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "PublishedCascade": "tl_reward.compat.published",
+    "published_cascade": "tl_reward.compat.published",
+})[0]

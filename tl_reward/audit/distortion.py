@@ -39,13 +39,13 @@ Example:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 from tl_reward.stats.paired import standardised_mean_bootstrap
@@ -262,39 +262,9 @@ def distortion_index(report: Any, natural: pd.Series | np.ndarray | None = None,
                             float(floor.p_value), alpha, floor.method, floor.n_permutations)
 
 
-@dataclass
-class PublishedDistortion:
-    """reward-lens v1.0.0's distortion index, for comparison only.
-
-    Attributes:
-        dimensions: the dimensions; coverage: ``C = 1 - prod(1 - c)`` per dimension;
-        distortion: ``D = 1 - C / max C`` (the strongest dimension is always 0);
-        normalised: per dimension, each probe's pooled min-max normalised delta ``c``.
-    """
-
-    dimensions: list[str]
-    coverage: np.ndarray
-    distortion: np.ndarray
-    normalised: dict[str, np.ndarray]
-
-    def to_dataframe(self) -> pd.DataFrame:
-        return pd.DataFrame({"dimension": self.dimensions, "coverage": self.coverage,
-                             "published_distortion": self.distortion})
-
-
-def published_distortion_index(deltas: Mapping[str, Sequence[float]] | pd.DataFrame
-                               ) -> PublishedDistortion:
-    """The published definition on per-probe deltas (dimension -> deltas, or a delta matrix
-    whose NaNs are dropped): pooled min-max, ``1 - prod(1 - c)``, ``1 - C / max C``."""
-    if isinstance(deltas, pd.DataFrame):
-        deltas = {c: deltas[c].dropna().to_numpy() for c in deltas.columns}
-    dims = list(deltas)
-    vals = {k: np.asarray(v, dtype=np.float64) for k, v in deltas.items()}
-    pooled = np.concatenate([vals[k] for k in dims]) if dims else np.zeros(0)
-    lo, hi = (pooled.min(), pooled.max()) if pooled.size else (0.0, 0.0)
-    norm = {k: ((v - lo) / (hi - lo) if hi > lo else np.full_like(v, 0.5))
-            for k, v in vals.items()}
-    cov = np.array([0.0 if norm[k].sum() == 0 else 1 - np.prod(1 - np.clip(norm[k], 0, 1))
-                    for k in dims])
-    dist = 1 - cov / cov.max() if cov.size and cov.max() > 0 else np.ones(len(dims))
-    return PublishedDistortion(dims, cov, dist, norm)
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "PublishedDistortion": "tl_reward.compat.published",
+    "published_distortion_index": "tl_reward.compat.published",
+})[0]

@@ -35,21 +35,19 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.audit.perturbations import (
     Dimension,
     ProbeError,
     ProbeItem,
-    PublishedProbe,
-    make_item,
-    published_probe_texts,
     resolve_dimensions,
     user_items,
 )
+from tl_reward.compat.published import published_cohens_d
 from tl_reward.results import ShortRepr
 from tl_reward.stats.paired import (
     benjamini_hochberg,
     paired_effect_size,
-    published_cohens_d,
     sign_flip_test,
     standardised_mean_bootstrap,
 )
@@ -433,49 +431,10 @@ def finish_probes(frames: list[pd.DataFrame], objective: str, names: list[str],
                      run_dir=store.folder if store else None)
 
 
-# -- the published probes ------------------------------------------------------------------------
-def published_probes() -> list[PublishedProbe]:
-    """reward-lens v1.0.0's 10 hand-written probes (length 3, confidence 2, formatting 2,
-    sycophancy 2, repetition 1). Their biased texts change content as well as the property."""
-    return published_probe_texts()
-
-
-@dataclass(repr=False)
-class PublishedProbeReport(ShortRepr):
-    """The published probes scored, with its statistic beside ours.
-
-    Attributes:
-        rows: one row per probe: dimension, index, r(neutral), r(biased), delta.
-        table: per dimension: n, mean delta, published "Cohen's d" (ddof 0; inf at n = 1 or
-            zero spread), our effect size (ddof 1; NaN with a reason), our exact sign-flip p.
-    """
-
-    rows: pd.DataFrame
-    table: pd.DataFrame
-
-    def to_dataframe(self) -> pd.DataFrame:
-        return self.table
-
-
-def run_published_probes(model: Any, objective: str | None = None, batch_size: int = 8
-                         ) -> PublishedProbeReport:
-    """Score the 10 published probes and compare the two statistics per dimension."""
-    probes = published_probes()
-    names = reward_names(model)
-    objective = objective or names[0]
-    items = {f"rl:{p.dimension}:{p.index}": make_item(f"rl:{p.dimension}:{p.index}", p.prompt,
-                                                      p.neutral, "reward-lens-v1")
-             for p in probes}
-    rows = [{"dimension": p.dimension, "item_id": f"rl:{p.dimension}:{p.index}",
-             "source": "reward-lens-v1", "applied": True, "neutral_user": p.prompt,
-             "neutral_reply": p.neutral, "perturbed_user": p.prompt, "perturbed_reply": p.biased}
-            for p in probes]
-    df = _score_rows(model, items, rows, [objective], batch_size)
-    out = []
-    for dim in dict.fromkeys(df.dimension):
-        d = df[df.dimension == dim][f"delta:{objective}"].to_numpy(np.float64)
-        es = paired_effect_size(d)
-        out.append({"dimension": dim, "n": d.size, "mean": float(d.mean()),
-                    "published_d": published_cohens_d(d), "effect_size": es.value,
-                    "effect_reason": es.reason, "p_value": sign_flip_test(d).p_value})
-    return PublishedProbeReport(df, pd.DataFrame(out))
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "PublishedProbeReport": "tl_reward.compat.published",
+    "published_probes": "tl_reward.compat.published",
+    "run_published_probes": "tl_reward.compat.published",
+})[0]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.stats.resampling import ArrayLike, _array
 
 #: Largest ``n`` enumerated exactly by default (2^20 sums, 8 MB).
@@ -149,22 +150,6 @@ def paired_effect_size(x: ArrayLike, zero_tol: float = 0.0) -> EffectSize:
     return EffectSize(mean / sd, None, mean, sd, n)
 
 
-def published_cohens_d(x: ArrayLike) -> float:
-    """The reward-lens v1.0.0 "Cohen's d" of a probe dimension, for comparison only.
-
-    ``mean / std`` with ``ddof = 0``; ``std`` is taken as 0 when ``n == 1`` and then the value
-    is ``+inf`` whenever ``|mean| > 1e-8`` (whatever the sign of the mean), else ``0``. So one
-    probe gives an infinite effect, and so does a dimension of identical deltas. Do not use it
-    for inference.
-    """
-    arr = _clean(x)
-    mean = float(arr.mean())
-    std = float(arr.std()) if arr.size > 1 else 0.0
-    if std > 1e-8:
-        return mean / std
-    return float("inf") if abs(mean) > 1e-8 else 0.0
-
-
 def benjamini_hochberg(pvalues: ArrayLike) -> np.ndarray:
     """Benjamini-Hochberg adjusted p-values (step-up, monotone, capped at 1); NaNs kept as NaN
     and not counted among the hypotheses."""
@@ -214,3 +199,10 @@ def standardised_mean_bootstrap(deltas: ArrayLike, natural: ArrayLike, n_resampl
     with np.errstate(invalid="ignore", divide="ignore"):
         means = (w @ np.where(present, d, 0.0)) / (w @ present.astype(np.float64))
         return np.where(sd[:, None] > floor, means / sd[:, None], np.nan)
+
+
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "published_cohens_d": "tl_reward.compat.published",
+})[0]
