@@ -38,6 +38,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.analysis.readout import is_layernorm, normalise, resolve_objectives
 from tl_reward.audit.pooled import pooled_residual, resid_hook, residual_batches
 from tl_reward.errors import TLRewardError
@@ -333,33 +334,9 @@ def steering_curve(
                          align.slope, rewards[0])
 
 
-@dataclass
-class PublishedConceptAlignment:
-    """The published definition (see module doc): raw pre-norm cosine, separability = 1."""
-
-    concept: str
-    objective: str
-    cosine: float
-    separability: float
-
-
-@torch.no_grad()
-def published_concept_alignment(
-    model: Any, positive: Sequence[Any], negative: Sequence[Any],
-    head_row: Float[torch.Tensor, " d_model"], objective: str = "reward", batch_size: int = 8,
-    name: str = "concept",
-) -> PublishedConceptAlignment:
-    """The published concept alignment: ``v = normalize(mean(h_pos - h_neg))`` at the final
-    residual before the final norm (items paired by index, as published), cosine with the raw
-    score row ``head_row`` (HF ``score.weight[k]``: gain not folded), and its "separability"
-    ``|v|``, which is 1 by construction."""
-    if len(positive) != len(negative):
-        raise TLRewardError("the published definition pairs positives and negatives by index; "
-                            "pass lists of equal length")
-    h_pos = pooled_residual(model, positive, None, batch_size)
-    h_neg = pooled_residual(model, negative, None, batch_size)
-    v = (h_pos - h_neg).mean(0)
-    v = v / v.norm()
-    row = head_row.detach().to(v.device, v.dtype)
-    cos = float(v @ row / row.norm())
-    return PublishedConceptAlignment(name, objective, cos, float(v.norm()))
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "PublishedConceptAlignment": "tl_reward.compat.published",
+    "published_concept_alignment": "tl_reward.compat.published",
+})[0]

@@ -37,6 +37,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.analysis.readout import is_layernorm, resolve_objectives
 from tl_reward.audit.pooled import pooled_residual, resid_hook
 from tl_reward.data.preference import PreferencePair
@@ -567,48 +568,10 @@ def gradient_conflict(
                                                      "gradient_layer": layer})
 
 
-# ----------------------------------------------------------------------------- published
-
-
-@dataclass
-class PublishedConflict:
-    """The published definition: raw pre-norm cosines of per-term mean differences."""
-
-    terms: list[str]
-    cosines: np.ndarray
-    verdicts: dict[tuple[str, str], str]
-    overall: float
-
-
-def published_verdict(cos: float) -> str:
-    """Published thresholds: > 0.5 aligned, < -0.3 conflict, |cos| < 0.2 orthogonal, and the
-    gaps in between fall to the sign."""
-    if cos > 0.5:
-        return "aligned"
-    if cos < -0.3:
-        return "conflict"
-    if abs(cos) < 0.2:
-        return "orthogonal"
-    return "aligned" if cos > 0 else "conflict"
-
-
-@torch.no_grad()
-def published_conflict(model: Any, term_pairs: dict[str, tuple[Sequence[Any], Sequence[Any]]],
-                       batch_size: int = 8) -> PublishedConflict:
-    """Published reward-term conflict: per term ``mean(h_pref - h_disp)`` (paired by index) at
-    the final residual before the final norm, pairwise raw cosines, published thresholds;
-    ``overall`` = share of conflicting term pairs."""
-    names = list(term_pairs)
-    dirs = []
-    for name in names:
-        pref, disp = term_pairs[name]
-        if len(pref) != len(disp):
-            raise TLRewardError(f"term {name!r}: preferred and dispreferred lists differ in "
-                                "length (the published definition pairs them by index)")
-        dirs.append((pooled_residual(model, pref, batch_size=batch_size)
-                     - pooled_residual(model, disp, batch_size=batch_size)).mean(0))
-    cos = cosine_matrix(torch.stack(dirs)).cpu().numpy()
-    verdicts = {(names[i], names[j]): published_verdict(float(cos[i, j]))
-                for i, j in combinations(range(len(names)), 2)}
-    overall = float(np.mean([v == "conflict" for v in verdicts.values()])) if verdicts else 0.0
-    return PublishedConflict(names, cos, verdicts, overall)
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "PublishedConflict": "tl_reward.compat.published",
+    "published_conflict": "tl_reward.compat.published",
+    "published_verdict": "tl_reward.compat.published",
+})[0]

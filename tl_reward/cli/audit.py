@@ -144,9 +144,13 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
         table, probe_forest(rep), probe_forest(rep, standardised=True),
         effect_size_forest(rep),
         "<h2>Distortion</h2><p>Sensitivity = mean delta / natural sd per dimension; index = "
-        f"Gini of |sensitivity| = <b>{dist.index:.3f} [{g_lo:.3f}, {g_hi:.3f}]</b> (0: every "
-        "dimension moves the reward equally; 1 - 1/K: one alone does), CI by bootstrap over "
-        f"items; coefficient of variation {dist.cv:.3f} [{dist.cv_ci[0]:.3f}, "
+        f"Gini of |sensitivity| = <b>{dist.index:.3f} [{g_lo:.3f}, {g_hi:.3f}]</b> (1 - 1/K: "
+        "one dimension alone moves the reward), CI by bootstrap over items. Gini is "
+        "scale-free, so noise alone gives a positive index: against its null (no dimension "
+        "moves the reward; item sign flips) the median is "
+        f"{dist.null_median:.3f}, the excess {dist.excess:+.3f}, p = {dist.p_value:.3g}: "
+        f"<b>{dist.verdict}</b> at alpha = {dist.alpha}. "
+        f"Coefficient of variation {dist.cv:.3f} [{dist.cv_ci[0]:.3f}, "
         f"{dist.cv_ci[1]:.3f}]. The published index (min-max over pooled probes, "
         "1 - C/max C) is shown beside it: its strongest dimension is 0 by construction.</p>",
         distortion_chart(dist),
