@@ -118,7 +118,7 @@ def test_separability_is_measured_not_constant(tiny):
     perm = torch.randperm(24, generator=torch.Generator().manual_seed(1)).tolist()
     a, b = [texts[i] for i in perm[:12]], [texts[i] for i in perm[12:]]  # no real concept
     null = concept_vector(model, a, b, name="random split")
-    sep = concept_separability(null, n_resamples=500, seed=2)
+    sep = concept_separability(null, n_bootstrap=500, seed=2)
     # by hand: scikit-learn's out-of-fold predictions on the pooled residuals, and the percentile
     # bootstrap of the per-item correctness with the same draws
     from sklearn.linear_model import LogisticRegression

@@ -53,14 +53,14 @@ def _matched(n: int = 60, effects: tuple[float, ...] = (0.5, 0.0, -0.2), seed: i
 
 def test_distortion_sensitivities_are_absolute_and_the_ci_covers() -> None:
     d, nat = _matched()
-    res = distortion_index(d, nat, n_resamples=1000)
+    res = distortion_index(d, nat, n_bootstrap=1000)
     sd = nat.std(ddof=1)
     np.testing.assert_allclose(res.sensitivity, d.mean().to_numpy() / sd, rtol=1e-12)
     assert res.index == pytest.approx(_brute_gini(res.sensitivity))
     assert res.index_ci[0] <= res.index <= res.index_ci[1]
     assert ((res.ci_low <= res.sensitivity) & (res.sensitivity <= res.ci_high)).all()
     # absolute units: a model 1000x less sensitive has 1000x smaller sensitivities ...
-    small = distortion_index(d / 1000, nat, n_resamples=200)
+    small = distortion_index(d / 1000, nat, n_bootstrap=200)
     np.testing.assert_allclose(small.sensitivity, res.sensitivity / 1000, rtol=1e-9)
     # ... and no dimension is forced to 0 (the d1 dimension has true effect 0, the others not)
     assert (np.abs(res.sensitivity[[0, 2]]) > 0.05).all()
@@ -76,7 +76,7 @@ def test_distortion_index_coverage_by_simulation() -> None:
     hits = []
     for seed in range(60):
         d, nat = _matched(n=80, effects=(0.5, 0.1, -0.2), seed=seed)
-        lo, hi = distortion_index(d, nat, n_resamples=400, seed=seed).index_ci
+        lo, hi = distortion_index(d, nat, n_bootstrap=400, seed=seed).index_ci
         hits.append(lo <= truth <= hi)
     assert np.mean(hits) >= 0.8  # nominal 95 %; percentile bootstrap of a ratio is approximate
 
@@ -109,7 +109,7 @@ def test_published_distortion_forced_zero_reproduced_and_absent_from_ours() -> N
     # one saturated probe decides a dimension: "a" has coverage 1 whatever its other probes
     sat = published_distortion_index({"a": [-1.0, -1.0, 1.0], "b": [0.9, 0.9, 0.9]})
     assert sat.coverage[0] == 1.0 and sat.distortion[0] == 0.0
-    ours = distortion_index(d, nat, n_resamples=500)
+    ours = distortion_index(d, nat, n_bootstrap=500)
     assert (np.abs(ours.sensitivity) > 0.05).all()  # no forced zero
     assert ours.index < 0.2 and ours.index_ci[0] < 0.1  # even coverage is what it reports
     assert not ours.above_floor  # even coverage is no distortion
@@ -167,7 +167,7 @@ def test_the_old_reading_fires_on_null_data_and_the_new_verdict_does_not() -> No
     old, new, idx = [], [], []
     for seed in range(40):
         d = pd.DataFrame(rng.normal(0, 0.3, (80, 7)))
-        res = distortion_index(d, rng.normal(0, 1.0, 80), n_resamples=300,
+        res = distortion_index(d, rng.normal(0, 1.0, 80), n_bootstrap=300,
                                n_permutations=199, seed=seed)
         old.append(res.index_ci[0] > 0.1)
         new.append(res.above_floor)
@@ -183,7 +183,7 @@ def test_floor_verdict_fires_on_planted_distortion() -> None:
         d = rng.normal(0, 1.0, (60, 7))
         d[:, 2] += 1.2  # one dimension moves the reward, the others do not
         nat = rng.normal(0, 1.0, 60)
-        res = distortion_index(pd.DataFrame(d), nat, n_resamples=200, n_permutations=999,
+        res = distortion_index(pd.DataFrame(d), nat, n_bootstrap=200, n_permutations=999,
                                seed=seed)
         hits.append(res.above_floor)
         assert res.excess == pytest.approx(res.index - res.null_median)
@@ -191,6 +191,6 @@ def test_floor_verdict_fires_on_planted_distortion() -> None:
     assert res.summary().verdict[0] == res.verdict
     assert "noise floor" in res.plot().layout.title.text
     # scale-free: the same verdict and p after multiplying every delta by 1e-6
-    small = distortion_index(pd.DataFrame(d * 1e-6), nat, n_resamples=200, n_permutations=999,
+    small = distortion_index(pd.DataFrame(d * 1e-6), nat, n_bootstrap=200, n_permutations=999,
                              seed=seed)
     assert small.p_value == res.p_value and small.index == pytest.approx(res.index)

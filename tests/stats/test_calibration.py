@@ -84,7 +84,7 @@ def test_probe_verdict_at_tiny_n_is_conservative_and_says_so() -> None:
     BH can then call nothing, whatever the data. The rate is 0, not 5 %: a limit of the design
     (too few items for K dimensions), which the report's ``summarise_dimension`` p shows."""
     d = np.full(8, 1.0) + np.linspace(0, 0.1, 8)  # the strongest possible evidence at n = 8
-    p = summarise_dimension(d, 1.0, n_resamples=20).p_value
+    p = summarise_dimension(d, 1.0, n_bootstrap=20).p_value
     assert p == pytest.approx(2 / 2**8)
     assert not (benjamini_hochberg([p] + [1.0] * 6) < ALPHA).any()  # K = 7: nothing called
     assert benjamini_hochberg([p] + [1.0] * 5)[0] < ALPHA  # K = 6: it can be
@@ -104,7 +104,7 @@ def _conflict_rate(n: int, t: int, sims: int, seed: int) -> float:
     called = []
     for s in range(sims):
         rows, family = pair_disagreement(_null_margins(rng, n, t), [f"t{i}" for i in range(t)],
-                                         alpha=ALPHA, n_resamples=10, n_permutations=399,
+                                         alpha=ALPHA, n_bootstrap=10, n_permutations=399,
                                          seed=s)
         called.append(any(r.verdict != "no evidence" for r in rows))
     assert family["tests"] == t * (t - 1) // 2
@@ -141,7 +141,7 @@ def test_cascade_link_is_calibrated(n: int, k: int, control: bool) -> None:
         if control:
             d = d - nat[:, None]
         res = cascade(pd.DataFrame(d), control=pd.Series(nat) if control else None,
-                      n_resamples=399, n_boot=2, seed=s)
+                      n_permutations=399, n_bootstrap=2, seed=s)
         called.append(bool((res.pairs.p_adjusted < ALPHA).any()))
     rate = float(np.mean(called))
     assert LOW <= rate <= HIGH, rate

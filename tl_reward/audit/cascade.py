@@ -82,8 +82,8 @@ def _ranked(v: np.ndarray, kind: str) -> np.ndarray:
 
 
 def permutation_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
-                            kind: str = "pearson", n_resamples: int = 4999,
-                            n_boot: int = 2000, confidence: float = 0.95, exact_max_n: int = 8,
+                            kind: str = "pearson", n_permutations: int = 4999,
+                            n_bootstrap: int = 2000, confidence: float = 0.95, exact_max_n: int = 8,
                             seed: int = 0, control: Sequence[float] | np.ndarray | None = None
                             ) -> Correlation:
     """Correlation of paired values with a permutation p-value and a bootstrap CI (pairs with a
@@ -123,11 +123,11 @@ def permutation_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] 
         p, method = float((np.abs(null) >= abs(r) - tol).mean()), "exact"
     else:
         rng = np.random.default_rng(seed)
-        null = null_r(rng.permuted(np.broadcast_to(np.arange(n), (n_resamples, n)), axis=1))
-        p = (1 + int((np.abs(null) >= abs(r) - tol).sum())) / (1 + n_resamples)
+        null = null_r(rng.permuted(np.broadcast_to(np.arange(n), (n_permutations, n)), axis=1))
+        p = (1 + int((np.abs(null) >= abs(r) - tol).sum())) / (1 + n_permutations)
         method = "monte_carlo"
     rng = np.random.default_rng(seed + 1)
-    idx = rng.integers(0, n, size=(n_boot, n))
+    idx = rng.integers(0, n, size=(n_bootstrap, n))
     boot = _pearson_rows(_ranked(a[idx], kind), _ranked(b[idx], kind))
     q = (1 - confidence) / 2
     lo, hi = np.nanquantile(boot, [q, 1 - q])
@@ -169,8 +169,8 @@ class CascadeResult(ShortRepr):
         return cascade_heatmap(self)
 
 
-def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_resamples: int = 4999,
-            n_boot: int = 2000, seed: int = 0, control: pd.Series | str | None = "natural"
+def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_permutations: int = 4999,
+            n_bootstrap: int = 2000, seed: int = 0, control: pd.Series | str | None = "natural"
             ) -> CascadeResult:
     """Correlations between every pair of dimensions over matched units.
 
@@ -204,7 +204,7 @@ def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_resample
     cv = None if ctrl is None else ctrl.reindex(mat.index).to_numpy(np.float64)
     for a, b in combinations(dims, 2):
         x, y = mat[cols[a]].to_numpy(np.float64), mat[cols[b]].to_numpy(np.float64)
-        c = permutation_correlation(x, y, kind, n_resamples, n_boot, seed=seed, control=cv)
+        c = permutation_correlation(x, y, kind, n_permutations, n_bootstrap, seed=seed, control=cv)
         rows.append({"dim_a": a, "dim_b": b, "n": c.n, "r": c.r, "ci_low": c.ci_low,
                      "ci_high": c.ci_high, "p_value": c.p_value, "p_method": c.method})
     pairs = pd.DataFrame(rows, columns=["dim_a", "dim_b", "n", "r", "ci_low", "ci_high",

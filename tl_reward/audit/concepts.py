@@ -124,7 +124,7 @@ class Separability:
 
 
 def concept_separability(concept: ConceptVector, folds: int = 5, c: float = 1.0,
-                         seed: int = 0, n_resamples: int = 2000) -> Separability:
+                         seed: int = 0, n_bootstrap: int = 2000) -> Separability:
     """Out-of-fold accuracy of a standardised logistic-regression probe (scikit-learn,
     stratified ``folds``-fold CV; every item is predicted by a probe that never saw it) with a
     percentile bootstrap CI over items."""
@@ -141,7 +141,7 @@ def concept_separability(concept: ConceptVector, folds: int = 5, c: float = 1.0,
     probe = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000))
     pred = cross_val_predict(probe, x, y, cv=StratifiedKFold(k, shuffle=True, random_state=seed))
     correct = (pred == y).astype(np.float64)
-    lo, hi = bootstrap_ci(correct, n_bootstrap=n_resamples, seed=seed)
+    lo, hi = bootstrap_ci(correct, n_bootstrap=n_bootstrap, seed=seed)
     chance = max(y.mean(), 1 - y.mean())
     return Separability(float(correct.mean()), lo, hi, len(y), k, float(chance))
 

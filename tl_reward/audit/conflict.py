@@ -44,6 +44,7 @@ from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.heads import LinearRewardHead
 from tl_reward.results import ShortRepr
+from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import benjamini_hochberg
 
 
@@ -285,7 +286,7 @@ class ConflictResult(ShortRepr):
 def geometric_conflict(
     model_or_terms: Any, corpus: Sequence[Any] | None = None,
     objectives: Sequence[int | str] | None = None, transformed: bool = False,
-    thresholds: Thresholds = Thresholds(), n_resamples: int = 200, seed: int = 0,
+    thresholds: Thresholds = Thresholds(), n_bootstrap: int = 200, seed: int = 0,
     batch_size: int = 8, normed: Float[torch.Tensor, "n d_model"] | None = None,
 ) -> ConflictResult:
     """Raw cosines of the terms' head directions and, with a ``corpus``, cosines whitened by
@@ -316,7 +317,7 @@ def geometric_conflict(
         white, a = gram.cosines(np.arange(len(h)))
         rng = np.random.default_rng(seed)
         boot = np.stack([gram.cosines(rng.integers(0, len(h), len(h)))[0]
-                         for _ in range(n_resamples)])
+                         for _ in range(n_bootstrap)])
         lo, hi = np.quantile(boot, 0.025, axis=0), np.quantile(boot, 0.975, axis=0)
         meta |= {"n_corpus": len(h), "shrinkage": a}
     for i, j in combinations(range(len(names)), 2):
@@ -333,43 +334,19 @@ def geometric_conflict(
 # ----------------------------------------------------------------------------- behavioural
 
 
-def _pearson_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a - a.mean(-1, keepdims=True)
-    b = b - b.mean(-1, keepdims=True)
-    den = np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (a * b).sum(-1) / den
+def score_correlation(a: Any, b: Any, n_bootstrap: int = 2000, n_permutations: int = 2000,
+                      seed: int = 0) -> Estimate:
+    """Pearson correlation of paired scores by the one permutation-correlation test
+    (:func:`~tl_reward.audit.cascade.permutation_correlation`: two-sided p exact over every
+    pairing up to 8 items, else ``(1 + #{|r*| >= |r|}) / (1 + B)``; bootstrap CI over items)."""
+    from tl_reward.audit.cascade import permutation_correlation
 
-
-@dataclass
-class Interval:
-    """A statistic with a percentile bootstrap CI and a two-sided permutation p-value."""
-
-    value: float
-    ci_low: float
-    ci_high: float
-    p_value: float
-    n: int
-
-
-def score_correlation(a: Any, b: Any, n_resamples: int = 2000, n_permutations: int = 2000,
-                      seed: int = 0) -> Interval:
-    """Pearson correlation of paired scores: bootstrap CI over items, permutation p-value
-    ``(1 + #{|r*| >= |r|}) / (1 + B)`` from shuffling ``b`` against ``a``."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    n = len(a)
-    if n < 3 or len(b) != n:
+    if len(a) < 3 or len(b) != len(a):
         raise TLRewardError("a correlation needs two equally long score lists of >= 3 items")
-    r = float(_pearson_rows(a, b))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, (n_resamples, n))
-    boot = _pearson_rows(a[idx], b[idx])
-    boot = boot[~np.isnan(boot)]
-    perm = np.argsort(rng.random((n_permutations, n)), axis=1)
-    null = _pearson_rows(np.broadcast_to(a, (n_permutations, n)), b[perm])
-    p = (1 + int((np.abs(null) >= abs(r) - 1e-12).sum())) / (1 + n_permutations)
-    lo, hi = np.quantile(boot, [0.025, 0.975]) if boot.size else (np.nan, np.nan)
-    return Interval(r, float(lo), float(hi), float(p), n)
+    c = permutation_correlation(a, b, "pearson", n_permutations, n_bootstrap, seed=seed)
+    return Estimate(c.r, c.ci_low, c.ci_high, c.p_value, c.n,
+                    f"Pearson r; percentile bootstrap over items; {c.method} permutation test")
 
 
 def _disagree(ma: np.ndarray, mb: np.ndarray) -> np.ndarray:
@@ -403,7 +380,7 @@ class Disagreement:
     n: int
 
 
-def disagreement_share(margins_a: Any, margins_b: Any, n_resamples: int = 2000,
+def disagreement_share(margins_a: Any, margins_b: Any, n_bootstrap: int = 2000,
                        n_permutations: int = 2000, seed: int = 0) -> Disagreement:
     """Disagreement of two terms over preference pairs from their margins
     ``r(chosen) - r(rejected)`` (a margin of exactly 0 prefers neither reply)."""
@@ -413,7 +390,7 @@ def disagreement_share(margins_a: Any, margins_b: Any, n_resamples: int = 2000,
         raise TLRewardError("disagreement needs two equally long margin lists of >= 2 pairs")
     share, exp = float(_disagree(ma, mb)), float(_expected_disagree(ma, mb))
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, (n_resamples, n))
+    idx = rng.integers(0, n, (n_bootstrap, n))
     bs = _disagree(ma[idx], mb[idx])
     be = bs - _expected_disagree(ma[idx], mb[idx])
     perm = np.argsort(rng.random((n_permutations, n)), axis=1)
@@ -453,7 +430,7 @@ def _pair_inputs(pairs: Sequence[Any]) -> tuple[list[Any], list[Any]]:
 
 
 def pair_disagreement(
-    margins: Sequence[Any], names: Sequence[str], alpha: float = 0.05, n_resamples: int = 2000,
+    margins: Sequence[Any], names: Sequence[str], alpha: float = 0.05, n_bootstrap: int = 2000,
     n_permutations: int = 2000, seed: int = 0,
 ) -> tuple[list[PairStat], dict[str, Any]]:
     """:func:`disagreement_share` for every pair of terms' margins, with verdicts controlled
@@ -461,7 +438,7 @@ def pair_disagreement(
     Benjamini-Hochberg adjusted (``extra["p_adjusted"]``; FDR at ``alpha``) and a verdict other
     than ``no evidence`` needs ``p_adjusted < alpha``. Returns the rows and the family stated."""
     pairs = list(combinations(range(len(margins)), 2))
-    ds = [disagreement_share(margins[i], margins[j], n_resamples, n_permutations, seed)
+    ds = [disagreement_share(margins[i], margins[j], n_bootstrap, n_permutations, seed)
           for i, j in pairs]
     adjusted = benjamini_hochberg([d.p_value for d in ds]) if ds else np.array([])
     if ds and 1 / (1 + n_permutations) >= alpha / len(ds):
@@ -485,7 +462,7 @@ def pair_disagreement(
 def behavioural_conflict(
     model_or_terms: Any, corpus: Sequence[Any] | None = None, pairs: Sequence[Any] | None = None,
     objectives: Sequence[int | str] | None = None, thresholds: Thresholds = Thresholds(),
-    alpha: float = 0.05, n_resamples: int = 2000, n_permutations: int = 2000, seed: int = 0,
+    alpha: float = 0.05, n_bootstrap: int = 2000, n_permutations: int = 2000, seed: int = 0,
     batch_size: int = 8,
 ) -> ConflictResult:
     """Score correlation over ``corpus`` and disagreement over preference ``pairs`` (either or
@@ -504,7 +481,7 @@ def behavioural_conflict(
         scores = [_term_scores(t, corpus, batch_size) for t in terms]
         meta["n_corpus"] = len(corpus)
         for i, j in combinations(range(len(terms)), 2):
-            c = score_correlation(scores[i], scores[j], n_resamples, n_permutations, seed)
+            c = score_correlation(scores[i], scores[j], n_bootstrap, n_permutations, seed)
             stats.append(PairStat(names[i], names[j], "score correlation", c.value, c.ci_low,
                                   c.ci_high, verdict(c.ci_low, c.ci_high, thresholds),
                                   c.p_value))
@@ -514,7 +491,7 @@ def behavioural_conflict(
                    for t in terms]
         meta["n_pairs"] = len(pairs)
         pair_stats, meta["pair disagreement family"] = pair_disagreement(
-            margins, names, alpha, n_resamples, n_permutations, seed)
+            margins, names, alpha, n_bootstrap, n_permutations, seed)
         stats.extend(pair_stats)
     return ConflictResult(names, stats, thresholds, meta)
 
@@ -543,7 +520,7 @@ def input_gradients(term: Term, item: Any, layer: int = 0) -> Float[torch.Tensor
 
 def gradient_conflict(
     model_or_terms: Any, items: Sequence[Any], objectives: Sequence[int | str] | None = None,
-    layer: int = 0, thresholds: Thresholds = Thresholds(), n_resamples: int = 2000,
+    layer: int = 0, thresholds: Thresholds = Thresholds(), n_bootstrap: int = 2000,
     seed: int = 0,
 ) -> ConflictResult:
     """Per item, cosine of the terms' gradients w.r.t. the residual at ``layer`` (flattened
@@ -560,7 +537,7 @@ def gradient_conflict(
     stats = []
     for i, j in combinations(range(len(terms)), 2):
         x = per_item[:, i, j]
-        lo, hi = bootstrap_ci(x, n_bootstrap=n_resamples, seed=seed)
+        lo, hi = bootstrap_ci(x, n_bootstrap=n_bootstrap, seed=seed)
         stats.append(PairStat(names[i], names[j], "gradient cosine", float(x.mean()), lo, hi,
                               verdict(lo, hi, thresholds),
                               extra={"share_negative": float((x < 0).mean())}))

@@ -218,12 +218,12 @@ def _matrix(deltas: Any) -> pd.DataFrame:
 
 
 def distortion_index(report: Any, natural: pd.Series | np.ndarray | None = None,
-                     n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
+                     n_bootstrap: int = 2000, confidence: float = 0.95, seed: int = 0,
                      n_permutations: int = 9_999, alpha: float = 0.05) -> DistortionResult:
     """:class:`DistortionResult` of a :class:`~tl_reward.audit.probes.ProbeReport` (or of an
     items x dimensions delta DataFrame plus the natural rewards of the same items).
 
-    ``n_resamples``: bootstrap resamples of items (CIs); ``n_permutations``: item sign
+    ``n_bootstrap``: bootstrap resamples of items (CIs); ``n_permutations``: item sign
     patterns of the noise-floor test (:func:`distortion_floor_test`; exact for n <= 12);
     ``alpha``: the level of the "distortion above floor" verdict."""
     mat = _matrix(report)
@@ -247,7 +247,7 @@ def distortion_index(report: Any, natural: pd.Series | np.ndarray | None = None,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a dimension with no applied edit
         sens = np.nanmean(d, 0) / sd
-    boot = standardised_mean_bootstrap(d, r, n_resamples, seed)
+    boot = standardised_mean_bootstrap(d, r, n_bootstrap, seed)
     a = (1 - confidence) / 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

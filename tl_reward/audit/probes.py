@@ -167,7 +167,7 @@ def _effect_boot(arr: np.ndarray) -> np.ndarray:
         return np.where(sd > 0, arr.mean(-1) / sd, np.nan)
 
 
-def effect_size_ci(deltas: np.ndarray, n_resamples: int = 2000, confidence: float = 0.95,
+def effect_size_ci(deltas: np.ndarray, n_bootstrap: int = 2000, confidence: float = 0.95,
                    seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap CI of ``mean / sd`` (ddof 1); resamples with zero spread dropped,
     NaN when the effect itself is undefined."""
@@ -175,9 +175,9 @@ def effect_size_ci(deltas: np.ndarray, n_resamples: int = 2000, confidence: floa
     if not paired_effect_size(arr).defined:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    boot = _effect_boot(arr[rng.integers(0, arr.size, size=(n_resamples, arr.size))])
+    boot = _effect_boot(arr[rng.integers(0, arr.size, size=(n_bootstrap, arr.size))])
     boot = boot[~np.isnan(boot)]
-    if boot.size < n_resamples // 2:
+    if boot.size < n_bootstrap // 2:
         return float("nan"), float("nan")
     a = (1 - confidence) / 2
     lo, hi = np.quantile(boot, [a, 1 - a])
@@ -185,7 +185,7 @@ def effect_size_ci(deltas: np.ndarray, n_resamples: int = 2000, confidence: floa
 
 
 def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = "",
-                        description: str = "", n_skipped: int = 0, n_resamples: int = 2000,
+                        description: str = "", n_skipped: int = 0, n_bootstrap: int = 2000,
                         exact_max_n: int = 20, seed: int = 0,
                         natural: np.ndarray | None = None, confidence: float = 0.95
                         ) -> DimensionStats:
@@ -201,15 +201,15 @@ def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = 
     d_all = np.asarray(deltas, dtype=np.float64)
     d = d_all[~np.isnan(d_all)]
     es = paired_effect_size(d)
-    lo, hi = bootstrap_ci(d, n_bootstrap=n_resamples, confidence=confidence, seed=seed)
-    elo, ehi = effect_size_ci(d, n_resamples=n_resamples, confidence=confidence, seed=seed)
-    test = sign_flip_test(d, exact_max_n=exact_max_n, n_permutations=max(n_resamples, 999) * 5,
+    lo, hi = bootstrap_ci(d, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
+    elo, ehi = effect_size_ci(d, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
+    test = sign_flip_test(d, exact_max_n=exact_max_n, n_permutations=max(n_bootstrap, 999) * 5,
                           seed=seed)
     scale = natural_sd if natural_sd > 0 else float("nan")
     slo = shi = float("nan")
     if natural is not None and d.size:
-        boot = standardised_mean_bootstrap(d_all, natural, n_resamples, seed)[:, 0]
-        if np.isfinite(boot).sum() >= n_resamples // 2:
+        boot = standardised_mean_bootstrap(d_all, natural, n_bootstrap, seed)[:, 0]
+        if np.isfinite(boot).sum() >= n_bootstrap // 2:
             a = (1 - confidence) / 2
             slo, shi = (float(v) for v in np.nanquantile(boot, [a, 1 - a]))
     return DimensionStats(
@@ -285,7 +285,7 @@ class ProbeReport(ShortRepr):
 
 
 def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
-              descriptions: dict[str, str] | None = None, n_resamples: int = 2000,
+              descriptions: dict[str, str] | None = None, n_bootstrap: int = 2000,
               exact_max_n: int = 20, seed: int = 0, **meta: Any) -> ProbeReport:
     """A :class:`ProbeReport` from a raw probe table (BH across its dimensions)."""
     if objective not in reward_names:
@@ -312,7 +312,7 @@ def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
                                 index=applied.item_id.to_numpy()).reindex(nat_ids).to_numpy()
         stats.append(summarise_dimension(
             aligned if aligned is not None else applied[col].to_numpy(np.float64), natural_sd,
-            dim, descriptions.get(dim, ""), int((~r.applied).sum()), n_resamples, exact_max_n,
+            dim, descriptions.get(dim, ""), int((~r.applied).sum()), n_bootstrap, exact_max_n,
             seed, natural=nat if aligned is not None else None))
     adj = benjamini_hochberg([s.p_value for s in stats])
     stats = [DimensionStats(**{**s.__dict__, "p_adjusted": float(a)})
@@ -330,7 +330,7 @@ def run_probes(
     seed: int = 0,
     batch_size: int = 8,
     chunk_size: int = 16,
-    n_resamples: int = 2000,
+    n_bootstrap: int = 2000,
     overwrite: bool = False,
     progress: bool | None = None,
     on_chunk: Callable[[int], None] | None = None,
@@ -343,7 +343,7 @@ def run_probes(
         output_dir: write each finished chunk there and resume from what is there.
         seed: seeds the edits (with the dimension name and item id) and the resampling.
         batch_size: inputs per forward pass; chunk_size: items per chunk on disk.
-        n_resamples: bootstrap resamples (Monte Carlo sign flips use 5x as many).
+        n_bootstrap: bootstrap resamples (Monte Carlo sign flips use 5x as many).
         on_chunk: called with each chunk's index after it is written (e.g. to stop a test).
     """
     from tl_reward.scale.executors import in_process
@@ -351,7 +351,7 @@ def run_probes(
 
     spec, executor = in_process(model)
     return run(spec, items, dimensions, objective, output_dir, executor, seed=seed,
-               batch_size=batch_size, chunk_size=chunk_size, n_resamples=n_resamples,
+               batch_size=batch_size, chunk_size=chunk_size, n_bootstrap=n_bootstrap,
                overwrite=overwrite, progress=progress, on_chunk=on_chunk)
 
 

@@ -87,7 +87,7 @@ def collect_items(args: argparse.Namespace) -> list[Any]:
 
 def build_report(model: Any, items: list[Any], dimensions: list[str] | None = None,
                  objective: str | None = None, runs: Path | None = None, seed: int = 0,
-                 batch_size: int = 8, n_resamples: int = 2000, published: bool = True,
+                 batch_size: int = 8, n_bootstrap: int = 2000, published: bool = True,
                  concepts: bool = False, executor: Any = None) -> list[Any]:
     """The parts of the audit report (tables, figures, HTML headings).
 
@@ -111,22 +111,22 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
     t0 = time.time()
     if executor is None:
         rep = run_probes(model, items, dimensions, objective=objective, output_dir=runs,
-                         seed=seed, batch_size=batch_size, n_resamples=n_resamples)
+                         seed=seed, batch_size=batch_size, n_bootstrap=n_bootstrap)
     else:
         from tl_reward.scale import probes as scaled
 
         rep = scaled.run_probes(model, items, dimensions, objective=objective, output_dir=runs,
                                 executor=executor, seed=seed, batch_size=batch_size,
-                                n_resamples=n_resamples)
+                                n_bootstrap=n_bootstrap)
     probe_s = time.time() - t0
     stats = rep.to_dataframe()
     table = stats[["dimension", "n", "n_skipped", "mean", "ci_low", "ci_high", "effect_size",
                    "effect_ci_low", "effect_ci_high", "p_value", "p_method", "p_adjusted",
                    "mean_std", "published_d"]].copy()
     table["effect_reason"] = stats.effect_reason.fillna("")
-    dist = distortion_index(rep, n_resamples=n_resamples, seed=seed)
+    dist = distortion_index(rep, n_bootstrap=n_bootstrap, seed=seed)
     pub_dist = published_distortion_index(rep.delta_matrix())
-    casc = cascade(rep, n_boot=min(n_resamples, 1000), seed=seed)
+    casc = cascade(rep, n_bootstrap=min(n_bootstrap, 1000), seed=seed)
     sources = pd.Series([getattr(it, "source", "user") for it in items]).value_counts()
     g_lo, g_hi = dist.index_ci
     parts: list[Any] = [
@@ -207,7 +207,7 @@ def _geometry_parts(model: Any, rep: Any, items: list[Any], concepts: bool, batc
     except ImportError:
         geometric_conflict = None  # type: ignore[assignment]
     if geometric_conflict is not None and len(model.objectives) >= 2:
-        res = geometric_conflict(model, corpus=corpus, n_resamples=100, seed=seed,
+        res = geometric_conflict(model, corpus=corpus, n_bootstrap=100, seed=seed,
                                  batch_size=batch_size)
         res = res + behavioural_conflict(model, corpus=corpus, seed=seed, batch_size=batch_size)
         parts += ["<h2>Reward-term conflict</h2><p>Geometric: cosines of the objectives' head "

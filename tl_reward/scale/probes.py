@@ -76,7 +76,7 @@ def run_probes(
     batch_size: int = 8,
     chunk_size: int = 16,
     chunks_per_unit: int = 1,
-    n_resamples: int = 2000,
+    n_bootstrap: int = 2000,
     overwrite: bool = False,
     progress: bool | None = None,
     on_chunk: Callable[[int], None] | None = None,
@@ -130,7 +130,7 @@ def run_probes(
                     progress=progress)
     table = pd.concat([frames[ci] for ci in range(len(chunks))], ignore_index=True)
     return summarise(table, objective, names, {d.name: d.description for d in dims},
-                     n_resamples=n_resamples, seed=seed, model_name=ident.model_name,
+                     n_bootstrap=n_bootstrap, seed=seed, model_name=ident.model_name,
                      model_fingerprint=ident.model_fingerprint,
                      run_dir=store.folder if store else None)
 
