@@ -6,11 +6,11 @@ Ledoit-Wolf sums (``O(n d^2)``), then ``w S w'`` (``O(T d^2)``). The new way bui
 and ``Y W'`` once (``O(n^2 d)``) and then costs ``O(n^2 + n T^2)`` per resample. Both run on
 the same synthetic normed residual (anisotropic Gaussian rows, ``n`` items, ``d`` dimensions,
 ``T`` term directions) and the same resample indices. When the old way would take longer than
-``--old-budget`` seconds for all ``--n-resamples`` resamples, only the first ``--min-old``
+``--old-budget`` seconds for all ``--n-bootstrap`` resamples, only the first ``--min-old``
 resamples run (default 5) and its total is extrapolated (printed as such). The cosines of the
 resamples both ran are compared.
 
-    python benchmarks/conflict_ci.py [--n 256] [--d 4096] [--terms 5] [--n-resamples 200]
+    python benchmarks/conflict_ci.py [--n 256] [--d 4096] [--terms 5] [--n-bootstrap 200]
                                      [--old-budget 120] [--threads 1]
 """
 
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--d", type=int, default=4096)
     ap.add_argument("--terms", type=int, default=5)
-    ap.add_argument("--n-resamples", type=int, default=200)
+    ap.add_argument("--n-bootstrap", type=int, default=200)
     ap.add_argument("--old-budget", type=float, default=120.0,
                     help="seconds the old way may run before extrapolating")
     ap.add_argument("--min-old", type=int, default=5,
@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write a JSON summary here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    n, d, b = args.n, args.d, args.n_resamples
+    n, d, b = args.n, args.d, args.n_bootstrap
 
     gen = torch.Generator().manual_seed(0)
     h = torch.randn(n, d, generator=gen, dtype=torch.float64) * torch.logspace(-1, 0.5, d,
@@ -87,7 +87,7 @@ def main() -> None:
           f"{len(old)} common resamples: {diff:.1e}")
     if args.out:
         args.out.write_text(json.dumps({
-            "n": n, "d": d, "terms": args.terms, "n_resamples": b, "threads": args.threads,
+            "n": n, "d": d, "terms": args.terms, "n_bootstrap": b, "threads": args.threads,
             "old_seconds_per_resample": old_per, "old_seconds_total": t_old_total,
             "old_extrapolated_from": len(old) if extrapolated else None,
             "new_seconds_setup": t_setup, "new_seconds_total": t_new_total,
