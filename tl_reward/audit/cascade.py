@@ -32,6 +32,7 @@ import pandas as pd
 from tl_reward._lazy import lazy_exports
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
+from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import benjamini_hochberg
 from tl_reward.stats.ranks import average_ranks
 
@@ -69,6 +70,12 @@ class Correlation:
         warnings.warn("Correlation.pvalue is deprecated; use p_value", DeprecationWarning,
                       stacklevel=2)
         return self.p_value
+
+    @property
+    def estimate(self) -> Estimate:
+        """``r`` as an :class:`Estimate`."""
+        return Estimate(self.r, self.ci_low, self.ci_high, self.p_value, self.n,
+                        f"percentile bootstrap over units; {self.method} permutation test")
 
 
 def _hat(control: np.ndarray) -> np.ndarray:

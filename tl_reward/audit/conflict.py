@@ -231,6 +231,11 @@ class PairStat:
     p_value: float = float("nan")
     extra: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def estimate(self) -> Estimate:
+        """This statistic as an :class:`Estimate` (``n`` is not recorded here: 0)."""
+        return Estimate(self.value, self.ci_low, self.ci_high, self.p_value, 0, self.view)
+
 
 @dataclass(repr=False)
 class ConflictResult(ShortRepr):
@@ -378,6 +383,12 @@ class Disagreement:
     p_value: float
     p_value_conservative: float
     n: int
+
+    @property
+    def estimate(self) -> Estimate:
+        """The share as an :class:`Estimate` (p: the mid-p permutation test of no excess)."""
+        return Estimate(self.share, self.ci_low, self.ci_high, self.p_value, self.n,
+                        "percentile bootstrap over pairs; mid-p permutation test")
 
 
 def disagreement_share(margins_a: Any, margins_b: Any, n_bootstrap: int = 2000,

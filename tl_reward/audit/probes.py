@@ -42,6 +42,7 @@ from tl_reward.audit.perturbations import (
 )
 from tl_reward.compat.published import published_cohens_d
 from tl_reward.results import ShortRepr
+from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import (
     benjamini_hochberg,
     paired_effect_size,
@@ -159,6 +160,16 @@ class DimensionStats:
     ci_low_std: float
     ci_high_std: float
     published_d: float
+
+    @property
+    def estimates(self) -> dict[str, Estimate]:
+        r"""The mean delta, the effect size and the standardised mean as :class:`Estimate`\ s
+        (each with the sign-flip p-value, unadjusted)."""
+        how = f"percentile bootstrap over items; {self.p_method} sign-flip test"
+        return {k: Estimate(v, lo, hi, self.p_value, self.n, how) for k, v, lo, hi in (
+            ("mean", self.mean, self.ci_low, self.ci_high),
+            ("effect_size", self.effect_size, self.effect_ci_low, self.effect_ci_high),
+            ("mean_std", self.mean_std, self.ci_low_std, self.ci_high_std))}
 
 
 def _effect_boot(arr: np.ndarray) -> np.ndarray:
