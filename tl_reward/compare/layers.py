@@ -399,14 +399,10 @@ def compare_layers(
         n_permutations: B row permutations for the null (0: none).
         layer_chunk: hook points read per pass (bounds memory; see the module docstring).
     """
-    inputs = list(inputs)
-    ga = layer_grams(model_a, inputs, hook, layers_a, positions, batch_size, layer_chunk,
-                     progress)
-    gb = None
-    if model_b is not None:
-        gb = layer_grams(model_b, inputs, hook, layers_b, positions, batch_size, layer_chunk,
-                         progress)
-    elif layers_b is not None:
-        gb = layer_grams(model_a, inputs, hook, layers_b, positions, batch_size, layer_chunk,
-                         progress)
-    return compare_grams(ga, gb, measure, n_permutations, seed)
+    from tl_reward.scale.compare import run_compare_layers
+    from tl_reward.scale.executors import Loaded, LocalExecutor
+
+    return run_compare_layers(Loaded(model_a), None if model_b is None else Loaded(model_b),
+                              list(inputs), measure, hook, layers_a, layers_b, positions,
+                              n_permutations, seed, batch_size, layer_chunk, LocalExecutor(),
+                              batches_per_unit=1, progress=progress)
