@@ -163,19 +163,6 @@ class BehaviourComparison(ShortRepr):
         return plot_behaviour(self.to_dataframe(), self.rewards)
 
 
-def _named(models: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any]:
-    if isinstance(models, Mapping):
-        named = dict(models)
-    else:
-        named = {}
-        for i, m in enumerate(models):
-            name = model_label(m)
-            named[name if name not in named else f"{name}_{i}"] = m
-    if len(named) < 2:
-        raise TLRewardError("compare_models needs at least two models")
-    return named
-
-
 def objective_per_model(objective: str | Mapping[str, str], names: Sequence[str]
                         ) -> dict[str, str]:
     """``{model name: objective}`` from one objective for all or a mapping naming each model."""
@@ -323,12 +310,18 @@ def compare_models(
     The forward passes are :func:`model_features`, the statistics :func:`compare_features`
     (``tl_reward.scale.run_compare_models`` runs the former on workers).
     """
-    named = _named(models)
-    corpus, pairs = split_data(data, pairs)
-    if corpus is None and pairs is None and sweeps is None:
-        raise TLRewardError("give a corpus (data=...), preference pairs or sweeps to compare")
-    objectives = objective_per_model(objective, list(named))
-    features = {n: model_features(m, corpus, pairs, objectives[n], readability_hook,
-                                  readability_layer, batch_size) for n, m in named.items()}
-    return compare_features(features, sweeps, n_bootstrap=n_bootstrap, confidence=confidence,
-                            seed=seed, rbo_p=rbo_p)
+    from tl_reward.scale.behaviour import run_compare_models
+    from tl_reward.scale.executors import Loaded, LocalExecutor
+
+    named = dict(models) if isinstance(models, Mapping) else {}
+    if not isinstance(models, Mapping):
+        for i, m in enumerate(models):  # named by the model's label (repeats get _i)
+            name = model_label(m)
+            named[name if name not in named else f"{name}_{i}"] = m
+    return run_compare_models({n: Loaded(m) for n, m in named.items()}, data, pairs=pairs,
+                              sweeps=sweeps,
+                              readability_hook=readability_hook,
+                              readability_layer=readability_layer, objective=objective,
+                              n_bootstrap=n_bootstrap, confidence=confidence, seed=seed,
+                              batch_size=batch_size, rbo_p=rbo_p, executor=LocalExecutor(),
+                              progress=False)
