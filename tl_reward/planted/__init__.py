@@ -1,0 +1,10 @@
+"""Reward models with planted mechanisms: known ground truth for checking every analysis.
+
+Each ``plant_*`` function takes an HF Llama-style sequence classifier (not modified) and
+returns a :class:`PlantedModel`: the planted HF model, the unplanted base, the tokenizer and a
+frozen truth dataclass written before any analysis runs.
+"""
+
+from tl_reward.planted.trigger import PlantedModel, TriggerTruth, plant_trigger_head
+
+__all__ = ["PlantedModel", "TriggerTruth", "plant_trigger_head"]
