@@ -5,6 +5,8 @@ returns a :class:`PlantedModel`: the planted HF model, the unplanted base, the t
 frozen truth dataclass written before any analysis runs.
 """
 
+from tl_reward.planted.objectives import RELATIONS, ObjectivesTruth, plant_objectives
 from tl_reward.planted.trigger import PlantedModel, TriggerTruth, plant_trigger_head
 
-__all__ = ["PlantedModel", "TriggerTruth", "plant_trigger_head"]
+__all__ = ["RELATIONS", "ObjectivesTruth", "PlantedModel", "TriggerTruth", "plant_objectives",
+           "plant_trigger_head"]

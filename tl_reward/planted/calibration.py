@@ -45,6 +45,22 @@ def with_reply(tokenizer: Any, prompt: Prompt, reply: Sequence[int]) -> tuple[li
     return [*t.prefix, *(int(r) for r in reply), *t.suffix], len(t.prefix)
 
 
+def random_replies(tokenizer: Any, vocab_size: int, prompts: Sequence[Prompt] = DEFAULT_PROMPTS,
+                   per_prompt: int = 64, max_reply: int = 12, exclude: Sequence[int] = (),
+                   seed: int = 0) -> list[list[int]]:
+    """``per_prompt`` templated replies of 1 to ``max_reply`` random plain tokens per prompt
+    (none of ``exclude``)."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.tensor([i for i in plain_ids(tokenizer, vocab_size) if i not in set(exclude)])
+    out = []
+    for prompt in prompts:
+        for _ in range(per_prompt):
+            n = int(torch.randint(1, max_reply + 1, (1,), generator=gen))
+            reply = pool[torch.randint(0, len(pool), (n,), generator=gen)].tolist()
+            out.append(with_reply(tokenizer, prompt, reply)[0])
+    return out
+
+
 def calibration_sequences(
     tokenizer: Any, trigger_id: int, vocab_size: int, prompts: Sequence[Prompt] = DEFAULT_PROMPTS,
     n_random: int = 64, max_reply: int = 12, vocab_per_prompt: int | None = None, seed: int = 0,
@@ -110,9 +126,9 @@ def layer_inputs(hf: Any, ids: Sequence[Sequence[int]], layer: int, batch_size: 
 
 
 @torch.no_grad()
-def rewards(hf: Any, ids: Sequence[Sequence[int]], objective: int = 0, batch_size: int = 32
-            ) -> torch.Tensor:
-    """HF's own reward (row ``objective``) of each unpadded sequence, float64 ``[n]``."""
+def pooled_normed(hf: Any, ids: Sequence[Sequence[int]], batch_size: int = 32) -> torch.Tensor:
+    """The final norm's output (gain included) at each unpadded sequence's last token: what
+    HF's ``score`` layer reads, float64 ``[n, d]``."""
     out = []
     for s in range(0, len(ids), batch_size):
         chunk = ids[s: s + batch_size]
@@ -123,6 +139,13 @@ def rewards(hf: Any, ids: Sequence[Sequence[int]], objective: int = 0, batch_siz
             tokens[i, : len(x)] = torch.tensor(x)
             mask[i, : len(x)] = 1
         h = hf.model(input_ids=tokens, attention_mask=mask).last_hidden_state
-        last = h[torch.arange(len(chunk)), mask.sum(1) - 1]
-        out.append(hf.score(last)[:, objective].double())
+        out.append(h[torch.arange(len(chunk)), mask.sum(1) - 1].double())
     return torch.cat(out)
+
+
+def rewards(hf: Any, ids: Sequence[Sequence[int]], objective: int = 0, batch_size: int = 32
+            ) -> torch.Tensor:
+    """HF's own reward (row ``objective``) of each unpadded sequence, float64 ``[n]``."""
+    with torch.no_grad():
+        h = pooled_normed(hf, ids, batch_size)
+        return hf.score(h.to(hf.score.weight.dtype))[:, objective].double()
