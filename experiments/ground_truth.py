@@ -7,6 +7,8 @@ Plants (``tl_reward.planted``), each with its truth written down before any anal
 * ``objectives``: three extra reward rows with planted score correlations (+0.9, 0, -0.9) to
   the demo head's row.
 * ``prefix``: a second RM equal to the first in blocks ``< k`` and redrawn after.
+* ``implicit``: the backbone LM as reference and, as policy, the same LM plus logit offsets
+  evenly spaced in ``[-4, 4]`` on 16 tokens: the IRM sweep must rank them in order.
 
 For each plant and analysis it prints the recovery metric (the truth's rank among all heads,
 the trigger's rank in the vocabulary sweep, verdicts right, the identity region found) and
@@ -36,7 +38,13 @@ from tl_reward.analysis.direct_path import direct_path_patching
 from tl_reward.analysis.patching import patch_components
 from tl_reward.audit.conflict import behavioural_conflict, geometric_conflict
 from tl_reward.compare.layers import compare_layers
-from tl_reward.planted import plant_objectives, plant_shared_prefix, plant_trigger_head
+from tl_reward.irm import irm_vocab_sweep
+from tl_reward.planted import (
+    plant_implicit_reward,
+    plant_objectives,
+    plant_shared_prefix,
+    plant_trigger_head,
+)
 from tl_reward.planted.calibration import random_replies, rewards
 from tl_reward.planted.recovery import component_name, rank_of, trigger_pairs
 from tl_reward.sweep.vocab_sweep import candidate_ids, score_vocabulary
@@ -185,6 +193,37 @@ def prefix_rows(hf: Any, tok: Any, k: int) -> list[dict]:
     return rows
 
 
+def implicit_rows(name: str, sweep_ids: int) -> list[dict]:
+    from scipy.stats import kendalltau
+
+    if name == "tiny":
+        from tl_reward.testing import tiny_hf_reward_model
+
+        lm, tok = tiny_hf_reward_model("nemotron")
+    else:
+        from tl_reward.model.demo import load_smollm2
+
+        lm, tok = load_smollm2()
+    p = plant_implicit_reward(lm, tok)
+    ids = [i for i in range(min(len(tok), lm.config.vocab_size))]
+    if sweep_ids and sweep_ids < len(ids):
+        gen = np.random.default_rng(0)
+        ids = sorted({*gen.choice(ids, sweep_ids, replace=False).tolist(), *p.truth.ranking})
+    sw = irm_vocab_sweep(p.model, p.base, list(HELD_OUT), p.truth.beta, tokenizer=tok, ids=ids,
+                         progress=False)
+    pos = sw.token_ids.tolist()
+    rows_s = [pos.index(i) for i in p.truth.ranking]
+    truth = [p.truth.offsets[i] for i in p.truth.ranking]
+    taus = [float(kendalltau(sw.rewards[rows_s, k].numpy(), truth).statistic)
+            for k in range(len(HELD_OUT))]
+    tops = [pos[int(sw.rewards[:, k].argmax())] == p.truth.ranking[0]
+            for k in range(len(HELD_OUT))]
+    return [row("implicit", "IRM vocabulary sweep", "min Kendall tau with the planted offsets",
+                min(taus), ">= 0.9", min(taus) >= 0.9, f"taus {[round(t, 3) for t in taus]}"),
+            row("implicit", "IRM vocabulary sweep", "prompts where the top token is planted top",
+                sum(tops), str(len(tops)), all(tops), f"{len(sw)} ids swept")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--backbone", choices=["smollm2", "tiny"], default="smollm2")
@@ -197,6 +236,7 @@ def main() -> None:
     rows = trigger_rows(hf, tok, cfg, args.sweep_ids)
     rows += objective_rows(hf, tok)
     rows += prefix_rows(hf, tok, cfg["k"])
+    rows += implicit_rows(args.backbone, args.sweep_ids)
     df = pd.DataFrame(rows)
     with pd.option_context("display.width", 200, "display.max_colwidth", 60):
         print(df.drop(columns="note").to_string(index=False))
