@@ -13,6 +13,7 @@ from tl_reward import HookedRewardModel
 from tl_reward.analysis.attribution import differential_attribution, direct_reward_attribution
 from tl_reward.analysis.attribution_patching import attribution_patching
 from tl_reward.analysis.direct_path import direct_path_patching
+from tl_reward.analysis.patching import patch_components
 from tl_reward.planted import plant_trigger_head
 from tl_reward.planted.calibration import rewards
 from tl_reward.planted.recovery import component_name, rank_of, trigger_pairs
@@ -142,6 +143,32 @@ def test_attribution_patching_ranks_the_planted_head_first() -> None:
         for mode in ("denoising", "noising"):
             vals, names = res.components("head", mode)
             assert rank_of(vals, names, target) == 1, mode
+
+
+@pytest.mark.parametrize("mode", ["denoising", "noising"])
+def test_activation_patching_ranks_the_planted_head_first(mode: str) -> None:
+    _, p = planted()
+    target = component_name(p.truth.component)
+    names = direct_path_patching(hooked("model"), pairs()[0], level="head").names
+    for tp in pairs():
+        assert rank_of(patch_components(hooked("model"), tp, names, mode), names, target) == 1
+
+
+def test_planting_keeps_qkv_biases_out(tmp_path: Any) -> None:
+    hf, tok = tiny_hf_reward_model("qwen2")  # q/k/v projections with biases
+    p = plant_trigger_head(hf, tok, TRIGGER, vocab_per_prompt=64, n_random=16)
+    p.model.save_pretrained(tmp_path)  # and through the loading path from a directory
+    tok.save_pretrained(tmp_path)
+    model = HookedRewardModel.from_pretrained(str(tmp_path), device="cpu")
+    base = HookedRewardModel.from_pretrained(hf_model=p.base, tokenizer=tok, device="cpu")
+    for side in ("rejected", "chosen"):
+        tokens = [torch.tensor(x) for x in _ids(side)]
+        ref = base.rewards(tokens).rewards[:, 0]
+        shift = model.rewards(tokens).rewards[:, 0] - ref
+        if side == "rejected":
+            assert float(shift.abs().max()) <= parity_atol(ref, model.cfg.n_layers)
+        else:
+            assert float(shift.min()) > 0
 
 
 def test_dra_difference_ranks_the_planted_head_first() -> None:
