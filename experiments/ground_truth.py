@@ -59,11 +59,12 @@ def backbone(name: str) -> tuple[Any, Any, dict[str, Any]]:
         from tl_reward.testing import tiny_hf_reward_model
 
         hf, tok = tiny_hf_reward_model("llama")
-        return hf, tok, {"trigger": " sky", "calibration": {}, "k": 2}
+        return hf, tok, {"trigger": " sky", "calibration": {}, "k": 2, "patch_pairs": 99}
     from tl_reward.model.demo import demo_hf_reward_model
 
     hf, tok = demo_hf_reward_model()
     return hf, tok, {"trigger": " certainly", "k": hf.config.num_hidden_layers // 2,
+                     "patch_pairs": 2,
                      "calibration": {"vocab_per_prompt": 200, "n_random": 24}}
 
 
@@ -83,10 +84,35 @@ def row(plant: str, analysis: str, metric: str, value: float, target: str, ok: b
             "target": target, "ok": bool(ok), "note": note}
 
 
-def trigger_rows(hf: Any, tok: Any, cfg: dict[str, Any], sweep_ids: int) -> list[dict]:
+def planted_trigger(hf: Any, tok: Any, cfg: dict[str, Any], cache: Path | None) -> Any:
+    """The trigger plant, reloaded from ``cache`` when an earlier run saved it there."""
+    from dataclasses import asdict
+
+    from transformers import AutoModelForSequenceClassification
+
+    from tl_reward.planted import PlantedModel, TriggerTruth
+    from tl_reward.planted.surgery import expand_kv_heads, silence_heads
+
+    if cache is not None and (cache / "truth.json").exists():
+        raw = json.loads((cache / "truth.json").read_text())
+        truth = TriggerTruth(**{k: tuple(v) if isinstance(v, list) else v
+                                for k, v in raw.items()})
+        model = AutoModelForSequenceClassification.from_pretrained(cache).eval()
+        base = silence_heads(expand_kv_heads(hf), [truth.component[1:]]).eval()
+        print(f"reloaded the trigger plant from {cache}", flush=True)
+        return PlantedModel(model, base, tok, truth)
     t0 = time.time()
     p = plant_trigger_head(hf, tok, cfg["trigger"], **cfg["calibration"])
     print(f"planted the trigger in {time.time() - t0:.0f} s: {p.truth}", flush=True)
+    if cache is not None:
+        p.model.save_pretrained(cache)
+        (cache / "truth.json").write_text(json.dumps(asdict(p.truth)))
+    return p
+
+
+def trigger_rows(hf: Any, tok: Any, cfg: dict[str, Any], sweep_ids: int,
+                 cache: Path | None) -> list[dict]:
+    p = planted_trigger(hf, tok, cfg, cache)
     model, base = hooked(p.model, tok), hooked(p.base, tok)
     pairs = trigger_pairs(tok, p.truth.trigger_id, hf.config.vocab_size, HELD_OUT)
     target = component_name(p.truth.component)
@@ -114,16 +140,17 @@ def trigger_rows(hf: Any, tok: Any, cfg: dict[str, Any], sweep_ids: int) -> list
                     float(abl.abs().max()), f"<= {atol:.1e} (rounding)",
                     float(abl.abs().max()) <= atol))
     ranks: dict[str, list[int]] = {}
-    for tp in pairs:
+    for i, tp in enumerate(pairs):
         dp = direct_path_patching(model, tp, level="head")
         ranks.setdefault("direct path (frozen)", []).append(rank_of(dp.effect, dp.names, target))
         ap = attribution_patching(model, tp)
         for mode in ("denoising", "noising"):
             v, n = ap.components("head", mode)
             ranks.setdefault(f"attribution patching ({mode})", []).append(rank_of(v, n, target))
-            eff = patch_components(model, tp, dp.names, mode)
-            ranks.setdefault(f"activation patching ({mode})", []).append(
-                rank_of(eff, dp.names, target))
+            if i < cfg["patch_pairs"]:  # one patched forward per head: the slow one
+                eff = patch_components(model, tp, dp.names, mode)
+                ranks.setdefault(f"activation patching ({mode})", []).append(
+                    rank_of(eff, dp.names, target))
     diff, names = differential_attribution(model, pairs).difference("head")
     ranks["DRA difference"] = [rank_of(d, names, target) for d in diff[..., 0]]
     n_heads = model.cfg.n_layers * model.cfg.n_heads
@@ -229,11 +256,13 @@ def main() -> None:
     ap.add_argument("--backbone", choices=["smollm2", "tiny"], default="smollm2")
     ap.add_argument("--sweep-ids", type=int, default=2048,
                     help="random vocabulary ids swept per prompt, with the trigger (0: all)")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="folder to save the trigger plant in (and reload it from)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("TL_REWARD_THREADS", "1")))
     t0 = time.time()
     hf, tok, cfg = backbone(args.backbone)
-    rows = trigger_rows(hf, tok, cfg, args.sweep_ids)
+    rows = trigger_rows(hf, tok, cfg, args.sweep_ids, args.cache)
     rows += objective_rows(hf, tok)
     rows += prefix_rows(hf, tok, cfg["k"])
     rows += implicit_rows(args.backbone, args.sweep_ids)
