@@ -35,6 +35,7 @@ from tl_reward import HookedRewardModel
 from tl_reward.analysis.attribution import differential_attribution, direct_reward_attribution
 from tl_reward.analysis.attribution_patching import attribution_patching
 from tl_reward.analysis.direct_path import direct_path_patching
+from tl_reward.analysis.lens import differential_lens
 from tl_reward.analysis.patching import patch_components
 from tl_reward.audit.conflict import behavioural_conflict, geometric_conflict
 from tl_reward.compare.layers import compare_layers
@@ -157,6 +158,12 @@ def trigger_rows(hf: Any, tok: Any, cfg: dict[str, Any], sweep_ids: int,
     for analysis, r in ranks.items():
         rows.append(row("trigger", analysis, f"worst rank of {target} among {n_heads} heads",
                         max(r), "1", max(r) == 1, f"ranks {r}"))
+    lens = differential_lens(model, pairs)
+    for convention in ("frozen", "recompute"):
+        jump = lens.increments(convention)[..., 0].abs().argmax(1).tolist()
+        rows.append(row("trigger", f"reward lens ({convention})", "blocks of the largest jump",
+                        sum(j == layer for j in jump), f"{len(jump)} at block {layer}",
+                        all(j == layer for j in jump), f"blocks {jump}"))
     dra = direct_reward_attribution(model, toks, per_position=True)
     shares = []
     for i, tp in enumerate(pairs):

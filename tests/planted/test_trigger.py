@@ -13,6 +13,7 @@ from tl_reward import HookedRewardModel
 from tl_reward.analysis.attribution import differential_attribution, direct_reward_attribution
 from tl_reward.analysis.attribution_patching import attribution_patching
 from tl_reward.analysis.direct_path import direct_path_patching
+from tl_reward.analysis.lens import differential_lens
 from tl_reward.analysis.patching import patch_components
 from tl_reward.planted import plant_trigger_head
 from tl_reward.planted.calibration import rewards
@@ -177,6 +178,14 @@ def test_dra_difference_ranks_the_planted_head_first() -> None:
     diff, names = differential_attribution(hooked("model"), pairs()).difference("head")
     for row in diff[..., 0]:
         assert rank_of(row, names, target) == 1
+
+
+@pytest.mark.parametrize("convention", ["frozen", "recompute"])
+def test_lens_jumps_at_the_planted_block(convention: str) -> None:
+    _, p = planted()
+    _, layer, _ = p.truth.component
+    inc = differential_lens(hooked("model"), pairs()).increments(convention)[..., 0]
+    assert inc.abs().argmax(1).tolist() == [layer] * len(pairs())
 
 
 def test_token_map_puts_the_planted_head_on_the_trigger() -> None:
