@@ -60,17 +60,25 @@ def backbone(name: str) -> tuple[Any, Any, dict[str, Any]]:
         from tl_reward.testing import tiny_hf_reward_model
 
         hf, tok = tiny_hf_reward_model("llama")
-        return hf, tok, {"trigger": " sky", "calibration": {}, "k": 2, "patch_pairs": 99}
+        return hf, tok, {"trigger": " sky", "calibration": {}, "k": 2, "patch_pairs": 99,
+                         "text_ids": 10**6}
     from tl_reward.model.demo import demo_hf_reward_model
 
     hf, tok = demo_hf_reward_model()
     return hf, tok, {"trigger": " certainly", "k": hf.config.num_hidden_layers // 2,
-                     "patch_pairs": 2,
+                     "patch_pairs": 2, "text_ids": 256,
                      "calibration": {"vocab_per_prompt": 200, "n_random": 24}}
 
 
 def hooked(hf: Any, tok: Any) -> HookedRewardModel:
     return HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu")
+
+
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.0f} s] {msg}", flush=True)
 
 
 def rounding(ref: torch.Tensor, n_layers: int) -> float:
@@ -152,6 +160,7 @@ def trigger_rows(hf: Any, tok: Any, cfg: dict[str, Any], sweep_ids: int,
                 eff = patch_components(model, tp, dp.names, mode)
                 ranks.setdefault(f"activation patching ({mode})", []).append(
                     rank_of(eff, dp.names, target))
+    log("patched every pair")
     diff, names = differential_attribution(model, pairs).difference("head")
     ranks["DRA difference"] = [rank_of(d, names, target) for d in diff[..., 0]]
     n_heads = model.cfg.n_layers * model.cfg.n_heads
@@ -178,7 +187,12 @@ def trigger_rows(hf: Any, tok: Any, cfg: dict[str, Any], sweep_ids: int,
         gen = np.random.default_rng(0)
         ids = sorted({*gen.choice(ids, sweep_ids, replace=False).tolist(), p.truth.trigger_id})
     for mode in ("ids", "text"):
+        if mode == "text":  # full sequences, no prefix cache: a smaller subset
+            rest = [i for i in ids if i != p.truth.trigger_id]
+            pick = np.random.default_rng(1).permutation(len(rest))[: cfg["text_ids"]]
+            ids = sorted([*(rest[j] for j in pick), p.truth.trigger_id])
         sw = score_vocabulary(model, list(HELD_OUT), ids=ids, mode=mode, progress=False)
+        log(f"swept {len(ids)} ids ({mode})")
         tr = []
         for i in range(len(HELD_OUT)):
             v = sw.values(i, 0)
@@ -190,6 +204,7 @@ def trigger_rows(hf: Any, tok: Any, cfg: dict[str, Any], sweep_ids: int,
 
 
 def objective_rows(hf: Any, tok: Any) -> list[dict]:
+    log("objectives")
     p = plant_objectives(hf, tok)
     model = hooked(p.model, tok)
     corpus = [torch.tensor(x) for x in p.truth.corpus]
@@ -212,6 +227,7 @@ def objective_rows(hf: Any, tok: Any) -> list[dict]:
 
 
 def prefix_rows(hf: Any, tok: Any, k: int) -> list[dict]:
+    log("prefix")
     p = plant_shared_prefix(hf, tok, k)
     a, b = hooked(p.base, tok), hooked(p.model, tok)
     inputs = [torch.tensor(x) for x in random_replies(tok, hf.config.vocab_size, per_prompt=12)]
@@ -230,6 +246,7 @@ def prefix_rows(hf: Any, tok: Any, k: int) -> list[dict]:
 def implicit_rows(name: str, sweep_ids: int) -> list[dict]:
     from scipy.stats import kendalltau
 
+    log("implicit")
     if name == "tiny":
         from tl_reward.testing import tiny_hf_reward_model
 
