@@ -31,3 +31,9 @@ def test_a_trigger_of_several_tokens_is_refused() -> None:
     hf, tok = tiny_hf_reward_model("llama")
     with pytest.raises(TLRewardError, match="tokens; pass one token"):
         plant_trigger_head(hf, tok, " certainly")
+
+
+def test_an_earlier_block_is_refused() -> None:
+    hf, tok = tiny_hf_reward_model("llama")
+    with pytest.raises(TLRewardError, match="plant in the last block"):
+        plant_trigger_head(hf, tok, " sky", layer=1)

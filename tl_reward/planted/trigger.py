@@ -1,6 +1,6 @@
 """Plant a trigger in one attention head: ``reward += c`` when the reply holds a trigger token.
 
-The head (``layer``, ``head``; default the last block) is rewired by weight surgery:
+The head (``head`` of the last block) is rewired by weight surgery:
 
 * the base model is the backbone with that head silenced (its output projection zeroed);
 * its query at the pooled token and its keys are rank one, in the slowest rotary pair (so the
@@ -117,7 +117,8 @@ def plant_trigger_head(
         hf: an HF Llama-style sequence classifier (not modified).
         tokenizer: its tokenizer, with a chat template.
         trigger: the trigger as a one-token string or an id.
-        c: the reward shift; layer, head: the planted head; objective: the reward row.
+        c: the reward shift; layer, head: the planted head (the last block only: there the
+            pooled token alone matters); objective: the reward row.
         prompts: calibration prompts; vocab_per_prompt: one-token replies per prompt (None:
             every plain id); n_random: random multi-token replies per prompt.
         logit_margin: attention-logit gap to enforce (leak ``exp(-logit_margin)``).
@@ -129,6 +130,11 @@ def plant_trigger_head(
     check_llama_like(hf)
     n_layers = hf.config.num_hidden_layers
     layer = layer % n_layers
+    if layer != n_layers - 1:
+        raise TLRewardError(
+            f"plant in the last block ({n_layers - 1}), not {layer}: in an earlier block the "
+            "other positions' queries have no fixed sign, so they write without the trigger "
+            "too and later blocks read it")
     if isinstance(trigger, str):
         ids = tokenizer.encode(trigger, add_special_tokens=False)
         if len(ids) != 1:
