@@ -41,10 +41,12 @@ from tl_reward.audit.conflict import behavioural_conflict, geometric_conflict
 from tl_reward.compare.layers import compare_layers
 from tl_reward.irm import irm_vocab_sweep
 from tl_reward.planted import (
+    load_planted,
     plant_implicit_reward,
     plant_objectives,
     plant_shared_prefix,
     plant_trigger_head,
+    save_planted,
 )
 from tl_reward.planted.calibration import random_replies, rewards
 from tl_reward.planted.recovery import component_name, rank_of, trigger_pairs
@@ -95,27 +97,14 @@ def row(plant: str, analysis: str, metric: str, value: float, target: str, ok: b
 
 def planted_trigger(hf: Any, tok: Any, cfg: dict[str, Any], cache: Path | None) -> Any:
     """The trigger plant, reloaded from ``cache`` when an earlier run saved it there."""
-    from dataclasses import asdict
-
-    from transformers import AutoModelForSequenceClassification
-
-    from tl_reward.planted import PlantedModel, TriggerTruth
-    from tl_reward.planted.surgery import expand_kv_heads, silence_heads
-
     if cache is not None and (cache / "truth.json").exists():
-        raw = json.loads((cache / "truth.json").read_text())
-        truth = TriggerTruth(**{k: tuple(v) if isinstance(v, list) else v
-                                for k, v in raw.items()})
-        model = AutoModelForSequenceClassification.from_pretrained(cache).eval()
-        base = silence_heads(expand_kv_heads(hf), [truth.component[1:]]).eval()
-        print(f"reloaded the trigger plant from {cache}", flush=True)
-        return PlantedModel(model, base, tok, truth)
+        log(f"reloading the trigger plant from {cache}")
+        return load_planted(cache)
     t0 = time.time()
     p = plant_trigger_head(hf, tok, cfg["trigger"], **cfg["calibration"])
-    print(f"planted the trigger in {time.time() - t0:.0f} s: {p.truth}", flush=True)
+    log(f"planted the trigger in {time.time() - t0:.0f} s: {p.truth}")
     if cache is not None:
-        p.model.save_pretrained(cache)
-        (cache / "truth.json").write_text(json.dumps(asdict(p.truth)))
+        save_planted(p, cache)
     return p
 
 

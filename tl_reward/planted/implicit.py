@@ -44,6 +44,14 @@ def plant_implicit_reward(lm: Any, tokenizer: Any, n_tokens: int = 16, span: flo
     pick = [pool[i] for i in torch.randperm(len(pool), generator=gen)[:n_tokens].tolist()]
     values = torch.linspace(span, -span, n_tokens, dtype=torch.float64).tolist()
     offsets = dict(zip(pick, values, strict=True))
+    truth = ImplicitTruth(offsets=offsets, beta=beta, ranking=tuple(pick))
+    return PlantedModel(offset_policy(lm, offsets), lm, tokenizer, truth)
+
+
+def offset_policy(lm: Any, offsets: dict[int, float]) -> Any:
+    """A copy of ``lm`` whose LM head adds ``offsets`` (a bias; HF's Llama has none, so a saved
+    copy loses it: rebuild it from the reference, as :func:`~tl_reward.planted.store.load_planted`
+    does)."""
     policy = copy.deepcopy(lm)
     old = policy.get_output_embeddings()
     head = torch.nn.Linear(old.in_features, old.out_features, bias=True, dtype=old.weight.dtype)
@@ -54,5 +62,4 @@ def plant_implicit_reward(lm: Any, tokenizer: Any, n_tokens: int = 16, span: flo
             head.bias[i] = o
     policy.config.tie_word_embeddings = False
     policy.set_output_embeddings(head)
-    truth = ImplicitTruth(offsets=offsets, beta=beta, ranking=tuple(pick))
-    return PlantedModel(policy.eval(), lm, tokenizer, truth)
+    return policy.eval()
