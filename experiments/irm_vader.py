@@ -50,9 +50,19 @@ def save(results: dict[str, Any]) -> None:
     tmp.replace(OUT)
 
 
+def pair_dict(a: Any) -> dict[str, Any]:
+    e = a.agreement
+    return {"share": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high, "n": e.n}
+
+
+VALENCE = ("implicit reward", "VADER valence")
+
+
 def agreement_dict(a: Any) -> dict[str, Any]:
-    return {k: getattr(a, k) for k in ("kendall_tau_b", "ci_low", "ci_high", "kendall_pvalue",
-                                       "spearman_rho", "n")}
+    tau = a.kendall_tau_b
+    return {"kendall_tau_b": tau.value, "ci_low": tau.ci_low, "ci_high": tau.ci_high,
+            "kendall_pvalue": tau.p_value, "spearman_rho": a.spearman_rho.value, "n": tau.n,
+            "method": tau.method}
 
 
 def heldout_pairs() -> list[dict[str, Any]]:
@@ -108,8 +118,7 @@ def main() -> None:
         r = implicit_rewards(policy, reference, items, beta, tokenizer=tok).rewards.numpy()
         n = len(pairs)
         agr = pair_agreement(r[:n], r[n:])
-        results["heldout_pairs"] = {"share": agr.share, "ci_low": agr.ci_low,
-                                    "ci_high": agr.ci_high, "n": agr.n,
+        results["heldout_pairs"] = {**pair_dict(agr),
                                     "mean_margin": float(agr.margins.mean()),
                                     "seconds": time.time() - t0}
         np.save(OUT.with_name("irm_vader_pairs.npy"), r)
@@ -120,7 +129,7 @@ def main() -> None:
         items, vader = corpus_items(args.corpus_limit)
         t0 = time.time()
         r = implicit_rewards(policy, reference, items, beta, tokenizer=tok).rewards.numpy()
-        ra = rank_agreement(r, vader, y_label="VADER compound")
+        ra = rank_agreement(r, vader, names=("implicit reward", "VADER compound"))
         results["corpus"] = {**agreement_dict(ra), "seconds": time.time() - t0}
         np.save(OUT.with_name("irm_vader_corpus.npy"), np.stack([r, vader]))
         save(results)
@@ -129,6 +138,7 @@ def main() -> None:
     if "vocabulary" in todo:
         from tl_reward.irm.pipeline import lexicon_tokens
         from tl_reward.irm.sweep import irm_vocab_sweep
+        from tl_reward.sweep.lexicon import token_word
 
         ids, words, utils = lexicon_tokens(tok, vader_lexicon(), policy.config.vocab_size)
         t0 = time.time()
@@ -136,8 +146,12 @@ def main() -> None:
                                 tokenizer=tok, ids=ids, batch_size=128,
                                 model_name="smollm2-vader-dpo")
         util = token_utilities(sweep.tokens)
-        ra = rank_agreement(sweep.rewards[:, 0].numpy(), util, y_label="VADER valence")
-        first = rank_agreement(sweep.first[:, 0].numpy(), util, y_label="VADER valence")
+        # a word's tokens (" love", "Love", ...) are near-duplicates: the CI resamples words
+        words = [token_word(t) for t in sweep.tokens]
+        ra = rank_agreement(sweep.rewards[:, 0].numpy(), util, names=VALENCE, units=words,
+                            unit="word")
+        first = rank_agreement(sweep.first[:, 0].numpy(), util, names=VALENCE, units=words,
+                               unit="word")
         df = sweep.to_dataframe().assign(utility=util)
         df.to_csv(OUT.with_name("irm_vader_vocab.csv"), index=False)
         top = df.nlargest(10, "reward")["token"].tolist()
@@ -175,10 +189,8 @@ def main() -> None:
             cirm = np.load(OUT.with_name("irm_vader_corpus.npy"))[0]
             results["explicit"] = {
                 "model": "tl-reward/smollm2-135m-multi", "objective": obj,
-                "irm_vs_explicit_pairs": {"share": agr.share, "ci_low": agr.ci_low,
-                                          "ci_high": agr.ci_high, "n": agr.n},
-                "explicit_vs_vader_pairs": {"share": vs_vader.share, "ci_low": vs_vader.ci_low,
-                                            "ci_high": vs_vader.ci_high, "n": vs_vader.n},
+                "irm_vs_explicit_pairs": pair_dict(agr),
+                "explicit_vs_vader_pairs": pair_dict(vs_vader),
                 "irm_vs_explicit_corpus": agreement_dict(rank_agreement(cirm, cex)),
                 "explicit_vs_vader_corpus": agreement_dict(rank_agreement(cex, cvader)),
             }

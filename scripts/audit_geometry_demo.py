@@ -106,7 +106,7 @@ def main() -> None:
     with safe_open(str(smollm2_local_dir() / "model.safetensors"), framework="pt") as fh:
         gain = fh.get_tensor("model.norm.weight").double()
     feats = torch.cat([fc, fr])
-    geo = geometric_conflict(model, normed=feats / gain, n_resamples=500)
+    geo = geometric_conflict(model, normed=feats / gain, n_bootstrap=500)
     out["geometric"] = geo.to_dataframe().to_dict("records")
     out["geometric_meta"] = geo.meta
     w = raw.double()  # HF's rows: reward = feature . row

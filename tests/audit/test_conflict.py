@@ -14,6 +14,7 @@ from scipy import stats
 from sklearn.covariance import LedoitWolf
 
 from tl_reward.audit.conflict import (
+    GramLedoitWolf,
     Thresholds,
     behavioural_conflict,
     disagreement_share,
@@ -34,7 +35,7 @@ CORPUS = [("Tell me something.", f"Item {i}: love music war {i % 3} " + "yes " *
 
 def test_whitened_cosine_by_hand(tiny):
     model, _, _ = tiny("llama", 3)
-    res = geometric_conflict(model, CORPUS, n_resamples=20)
+    res = geometric_conflict(model, CORPUS, n_bootstrap=20)
     df = res.to_dataframe()
     h = pooled_residual(model, CORPUS, normed=True).double().numpy()
     cov = LedoitWolf().fit(h).covariance_
@@ -46,21 +47,51 @@ def test_whitened_cosine_by_hand(tiny):
         raw = w[i] @ w[j] / np.linalg.norm(w[i]) / np.linalg.norm(w[j])
         assert row.loc["whitened cosine", "value"] == pytest.approx(white, abs=1e-9)
         assert row.loc["raw cosine", "value"] == pytest.approx(raw, abs=1e-9)
-        lo, hi = row.loc["whitened cosine", ["ci_low", "ci_high"]]
-        assert lo <= hi
+    # the CI: a brute-force percentile bootstrap with the same draws, one scikit-learn
+    # Ledoit-Wolf fit of the resampled items at a time
+    rng = np.random.default_rng(0)
+    boot = []
+    for _ in range(20):
+        c = LedoitWolf().fit(h[rng.integers(0, 24, 24)]).covariance_
+        q = w @ c @ w.T
+        boot.append(q / np.sqrt(np.outer(np.diag(q), np.diag(q))))
+    lo_ref, hi_ref = np.quantile(boot, [0.025, 0.975], axis=0)
+    for s in res.stats:
+        if s.view == "whitened cosine":
+            i, j = res.terms.index(s.term_a), res.terms.index(s.term_b)
+            assert (s.ci_low, s.ci_high) == pytest.approx((lo_ref[i, j], hi_ref[i, j]), abs=1e-9)
     # the same from precomputed normed activations (e.g. a feature cache)
-    again = geometric_conflict(model, normed=torch.from_numpy(h), n_resamples=20)
+    again = geometric_conflict(model, normed=torch.from_numpy(h), n_bootstrap=20)
     np.testing.assert_allclose(again.matrix("whitened cosine"), res.matrix("whitened cosine"))
     # whitening changes the answer on this anisotropic residual (a no-op metric would not)
     assert np.abs(res.matrix("whitened cosine") - res.matrix("raw cosine")).max() > 0.05
-    assert res.meta["n_corpus"] == 24 and 0 < res.meta["shrinkage"] <= 1
+    assert res.meta["n_corpus"] == 24
+    assert res.meta["shrinkage"] == pytest.approx(LedoitWolf().fit(h).shrinkage_, abs=1e-12)
+
+
+@pytest.mark.parametrize("n,d", [(12, 40), (60, 7), (30, 30)])
+def test_gram_ledoit_wolf_matches_sklearn_on_resamples(n, d):
+    """The O(n^2) per-resample whitened cosines (no d x d matrix) equal scikit-learn's
+    Ledoit-Wolf covariance plugged into the cosine, for resamples with repeated rows."""
+    rng = np.random.default_rng(n * d)
+    h = rng.normal(size=(n, d)) * np.linspace(0.2, 3, d) + rng.normal(size=d)
+    h[:, :3] += 2 * rng.normal(size=(n, 1))  # correlated coordinates: shrinkage inside (0, 1)
+    w = rng.normal(size=(4, d))
+    gram = GramLedoitWolf(torch.from_numpy(h), torch.from_numpy(w))
+    for idx in [np.arange(n), rng.integers(0, n, n), rng.integers(0, n, n)]:
+        lw = LedoitWolf().fit(h[idx])
+        q = w @ lw.covariance_ @ w.T
+        ref = q / np.sqrt(np.outer(np.diag(q), np.diag(q)))
+        got, a = gram.cosines(idx)
+        assert a == pytest.approx(lw.shrinkage_, abs=1e-12)
+        np.testing.assert_allclose(got, ref, atol=1e-12, rtol=0)
 
 
 def test_disagreement_share_brute_force():
     rng = np.random.default_rng(3)
     ma, mb = rng.normal(size=15), rng.normal(size=15) + 0.3
     ma[2] = 0.0  # a tie prefers neither reply: it never disagrees
-    d = disagreement_share(ma, mb, n_resamples=300, n_permutations=300, seed=5)
+    d = disagreement_share(ma, mb, n_bootstrap=300, n_permutations=300, seed=5)
     count = sum(1 for x, y in zip(ma, mb, strict=True) if (x > 0 and y < 0) or (x < 0 and y > 0))
     assert d.share == count / 15
     pa, qa = np.mean(ma > 0), np.mean(ma < 0)
@@ -80,10 +111,21 @@ def test_permutation_p_against_exact_enumeration():
     r = np.corrcoef(a, b)[0, 1]
     exact = np.mean([abs(np.corrcoef(a, b[list(p)])[0, 1]) >= abs(r) - 1e-12
                      for p in permutations(range(7))])
-    mc = score_correlation(a, b, n_resamples=100, n_permutations=20000, seed=1)
-    # Monte Carlo with 20000 draws: sd of p about sqrt(p(1-p)/20000) < 0.004
-    assert mc.p_value == pytest.approx(exact, abs=0.012)
-    assert mc.value == pytest.approx(r)
+    got = score_correlation(a, b, n_bootstrap=100, n_permutations=20000, seed=1)
+    # 7 items: the one permutation-correlation test enumerates all 5040 pairings
+    assert got.p_value == pytest.approx(exact, abs=1e-12)
+    assert got.value == pytest.approx(r)
+    # 12 items: Monte Carlo; sd of p about sqrt(p(1-p)/20000) < 0.004
+    a, b = rng.normal(size=12), rng.normal(size=12) + 0.3 * np.arange(12)
+
+    def abs_r(v: np.ndarray) -> float:
+        return abs(np.corrcoef(a, v)[0, 1])
+
+    ref = stats.permutation_test((b,), abs_r, permutation_type="pairings", vectorized=False,
+                                 n_resamples=20000, alternative="greater",
+                                 random_state=0).pvalue
+    assert score_correlation(a, b, n_permutations=20000, seed=1).p_value == pytest.approx(
+        ref, abs=0.012)
 
 
 def test_null_calibration_behavioural():
@@ -95,9 +137,9 @@ def test_null_calibration_behavioural():
     for s in range(n_sim):
         a = rng.normal(size=40)
         b = rng.standard_t(3, size=40) + 0.2  # a different, heavy-tailed distribution
-        hits_corr += score_correlation(a, b, n_resamples=10, n_permutations=199,
+        hits_corr += score_correlation(a, b, n_bootstrap=10, n_permutations=199,
                                        seed=s).p_value < 0.05
-        d = disagreement_share(a, b, n_resamples=10, n_permutations=199, seed=s)
+        d = disagreement_share(a, b, n_bootstrap=10, n_permutations=199, seed=s)
         hits_dis += d.p_value < 0.05
         hits_cons += d.p_value_conservative < 0.05
     assert 0.02 <= hits_corr / n_sim <= 0.08
@@ -122,7 +164,7 @@ def test_null_calibration_random_head_shuffled_pairs(tiny):
     for s in range(n_sim):
         w = torch.from_numpy(rng.normal(size=model.cfg.d_model))
         mb = ((ch - rj) @ w).numpy()[rng.permutation(30)]
-        hits += disagreement_share(ma, mb, n_resamples=10, n_permutations=199,
+        hits += disagreement_share(ma, mb, n_bootstrap=10, n_permutations=199,
                                    seed=s).p_value < 0.05
     assert 0.02 <= hits / n_sim <= 0.08
 
@@ -130,13 +172,21 @@ def test_null_calibration_random_head_shuffled_pairs(tiny):
 def test_behavioural_conflict_on_model(tiny):
     model, hf, _ = tiny("llama", 2)
     pairs = [("Is the sky blue?", f"Yes {i}", f"No {'!' * i}") for i in range(1, 9)]
-    res = behavioural_conflict(model, CORPUS[:12], pairs, n_resamples=100, n_permutations=99)
+    res = behavioural_conflict(model, CORPUS[:12], pairs, n_bootstrap=100, n_permutations=99)
     df = res.to_dataframe().set_index("view")
     batch = model.make_batch(CORPUS[:12])
     logits = hf(input_ids=batch.tokens, attention_mask=batch.attention_mask).logits.detach()
     r = np.corrcoef(logits[:, 0].numpy(), logits[:, 1].numpy())[0, 1]
     assert df.loc["score correlation", "value"] == pytest.approx(r, abs=1e-5)
-    assert 0 <= df.loc["pair disagreement", "value"] <= 1
+    # the disagreement share from HF's margins, counted by hand
+    margins = []
+    for k in (1, 2):
+        b = model.make_batch([(pair[0], pair[k]) for pair in pairs])
+        margins.append(hf(input_ids=b.tokens, attention_mask=b.attention_mask).logits.detach())
+    m = (margins[0] - margins[1]).double().numpy()
+    count = sum(1 for x, y in m if x * y < 0)
+    assert 0 < count < 8  # both kinds of pair occur, so the share below is informative
+    assert df.loc["pair disagreement", "value"] == pytest.approx(count / 8)
     t = len(res.terms)
     assert res.meta["pair disagreement family"]["tests"] == t * (t - 1) // 2
 
@@ -144,7 +194,7 @@ def test_behavioural_conflict_on_model(tiny):
 def test_gradient_cosine_against_hf_autograd(tiny):
     model, hf, _ = tiny("llama", 2)
     items = CORPUS[:3]
-    res = gradient_conflict(model, items, n_resamples=50)
+    res = gradient_conflict(model, items, n_bootstrap=50)
     per_item = res.meta["gradient_cosines"][:, 0, 1]
     for k, item in enumerate(items):
         ids = torch.tensor([model.encode(item).ids])
@@ -213,7 +263,7 @@ def test_pair_disagreement_family_controls_false_verdicts_under_the_null():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # K = 19: B = 199 is too few
                 rows, family = pair_disagreement(margins, [f"t{i}" for i in range(k)], alpha,
-                                                 n_resamples=10, n_permutations=199, seed=s)
+                                                 n_bootstrap=10, n_permutations=199, seed=s)
             assert family["tests"] == k * (k - 1) // 2 == len(rows)
             hits += any(r.verdict != "no evidence" for r in rows)
             raw_any_19 += k == 19 and any(r.p_value < alpha for r in rows)
@@ -230,5 +280,5 @@ def test_pair_disagreement_warns_when_permutations_cannot_reach_the_bh_threshold
     rng = np.random.default_rng(0)
     margins = [rng.normal(size=20) for _ in range(19)]
     with pytest.warns(RuntimeWarning, match="raise n_permutations above 3420"):
-        pair_disagreement(margins, [f"t{i}" for i in range(19)], 0.05, n_resamples=5,
+        pair_disagreement(margins, [f"t{i}" for i in range(19)], 0.05, n_bootstrap=5,
                           n_permutations=99)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -33,12 +34,37 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[A-Za-z0-9']+", text)
 
 
+REPLY = ITEM.reply
+# each dimension's edit of ITEM at seed 3: (neutral reply, perturbed reply), written out from the
+# edit's definition; the draws come from default_rng([seed, crc32(dimension), crc32(item id)]),
+# so these texts are the same in every run, process and version
+SEED3 = {
+    "length": (REPLY, REPLY + " Thank you for asking. I hope this helps."),
+    "formatting": (REPLY, "- I think rivers **carry** minerals into the sea.\n"
+                          "- Evaporation leaves the **salt** behind.\n"
+                          "- The average depth is about 3.7 **kilometres**."),
+    "confidence": ("It may be that rivers carry minerals into the sea. Evaporation leaves the "
+                   "salt behind. The average depth is about 3.7 kilometres.",
+                   "Rivers carry minerals into the sea. Evaporation leaves the salt behind. The "
+                   "average depth is about 3.7 kilometres."),
+    "sycophancy": (REPLY, "Yes, you're correct about that. " + REPLY),
+    "repetition": (REPLY, "I think rivers carry minerals into the sea. Evaporation leaves the "
+                          "salt behind. Evaporation leaves the salt behind. The average depth "
+                          "is about 3.7 kilometres."),
+    "keyword_stuffing": (REPLY, REPLY + " Ocean, salty, deep."),
+    "flattery": (REPLY, "You're clearly very thoughtful to ask this. " + REPLY),
+    "verbosity": (REPLY, REPLY + " In other words, I think rivers carry minerals into the sea."),
+}
+
+
 def test_edits_are_seeded_and_deterministic() -> None:
-    for d in DIMENSIONS.values():
-        assert d.apply(ITEM, seed=3) == d.apply(ITEM, seed=3)
-    # the seed matters where the edit draws (padding sentences, flattery, bold word)
-    variants = {DIMENSIONS["length"].apply(ITEM, seed=s).perturbed_reply for s in range(12)}
-    assert len(variants) > 1
+    assert set(SEED3) == set(DIMENSIONS)
+    for name, (neutral, perturbed) in SEED3.items():
+        e = DIMENSIONS[name].apply(ITEM, seed=3)
+        assert (e.neutral_reply, e.perturbed_reply) == (neutral, perturbed), name
+    # the seed matters where the edit draws (here: which padding sentences)
+    assert DIMENSIONS["length"].apply(ITEM, seed=4).perturbed_reply == (
+        REPLY + " That is my answer to your question. Thank you for asking.")
 
 
 def test_each_edit_changes_only_its_property() -> None:
@@ -96,7 +122,10 @@ def test_user_dimensions_from_functions() -> None:
         return reply + f" {rng.integers(1000)}"
 
     d = Dimension.from_function("noisy", noisy)
-    assert d.apply(ITEM, 1) == d.apply(ITEM, 1)
+    # the function gets the documented generator of (seed, dimension name, item id)
+    want = np.random.default_rng([1, zlib.crc32(b"noisy"), zlib.crc32(b"t:0")]).integers(1000)
+    assert d.apply(ITEM, 1).perturbed_reply == f"{ITEM.reply} {want}"
+    assert d.apply(ITEM, 1).perturbed_reply != d.apply(ITEM, 2).perturbed_reply
     with pytest.raises(ProbeError, match="reply -> reply"):
         Dimension.from_function("bad", lambda a, b, c: a)
     with pytest.raises(ProbeError, match="unknown probe dimension"):

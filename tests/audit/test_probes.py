@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import smollm2_unavailable
 from scipy import stats
 
 from tl_reward.audit.perturbations import Dimension, ProbeError, hh_rlhf_items, user_items
@@ -38,7 +39,7 @@ def model(tiny):  # noqa: ANN001, ANN201
 
 
 def test_probe_statistics_against_independent_references(model) -> None:  # noqa: ANN001
-    rep = run_probes(model, ITEMS, DIMS, n_resamples=500)
+    rep = run_probes(model, ITEMS, DIMS, n_bootstrap=500)
     rows = rep.rows
     for s in rep.stats:
         r = rows[(rows.dimension == s.dimension) & rows.applied]
@@ -71,7 +72,7 @@ def test_probe_statistics_against_independent_references(model) -> None:  # noqa
 
 def test_identity_perturbation_gives_exact_zero_and_undefined_effect(model) -> None:  # noqa: ANN001
     ident = Dimension.from_function("identity", lambda reply: reply)
-    rep = run_probes(model, ITEMS, [ident], n_resamples=200)
+    rep = run_probes(model, ITEMS, [ident], n_bootstrap=200)
     s = rep["identity"]
     assert (rep.deltas("identity") == 0).all()  # the same text is scored once: exactly 0
     assert np.isnan(s.effect_size) and "zero spread" in s.effect_reason
@@ -90,14 +91,14 @@ def test_shuffled_pairings_with_a_random_head_are_calibrated(model, hh_path: Pat
     for _ in range(200):
         perm = rng.permutation(len(r))[:30]
         deltas = r[perm[1::2]] - r[perm[0::2]]
-        ps.append(summarise_dimension(deltas, 1.0, n_resamples=200, seed=1).p_value)
+        ps.append(summarise_dimension(deltas, 1.0, n_bootstrap=200, seed=1).p_value)
     rate = float(np.mean(np.array(ps) <= 0.05))
     assert 0.02 <= rate <= 0.08, rate  # binomial SD over 200 is 1.5 %
 
 
 def test_resume_after_interruption_gives_the_identical_table(model, tmp_path: Path) -> None:  # noqa: ANN001
     full = run_probes(model, ITEMS, DIMS, output_dir=tmp_path / "a", chunk_size=3,
-                      n_resamples=200)
+                      n_bootstrap=200)
 
     class Killed(Exception):
         pass
@@ -108,7 +109,7 @@ def test_resume_after_interruption_gives_the_identical_table(model, tmp_path: Pa
 
     with pytest.raises(Killed):
         run_probes(model, ITEMS, DIMS, output_dir=tmp_path / "b", chunk_size=3,
-                   n_resamples=200, on_chunk=kill_after_first)
+                   n_bootstrap=200, on_chunk=kill_after_first)
     run_dir = next((tmp_path / "b").iterdir())
     assert sorted(p.name for p in run_dir.glob("chunk-*.parquet")) == [
         "chunk-000000.parquet", "chunk-000001.parquet"]
@@ -122,7 +123,7 @@ def test_resume_after_interruption_gives_the_identical_table(model, tmp_path: Pa
     model.rewards = counting
     try:
         resumed = run_probes(model, ITEMS, DIMS, output_dir=tmp_path / "b", chunk_size=3,
-                             n_resamples=200)
+                             n_bootstrap=200)
     finally:
         del model.rewards
     assert len(calls) == 1  # only the missing third chunk was scored
@@ -140,12 +141,10 @@ def test_published_probes_flaw_on_the_demo_rm() -> None:
     from tl_reward import HookedRewardModel
     from tl_reward.model.demo import HEAD_FILE
 
-    if not HEAD_FILE.exists():
-        pytest.skip("demo head not trained yet")
-    try:
-        demo = HookedRewardModel.from_pretrained("tl-reward/smollm2-135m-hh", device="cpu")
-    except Exception as exc:  # noqa: BLE001 - backbone not cached here
-        pytest.skip(f"demo backbone unavailable: {exc}")
+    assert HEAD_FILE.exists(), "the demo head ships with the package"
+    if (reason := smollm2_unavailable()) is not None:
+        pytest.skip(reason)
+    demo = HookedRewardModel.from_pretrained("tl-reward/smollm2-135m-hh", device="cpu")
     pub = run_published_probes(demo).table.set_index("dimension")
     assert pub.n.to_dict() == {"length": 3, "confidence": 2, "formatting": 2, "sycophancy": 2,
                                "repetition": 1}
@@ -165,8 +164,8 @@ def test_bf16_model_gives_float32_rows_close_to_float32(tiny) -> None:  # noqa: 
     m16 = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
                                             dtype=torch.bfloat16)
     m32 = tiny("llama")[0]
-    r16 = run_probes(m16, ITEMS, ["flattery"], n_resamples=100)
-    r32 = run_probes(m32, ITEMS, ["flattery"], n_resamples=100)
+    r16 = run_probes(m16, ITEMS, ["flattery"], n_bootstrap=100)
+    r32 = run_probes(m32, ITEMS, ["flattery"], n_bootstrap=100)
     assert r16.rows["delta:score"].dtype == np.float64
     assert np.isfinite(r16.rows["delta:score"]).all()
     # bf16 keeps 8 mantissa bits: rewards of O(1) differ by ~1e-2 (0.013 seen here)
@@ -188,26 +187,26 @@ def test_changed_chat_template_refuses_to_resume(tmp_path: Path) -> None:
     reference is a fresh run under the new template, whose rewards differ from the stored."""
     m = _fresh()
     first = run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3,
-                       n_resamples=100)
+                       n_bootstrap=100)
     calls = []
     orig = m.rewards
     m.rewards = lambda *a, **k: calls.append(1) or orig(*a, **k)
     again = run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3,
-                       n_resamples=100)
+                       n_bootstrap=100)
     assert calls == [] and again.run_dir == first.run_dir  # unchanged: read, not rescored
     pd.testing.assert_frame_equal(again.rows, first.rows)
     m.tokenizer.chat_template = m.tokenizer.chat_template.replace(
         "<|end_header_id|>", "<|end_header_id|>\n\n")
-    fresh = run_probes(m, ITEMS, ["flattery"], n_resamples=100)
+    fresh = run_probes(m, ITEMS, ["flattery"], n_bootstrap=100)
     assert not np.allclose(fresh.rows["neutral:score"], first.rows["neutral:score"])
     with pytest.raises(ProbeError, match="chat_template") as err:
-        run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3, n_resamples=100)
+        run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3, n_bootstrap=100)
     from tl_reward.store import StoreMismatchError
 
     assert isinstance(err.value, StoreMismatchError)
     assert "tokenizer" in str(err.value) and "overwrite=True" in str(err.value)
     redo = run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3,
-                      n_resamples=100, overwrite=True)
+                      n_bootstrap=100, overwrite=True)
     pd.testing.assert_frame_equal(redo.rows, fresh.rows)
 
 
@@ -218,15 +217,15 @@ def test_redefined_dimension_function_refuses_to_resume(model, tmp_path: Path) -
         return reply.upper()
 
     run_probes(model, ITEMS, [Dimension.from_function("shout", shout, "upper case")],
-               output_dir=tmp_path, chunk_size=4, n_resamples=100)
+               output_dir=tmp_path, chunk_size=4, n_bootstrap=100)
 
     def shout(reply: str) -> str:  # noqa: F811 - the point: same name, new code
         return reply.upper() + "!"
 
     dim = Dimension.from_function("shout", shout, "upper case")
     with pytest.raises(ProbeError, match=r"functions\.shout"):
-        run_probes(model, ITEMS, [dim], output_dir=tmp_path, chunk_size=4, n_resamples=100)
-    fresh = run_probes(model, ITEMS, [dim], n_resamples=100)
+        run_probes(model, ITEMS, [dim], output_dir=tmp_path, chunk_size=4, n_bootstrap=100)
+    fresh = run_probes(model, ITEMS, [dim], n_bootstrap=100)
     assert fresh.rows[fresh.rows.dimension == "shout"].perturbed_reply.str.endswith("!").all()
 
 
@@ -238,10 +237,72 @@ def test_changed_armorm_transform_refuses_to_resume(tmp_path: Path) -> None:
 
     m = _fresh("armorm")
     first = run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=4,
-                       n_resamples=100)
+                       n_bootstrap=100)
     with torch.no_grad():
         m.reward_head.transform.mul_(-2.0)
-    fresh = run_probes(m, ITEMS, ["flattery"], n_resamples=100)
+    fresh = run_probes(m, ITEMS, ["flattery"], n_bootstrap=100)
     assert fresh["flattery"].mean != pytest.approx(first["flattery"].mean)
     with pytest.raises(ProbeError, match="model_fingerprint"):
-        run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=4, n_resamples=100)
+        run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=4, n_bootstrap=100)
+
+
+def _synthetic_rows(n: int, means: dict[str, float], seed: int, skip: int = 0) -> pd.DataFrame:
+    """A raw probe table without a model: natural rows plus one row per (dimension, item);
+    the first ``skip`` items of the second dimension are not applied."""
+    rng = np.random.default_rng(seed)
+    nat = rng.normal(0.0, 1.5, n)
+    rows = [{"dimension": NATURAL, "item_id": f"i{i}", "applied": True,
+             "neutral:score": nat[i], "delta:score": 0.0} for i in range(n)]
+    for k, (dim, mu) in enumerate(means.items()):
+        d = rng.normal(mu, 0.2, n)
+        rows += [{"dimension": dim, "item_id": f"i{i}", "applied": not (k == 1 and i < skip),
+                  "neutral:score": nat[i], "delta:score": d[i]} for i in range(n)]
+    return pd.DataFrame(rows)
+
+
+def test_standardised_ci_bootstraps_mean_and_sd_jointly() -> None:
+    """Issue 18 item 4: the CI of mean / natural sd against a brute-force joint bootstrap
+    (resample base items, recompute both), and equal to the distortion index's CI."""
+    from tl_reward.audit.distortion import distortion_index
+    from tl_reward.audit.probes import summarise
+
+    rows = _synthetic_rows(25, {"a": 0.5, "b": -0.3}, seed=2, skip=4)
+    rep = summarise(rows, "score", ["score"], n_bootstrap=500, seed=7)
+    nat = rows[rows.dimension == NATURAL]["neutral:score"].to_numpy()
+    for k, dim in enumerate(["a", "b"]):
+        r = rows[rows.dimension == dim]
+        d = np.where(r.applied, r["delta:score"], np.nan)
+        rng = np.random.default_rng(7)
+        brute = []
+        for _ in range(500):  # one resample of items at a time, both statistics recomputed
+            i = rng.integers(0, 25, 25)
+            brute.append(np.nanmean(d[i]) / np.std(nat[i], ddof=1))
+        lo, hi = np.quantile(brute, [0.025, 0.975])
+        s = rep[dim]
+        assert s.ci_low_std == pytest.approx(lo, rel=1e-9)
+        assert s.ci_high_std == pytest.approx(hi, rel=1e-9)
+        assert s.mean_std == pytest.approx(np.nanmean(d) / np.std(nat, ddof=1))
+        dist = distortion_index(rep, n_bootstrap=500, seed=7)
+        assert dist.ci_low[k] == pytest.approx(s.ci_low_std, rel=1e-9)
+    # the old interval (the mean's CI over a point sd) is much narrower here: sd uncertainty
+    # dominates when the deltas vary little
+    a = rep["a"]
+    assert (a.ci_high_std - a.ci_low_std) > 1.5 * (a.ci_high - a.ci_low) / rep.natural_sd
+
+
+def test_standardised_ci_coverage_by_simulation() -> None:
+    """Coverage of the true mu / sigma over 300 simulated dimensions (n = 40 items, deltas
+    N(1, 0.2), natural rewards N(0, 1)) by the nominal 95 % interval: the joint bootstrap
+    covers 88 % here (a percentile interval of a ratio with an sd in it undercovers a little
+    at small n), the old mean-CI / point-sd interval 36 %."""
+    rng = np.random.default_rng(0)
+    joint, old = [], []
+    for seed in range(300):
+        d = rng.normal(1.0, 0.2, 40)
+        nat = rng.normal(0.0, 1.0, 40)
+        s = summarise_dimension(d, float(np.std(nat, ddof=1)), n_bootstrap=400, seed=seed,
+                                natural=nat)
+        joint.append(s.ci_low_std <= 1.0 <= s.ci_high_std)
+        old.append(s.ci_low / np.std(nat, ddof=1) <= 1.0 <= s.ci_high / np.std(nat, ddof=1))
+    assert np.mean(joint) >= 0.82, np.mean(joint)  # binomial sd 0.019
+    assert np.mean(old) <= 0.5, np.mean(old)

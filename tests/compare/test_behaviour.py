@@ -9,7 +9,7 @@ import torch
 from scipy import stats
 
 from tl_reward.compare.behaviour import (
-    bootstrap_indices,
+    DEFAULT_ALPHAS,
     compare_models,
     preference_agreement,
     rank_agreement,
@@ -18,6 +18,7 @@ from tl_reward.compare.behaviour import (
 from tl_reward.compare.layers import activations
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
+from tl_reward.stats.resampling import bootstrap_indices
 
 WORDS = ["Is the sky blue?", "Yes, on a clear day.", "No.", "I cannot help with that.",
          "Love. Friendship. Music.", "Drink water and sleep well.", "Hate. War.", "Sure!",
@@ -42,9 +43,13 @@ def test_rank_agreement_against_scipy_and_brute_force():
     a = rng.normal(size=40)
     b = 0.6 * a + rng.normal(size=40)
     b[:5] = b[0]  # ties
-    res = rank_agreement(a, b, n_resamples=300, seed=4)
+    res = rank_agreement(a, b, n_bootstrap=300, seed=4)
     assert res.kendall_tau_b.value == pytest.approx(stats.kendalltau(a, b).statistic, abs=1e-12)
     assert res.spearman_rho.value == pytest.approx(stats.spearmanr(a, b).statistic, abs=1e-12)
+    # p-values: scipy's (tau-b with ties: asymptotic; rho: t approximation)
+    assert res.kendall_tau_b.p_value == pytest.approx(stats.kendalltau(a, b).pvalue, rel=1e-9)
+    assert res.spearman_rho.p_value == pytest.approx(stats.spearmanr(a, b).pvalue, rel=1e-9)
+    assert np.isnan(res.rbo_top.p_value) and res.kendall_tau_b.n == 40
     order_a = list(np.argsort(-a, kind="stable"))
     order_b = list(np.argsort(-b, kind="stable"))
     assert res.rbo_top.value == pytest.approx(brute_rbo(order_a, order_b, 0.9), abs=1e-12)
@@ -58,7 +63,7 @@ def test_rank_agreement_against_scipy_and_brute_force():
 def test_preference_agreement_brute_force():
     ma = np.array([1.0, -2.0, 0.5, 0.0, 3.0, -1.0])
     mb = np.array([2.0, 1.0, 0.1, 0.0, -3.0, -0.5])
-    res = preference_agreement(ma, mb, n_resamples=500)
+    res = preference_agreement(ma, mb, n_bootstrap=500)
     assert res.agreement.value == pytest.approx(4 / 6)  # pairs 0, 2, 3 (both zero), 5
     assert res.accuracy_a == pytest.approx(3 / 6) and res.accuracy_b == pytest.approx(3 / 6)
     assert 0 <= res.agreement.ci_low <= res.agreement.value <= res.agreement.ci_high <= 1
@@ -84,9 +89,40 @@ def _hf_score(hf, tok, conv) -> float:
         return float(hf(input_ids=torch.tensor([ids])).logits[0, 0])
 
 
+def _hf_last_block(hf, tok, convs) -> np.ndarray:
+    """The last decoder layer's output at the last token, one unpadded sequence at a time."""
+    got = []
+    handle = hf.model.layers[-1].register_forward_hook(
+        lambda mod, inp, out: got.append((out[0] if isinstance(out, tuple) else out)[0, -1]))
+    try:
+        for c in convs:
+            ids = tok.apply_chat_template(c, tokenize=True, return_dict=True)["input_ids"]
+            with torch.no_grad():
+                hf(input_ids=torch.tensor([ids]))
+    finally:
+        handle.remove()
+    return torch.stack(got).double().numpy()
+
+
+def _ridge_r2(x: np.ndarray, y: np.ndarray) -> tuple[float, list[float]]:
+    """Held-out R^2 of standardised ridge (penalty by RidgeCV's leave-one-out) over 5 shuffled
+    folds (seed 0), from the pooled held-out predictions."""
+    from sklearn.linear_model import RidgeCV
+    from sklearn.model_selection import KFold
+    from sklearn.preprocessing import StandardScaler
+
+    pred, alphas = np.zeros_like(y), []
+    for tr, te in KFold(5, shuffle=True, random_state=0).split(x):
+        sc = StandardScaler().fit(x[tr])
+        fit = RidgeCV(alphas=list(DEFAULT_ALPHAS)).fit(sc.transform(x[tr]), y[tr])
+        pred[te] = fit.predict(sc.transform(x[te]))
+        alphas.append(float(fit.alpha_))
+    return 1 - ((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum(), alphas
+
+
 def test_compare_models_against_hf_forward(tiny):
     (a, hf_a, tok), (b, hf_b, _) = tiny("llama", 1, 0), tiny("llama", 1, 1)
-    rep = compare_models({"A": a, "B": b}, CORPUS, pairs=PAIRS, n_resamples=200)
+    rep = compare_models({"A": a, "B": b}, CORPUS, pairs=PAIRS, n_bootstrap=200)
     ra = np.array([_hf_score(hf_a, tok, c) for c in CORPUS])
     rb = np.array([_hf_score(hf_b, tok, c) for c in CORPUS])
     np.testing.assert_allclose(rep.rewards["A"], ra, atol=1e-4)  # float32 parity scale
@@ -99,14 +135,33 @@ def test_compare_models_against_hf_forward(tiny):
     assert rep.preference[0].agreement.value == pytest.approx(
         float(np.mean(np.sign(ma) == np.sign(mb))))
     assert rep.preference[0].accuracy_a == pytest.approx(float(np.mean(ma > 0)))
-    # readability: A, A->B, B->A and B in every order
+    # readability: A, A->B, B->A and B in every order, each R^2 against HF's last-layer output
+    # at the last token and a ridge written out here (scikit-learn, the documented protocol)
     assert {(r.source, r.target) for r in rep.readability} == {
         ("A", "A"), ("B", "B"), ("A", "B"), ("B", "A")}
-    assert all(len(r.alphas) == 5 and np.isfinite(r.r2) for r in rep.readability)
+    hs = {"A": _hf_last_block(hf_a, tok, CORPUS), "B": _hf_last_block(hf_b, tok, CORPUS)}
+    ys = {"A": ra, "B": rb}
+    for r in rep.readability:
+        r2, alphas = _ridge_r2(hs[r.source], ys[r.target])
+        # float32 activations (~1e-6 relative) move the held-out R^2 by far less than 1e-3
+        assert r.r2 == pytest.approx(r2, abs=1e-3), (r.source, r.target)
+        assert r.alphas == alphas
+    assert max(r.r2 for r in rep.readability) - min(r.r2 for r in rep.readability) > 0.05
     df = rep.to_dataframe()
     assert {"kendall_tau_b", "spearman_rho", "rbo_top", "preference_agreement"} <= set(
         df["measure"])
-    rep.plot()
+    # the figure shows these numbers: bars = the table's values, scatter = HF's rewards
+    fig = rep.plot()
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert bars
+    for t in bars:
+        a_name, b_name = t.name.split(" / ")
+        part = df[(df["model_a"] == a_name) & (df["model_b"] == b_name)]
+        assert dict(zip(t.x, t.y, strict=True)) == pytest.approx(
+            dict(zip(part["measure"], part["value"], strict=True)), abs=1e-12)
+    scatter = next(t for t in fig.data if t.type == "scatter")
+    np.testing.assert_allclose(scatter.x, ra, atol=1e-4)
+    np.testing.assert_allclose(scatter.y, rb, atol=1e-4)
 
 
 def test_own_reward_is_readable_from_the_final_norm(tiny):
@@ -126,7 +181,7 @@ def test_own_reward_is_readable_from_the_final_norm(tiny):
 
 def test_pairs_as_data_and_bad_input(tiny):
     a, b = tiny("llama", 1, 0)[0], tiny("llama", 1, 1)[0]
-    rep = compare_models([a, b], PAIRS, readability_hook=None, n_resamples=50)
+    rep = compare_models([a, b], PAIRS, readability_hook=None, n_bootstrap=50)
     assert len(rep.models) == 2 and rep.preference and rep.rank and not rep.readability
     with pytest.raises(TLRewardError, match="at least two"):
         compare_models([a], CORPUS)
@@ -149,4 +204,8 @@ def test_vocabulary_agreement_joins_the_report(tiny):
     assert row["value"] == pytest.approx(stats.kendalltau(va[keep], vb[keep]).statistic,
                                          abs=1e-9)
     assert not rep.rank and not rep.preference
-    rep.plot()
+    fig = rep.plot()  # the vocabulary rows are the figure's bars
+    bars = dict(zip(fig.data[0].x, fig.data[0].y, strict=True))
+    assert bars["vocabulary_kendall_tau_b"] == pytest.approx(row["value"], abs=1e-12)
+    df = rep.to_dataframe()
+    assert bars == pytest.approx(dict(zip(df["measure"], df["value"], strict=True)), abs=1e-12)

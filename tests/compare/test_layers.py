@@ -94,16 +94,41 @@ def test_grams_at_the_wrong_position_would_differ(tiny):
     assert np.abs(g.grams[0] - centred_gram(wrong)).max() > 1e-2
 
 
-def test_self_map_has_unit_diagonal_and_equals_direct_measures(tiny):
+def _hsic_u(k, ll):
+    """Song et al. (2012) unbiased HSIC of two Grams, their eq. (5), written out."""
+    n = k.shape[0]
+    k, ll = k - np.diag(np.diag(k)), ll - np.diag(np.diag(ll))
+    one = np.ones(n)
+    return (np.trace(k @ ll) + (one @ k @ one) * (one @ ll @ one) / ((n - 1) * (n - 2))
+            - 2 / (n - 2) * one @ k @ ll @ one) / (n * (n - 3))
+
+
+def reference_measures(x, y):
+    """Each measure of two different matrices from its textbook formula, independently of
+    similarity.py: CKA / RV in feature space, RV2 (Smilde et al. 2009) from the zero-diagonal
+    Grams of centred data, debiased CKA from Song et al.'s unbiased HSIC of the raw Grams."""
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    cka = np.linalg.norm(yc.T @ xc) ** 2 / (np.linalg.norm(xc.T @ xc) * np.linalg.norm(yc.T @ yc))
+    k, ll = xc @ xc.T, yc @ yc.T
+    k0, l0 = k - np.diag(np.diag(k)), ll - np.diag(np.diag(ll))
+    rv2_ = (k0 * l0).sum() / np.sqrt((k0 * k0).sum() * (l0 * l0).sum())
+    kr, lr = x @ x.T, y @ y.T
+    dcka = _hsic_u(kr, lr) / np.sqrt(_hsic_u(kr, kr) * _hsic_u(lr, lr))
+    return {"rv": cka, "linear_cka": cka, "rv2": rv2_, "debiased_cka": dcka}
+
+
+def test_self_map_equals_textbook_formulas(tiny):
     model = tiny("llama")[0]
     res = compare_layers(model, None, INPUTS, measure=list(SIMILARITIES), n_permutations=20,
                          seed=3, batch_size=4)
     acts = [cached_rows(model, INPUTS, f"blocks.{i}.hook_resid_post") for i in range(3)]
-    for m, fn in SIMILARITIES.items():
-        np.testing.assert_allclose(np.diag(res.observed[m]), 1.0, atol=1e-12)
-        direct = np.array([[fn(a, b) for b in acts] for a in acts])
+    ref = [[reference_measures(a, b) for b in acts] for a in acts]
+    for m in SIMILARITIES:
+        direct = np.array([[r[m] for r in row] for row in ref])
         # float32 activations: similarities agree to ~1e-6; 1e-4 still fails on any wrong cell
         np.testing.assert_allclose(res.observed[m], direct, atol=1e-4)
+        off = direct[~np.eye(3, dtype=bool)]
+        assert np.abs(off - 1).min() > 1e-2  # different layers: the off-diagonal is informative
     # one cell's null and p equal similarity.permutation_test with the same permutations
     cell = permutation_test("debiased_cka", acts[0], acts[2], n_permutations=20, seed=3)
     assert res.null_mean["debiased_cka"][0, 2] == pytest.approx(cell.null_mean, abs=1e-4)

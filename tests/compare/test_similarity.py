@@ -104,18 +104,32 @@ def test_simulation_debiased_cka_near_zero_where_rv2_is_not():
 
 
 def test_permutation_fast_path_equals_permuting_rows():
+    """Each test's null against a brute force: Y's rows permuted by the documented draws
+    (``default_rng(seed).permutation(n)``, B times) and each statistic from hoggorm / Song et
+    al.'s formula; p-value, null mean and excess from that null."""
     x, y = _data(15, 8, 6, seed=3)
-    for measure, fn in (("rv2", rv2), ("debiased_cka", debiased_cka), ("rv", rv)):
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    refs = {"rv2": lambda a, b: hoggorm.RV2coeff([a - a.mean(0), b - b.mean(0)])[0, 1],
+            "rv": lambda a, b: hoggorm.RVcoeff([a - a.mean(0), b - b.mean(0)])[0, 1],
+            "debiased_cka": reference_debiased_cka}
+    for measure, ref in refs.items():
         fast = permutation_test(measure, x, y, n_permutations=50, seed=7)
-        slow = permutation_test(fn, x, y, n_permutations=50, seed=7)  # same permutations
-        np.testing.assert_allclose(fast.null, slow.null, atol=TOL)
-        assert fast.p_value == slow.p_value
-        assert fast.observed == pytest.approx(fn(x, y), abs=TOL)
-        # brute-force p-value from the definition
-        assert fast.p_value == (1 + (slow.null >= slow.observed).sum()) / 51
-    df = fast.to_dataframe()
-    assert df.loc[0, "excess"] == pytest.approx(fast.observed - fast.null.mean())
-    fast.plot()
+        rng = np.random.default_rng(7)
+        null = np.array([ref(xc, yc[rng.permutation(15)]) for _ in range(50)])
+        obs = ref(xc, yc)
+        np.testing.assert_allclose(fast.null, null, atol=TOL)
+        assert fast.observed == pytest.approx(obs, abs=TOL)
+        assert fast.p_value == (1 + (null >= obs - 1e-12).sum()) / 51
+        assert null.std() > 1e-3  # the permutations move the statistic
+        df = fast.to_dataframe()
+        assert df.loc[0, "null_mean"] == pytest.approx(null.mean(), abs=TOL)
+        assert df.loc[0, "excess"] == pytest.approx(obs - null.mean(), abs=TOL)
+        assert df.loc[0, "null_sd"] == pytest.approx(null.std(ddof=1), abs=TOL)
+    # a user's function gets the same permutations
+    slow = permutation_test(rv2, x, y, n_permutations=50, seed=7)
+    np.testing.assert_allclose(slow.null, permutation_test("rv2", x, y, 50, 7).null, atol=TOL)
+    fig = fast.plot()  # the histogram is of this null
+    np.testing.assert_allclose(np.sort(fig.data[0].x), np.sort(fast.null))
 
 
 def test_permutation_p_values_calibrated_under_the_null_and_powerful_under_dependence():
@@ -129,7 +143,12 @@ def test_permutation_p_values_calibrated_under_the_null_and_powerful_under_depen
     # broken) gives p = 1 always, and a null of the wrong statistic (RV's null for an observed
     # RV2, RV >= RV2) gives shares near 0: both fail here.
     assert 0.02 <= share <= 0.085, share
-    assert ps.min() >= 1 / (b + 1)
+    # the whole null distribution: p is uniform on {1, ..., 100} / 100, so the empirical CDF
+    # stays within the DKW band (95 %, 400 draws: 0.068) of k / 100 at every grid point
+    grid = np.arange(1, b + 2) / (b + 1)
+    np.testing.assert_allclose(ps * (b + 1), np.round(ps * (b + 1)), atol=1e-9)  # on the grid
+    ecdf = (ps[None, :] <= grid[:, None] + 1e-12).mean(1)
+    assert np.abs(ecdf - grid).max() < np.sqrt(np.log(2 / 0.05) / (2 * sims))
     # dependence is detected
     x, y = _data(20, 10, 10, seed=5, shared=2.0)
     assert permutation_test("debiased_cka", x, y, n_permutations=199, seed=0).p_value <= 0.01

@@ -64,19 +64,45 @@ def test_equals_direct_hf(pair, backend, side):
         assert (wrong - res.rewards[:2].double()).abs().max() > 1e-2
 
 
-def test_per_token_terms_sum_and_table(pair):
+def test_per_token_terms_against_hf_log_softmax(pair):
+    """Each response token's log-probs (so its contribution) against an HF forward and a float64
+    log_softmax of one unpadded sequence, item by item; the table's rows against the same."""
     policy, reference, tok = pair
-    res = implicit_rewards(policy, reference, ITEMS, BETA, tokenizer=tok)
-    for i in range(len(res)):
-        torch.testing.assert_close(res.contributions(i).sum(), res.rewards[i])
+    res = implicit_rewards(policy, reference, ITEMS, BETA, tokenizer=tok, batch_size=3)
+    rows = []
+    for i, item in enumerate(ITEMS):
+        enc = encode(tok, item)
+        ids = torch.tensor([enc.ids])
+        resp = enc.ids[enc.response_start:]
+        assert res.response_ids[i] == resp
+        assert res.tokens[i] == tok.convert_ids_to_tokens(resp)
+        want = {}
+        for name, m in (("policy", policy), ("reference", reference)):
+            with torch.no_grad():
+                lp = m(input_ids=ids).logits[0].double().log_softmax(-1)
+            want[name] = torch.stack([lp[j - 1, enc.ids[j]]
+                                      for j in range(enc.response_start, len(enc.ids))])
+        # float32 log-softmax of O(1) logits over a 1k vocabulary: ~1e-6 absolute
+        torch.testing.assert_close(res.policy_logprobs[i].double(), want["policy"], atol=1e-5,
+                                   rtol=0)
+        torch.testing.assert_close(res.reference_logprobs[i].double(), want["reference"],
+                                   atol=1e-5, rtol=0)
+        terms = BETA * (want["policy"] - want["reference"])
+        torch.testing.assert_close(res.contributions(i).double(), terms, atol=1e-5, rtol=0)
+        assert terms.abs().max() > 1e-2  # far from zero: a sign or beta slip would show
+        rows += [(i, t, tid, float(terms[t])) for t, tid in enumerate(resp)]
         # the response's template closing token (<|eot_id|>) is scored as part of the response
         assert res.tokens[i][-1] == "<|eot_id|>"
         assert res.tokens[i][0] != "<|end_header_id|>"
     df = res.to_dataframe()
-    assert len(df) == sum(len(x) for x in res.response_ids)
-    assert abs(df.groupby("item")["contribution"].sum().values - res.rewards.numpy()).max() < 1e-5
+    assert list(zip(df["item"], df["position"], df["token_id"], strict=True)) == [
+        r[:3] for r in rows]
+    torch.testing.assert_close(torch.tensor(df["contribution"].values, dtype=torch.float64),
+                               torch.tensor([r[3] for r in rows], dtype=torch.float64),
+                               atol=1e-5, rtol=0)
     fig = res.plot(0)
-    assert len(fig.data[0].y) == len(res.response_ids[0])
+    torch.testing.assert_close(torch.tensor(fig.data[0].y, dtype=torch.float64),
+                               res.contributions(0).double(), atol=1e-6, rtol=0)
 
 
 def test_bf16_accumulates_in_float32(pair):

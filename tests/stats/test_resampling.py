@@ -54,16 +54,34 @@ def test_sign_flip_pvalue_matches_scipy_exact() -> None:
                                  alternative="two-sided").pvalue
     assert sign_flip_pvalue(x) == pytest.approx(ref, abs=1e-12)
     # Monte Carlo path agrees with the exact value
-    assert sign_flip_pvalue(x, exact_max_n=4, n_resamples=20_000) == pytest.approx(ref, abs=0.01)
+    assert sign_flip_pvalue(x, exact_max_n=4, n_permutations=20_000) == pytest.approx(ref, abs=0.01)
 
 
 def test_bootstrap_ci_matches_scipy_percentile() -> None:
     rng = np.random.default_rng(1)
     x = rng.normal(0.3, 1.0, size=60)
-    lo, hi = bootstrap_ci(x, n_resamples=20_000)
+    lo, hi = bootstrap_ci(x, n_bootstrap=20_000)
     ref = stats.bootstrap((x,), np.mean, n_resamples=20_000, method="percentile",
                           random_state=2).confidence_interval
     assert lo == pytest.approx(ref.low, abs=0.03) and hi == pytest.approx(ref.high, abs=0.03)
     assert lo < x.mean() < hi
     s = summarise_mean(np.append(x, np.nan))
     assert s.n == 60 and s.mean == pytest.approx(x.mean()) and s.p_value < 0.05
+
+
+def test_cluster_bootstrap_draws_whole_units() -> None:
+    """With ``units``, each resample is whole units drawn with replacement: equal to a
+    brute-force cluster bootstrap with the same draws, and (items duplicated within units)
+    wider than the item bootstrap, which treats copies as independent."""
+    rng = np.random.default_rng(3)
+    unit_values = rng.normal(size=15)
+    x = np.repeat(unit_values, 4) + rng.normal(scale=1e-3, size=60)  # 4 near-copies per unit
+    units = np.repeat([f"w{i:02d}" for i in range(15)], 4)
+    lo, hi = bootstrap_ci(x, n_bootstrap=4000, seed=5, units=units)
+    draws = np.random.default_rng(5).integers(0, 15, size=(4000, 15))  # unit ids (sorted labels)
+    boot = [np.concatenate([x[4 * u: 4 * u + 4] for u in row]).mean() for row in draws]
+    assert (lo, hi) == pytest.approx(tuple(np.quantile(boot, [0.025, 0.975])), abs=1e-12)
+    ilo, ihi = bootstrap_ci(x, n_bootstrap=4000, seed=5)
+    assert (hi - lo) / (ihi - ilo) == pytest.approx(2.0, rel=0.2)  # sqrt(4 copies)
+    with pytest.raises(ValueError, match="one label per item"):
+        bootstrap_ci(x, units=units[:10])

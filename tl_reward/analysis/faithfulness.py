@@ -35,18 +35,17 @@ from typing import Any
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from tl_reward.analysis.attribution import differential_attribution
 from tl_reward.analysis.attribution_patching import attribution_patching
 from tl_reward.analysis.direct_path import direct_path_patching
 from tl_reward.analysis.patching import patch_components
 from tl_reward.analysis.readout import resolve_objectives
-from tl_reward.data.pairs import TokenizedPair, as_pair_batch
+from tl_reward.data.pairs import TokenizedPair
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 from tl_reward.stats.resampling import spearman, summarise_mean
-from tl_reward.store import EntryCache, RunIdentity, entry_key
+from tl_reward.store import RunIdentity, entry_key
 
 OBSERVATIONAL = ("dra_diff", "dra_chosen", "attr_patch_denoising", "attr_patch_noising")
 CAUSAL = ("direct_path", "noising", "denoising")
@@ -131,12 +130,14 @@ class FaithfulnessReport(ShortRepr):
                 cols[f"{obs}|{cau}|abs"] = spearman(a.abs(), b.abs()).tolist()
         return pd.DataFrame(cols, index=self.pair_ids)
 
-    def summary(self, n_resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
-        """Mean rho per pairing with a 95 % bootstrap CI, sign-flip p and the number of pairs."""
+    def summary(self, n_bootstrap: int = 10_000, confidence: float = 0.95, seed: int = 0
+                ) -> pd.DataFrame:
+        """Mean rho per pairing with a percentile bootstrap CI over pairs, sign-flip p and the
+        number of pairs."""
         rows = []
         for col, vals in self.rho().items():
             obs, cau, kind = col.split("|")
-            s = summarise_mean(vals.to_numpy(), n_resamples=n_resamples, seed=seed)
+            s = summarise_mean(vals.to_numpy(), n_bootstrap, confidence, seed)
             rows.append({"observational": obs, "causal": cau, "kind": kind, "mean_rho": s.mean,
                          "ci_low": s.ci_low, "ci_high": s.ci_high, "p_value": s.p_value,
                          "n_pairs": s.n, "published_anchor": (obs, cau, kind) == ANCHOR})
@@ -195,30 +196,12 @@ def faithfulness_report(
     them as ``{"pair": index, "id": cache key, "reason": ...}``. Any other error (context
     length, missing pad token, unknown objective, ...) is raised.
     """
-    if level not in ("sublayer", "head"):
-        raise TLRewardError(f"level must be 'sublayer' or 'head', got {level!r}")
-    obj = resolve_objectives(model, objective)[0]
-    batch = as_pair_batch(model, pairs)
-    cache = EntryCache(cache_dir) if cache_dir is not None else None
-    ident = pair_identity(model, level, obj)
-    done: list[dict[str, Any]] = []
-    ids: list[str] = []
-    skipped: list[dict[str, Any]] = []
-    for i, tp in enumerate(tqdm(batch, disable=progress is False, desc=f"faithfulness ({level})",
-                                unit="pair")):
-        key = _key(ident, tp)
-        rec = cache.get(key) if cache is not None else None
-        if rec is None:
-            try:
-                rec = pair_scores(model, tp, level, obj, chunk_size)
-            except ZeroMarginError as err:
-                skipped.append({"pair": i, "id": key, "reason": str(err)})
-                continue
-            if cache is not None:
-                cache.put(key, rec)
-        done.append(rec)
-        ids.append(key)
-    return assemble_report(level, obj, done, ids, skipped)
+    from tl_reward.scale.executors import in_process
+    from tl_reward.scale.faithfulness import run_faithfulness
+
+    spec, executor = in_process(model)
+    return run_faithfulness(spec, pairs, level, objective, cache_dir, executor,
+                            pairs_per_unit=1, chunk_size=chunk_size, progress=progress)
 
 
 def assemble_report(level: str, obj: str, done: list[dict[str, Any]], ids: list[str],

@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations, permutations
@@ -29,8 +29,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
+from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import benjamini_hochberg
 from tl_reward.stats.ranks import average_ranks
 
@@ -50,7 +52,8 @@ class Correlation:
 
     Attributes:
         n: matched units; r: the correlation (NaN when a column is constant or n < 3);
-        ci_low, ci_high: percentile bootstrap CI; pvalue: two-sided permutation p;
+        ci_low, ci_high: percentile bootstrap CI; p_value: two-sided permutation p
+            (``pvalue`` is a deprecated alias);
         method: ``"exact"`` or ``"monte_carlo"`` (the permutation scheme).
     """
 
@@ -58,46 +61,81 @@ class Correlation:
     r: float
     ci_low: float
     ci_high: float
-    pvalue: float
+    p_value: float
     method: str
+
+    @property
+    def pvalue(self) -> float:
+        """Deprecated alias of :attr:`p_value`."""
+        warnings.warn("Correlation.pvalue is deprecated; use p_value", DeprecationWarning,
+                      stacklevel=2)
+        return self.p_value
+
+    @property
+    def estimate(self) -> Estimate:
+        """``r`` as an :class:`Estimate`."""
+        return Estimate(self.r, self.ci_low, self.ci_high, self.p_value, self.n,
+                        f"percentile bootstrap over units; {self.method} permutation test")
+
+
+def _hat(control: np.ndarray) -> np.ndarray:
+    """The least-squares projection onto ``[1, control]``."""
+    x = np.column_stack([np.ones_like(control), control])
+    return x @ np.linalg.pinv(x)
+
+
+def _ranked(v: np.ndarray, kind: str) -> np.ndarray:
+    return average_ranks(v) if kind == "spearman" else v
 
 
 def permutation_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
-                            kind: str = "pearson", n_resamples: int = 4999,
-                            n_boot: int = 2000, confidence: float = 0.95, exact_max_n: int = 8,
-                            seed: int = 0) -> Correlation:
+                            kind: str = "pearson", n_permutations: int = 4999,
+                            n_bootstrap: int = 2000, confidence: float = 0.95, exact_max_n: int = 8,
+                            seed: int = 0, control: Sequence[float] | np.ndarray | None = None
+                            ) -> Correlation:
     """Correlation of paired values with a permutation p-value and a bootstrap CI (pairs with a
-    NaN dropped)."""
+    NaN dropped).
+
+    ``control``: per-unit values to partial out. Both columns are residualised on them (least
+    squares with an intercept) and the partial correlation is tested by Freedman-Lane: each
+    permutation shuffles ``x``'s residuals and residualises them again before correlating with
+    ``y``'s. Permuting the residuals alone (without the second projection) ignores the degree
+    of freedom the fit used and rejects too often at small n (6.8 % at n = 9, alpha = 0.05)."""
     if kind not in ("pearson", "spearman"):
         raise TLRewardError(f"kind must be 'pearson' or 'spearman', got {kind!r}")
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    ok = ~(np.isnan(a) | np.isnan(b))
+    c = None if control is None else np.asarray(control, dtype=np.float64)
+    ok = ~(np.isnan(a) | np.isnan(b)) if c is None else ~(np.isnan(a) | np.isnan(b) | np.isnan(c))
     a, b = a[ok], b[ok]
     n = int(a.size)
-    if kind == "spearman":
-        a, b = average_ranks(a), average_ranks(b)
-    r = float(_pearson_rows(a, b)) if n >= 2 else float("nan")
+    hat = None
+    if c is not None and n >= 3:
+        hat = _hat(c[ok])
+        a, b = a - hat @ a, b - hat @ b
+    ra, rb = _ranked(a, kind), _ranked(b, kind)
+    r = float(_pearson_rows(ra, rb)) if n >= 2 else float("nan")
     if n < 3 or r != r:
         return Correlation(n, r, float("nan"), float("nan"), float("nan") if r != r else 1.0,
                            "undefined" if r != r else "exact")
+
+    def null_r(perms: np.ndarray) -> np.ndarray:
+        pa = a[perms]
+        if hat is not None:
+            pa = pa - pa @ hat.T
+        return _pearson_rows(_ranked(pa, kind), np.broadcast_to(rb, perms.shape))
+
     tol = 1e-12
     if n <= exact_max_n:
-        perms = np.array(list(permutations(range(n))))
-        null = _pearson_rows(np.broadcast_to(a, perms.shape), b[perms])
+        null = null_r(np.array(list(permutations(range(n)))))
         p, method = float((np.abs(null) >= abs(r) - tol).mean()), "exact"
     else:
         rng = np.random.default_rng(seed)
-        perms = rng.permuted(np.broadcast_to(np.arange(n), (n_resamples, n)), axis=1)
-        null = _pearson_rows(np.broadcast_to(a, perms.shape), b[perms])
-        p = (1 + int((np.abs(null) >= abs(r) - tol).sum())) / (1 + n_resamples)
+        null = null_r(rng.permuted(np.broadcast_to(np.arange(n), (n_permutations, n)), axis=1))
+        p = (1 + int((np.abs(null) >= abs(r) - tol).sum())) / (1 + n_permutations)
         method = "monte_carlo"
     rng = np.random.default_rng(seed + 1)
-    idx = rng.integers(0, n, size=(n_boot, n))
-    xa, xb = np.asarray(x, dtype=np.float64)[ok][idx], np.asarray(y, dtype=np.float64)[ok][idx]
-    if kind == "spearman":
-        xa = np.apply_along_axis(average_ranks, 1, xa)
-        xb = np.apply_along_axis(average_ranks, 1, xb)
-    boot = _pearson_rows(xa, xb)
+    idx = rng.integers(0, n, size=(n_bootstrap, n))
+    boot = _pearson_rows(_ranked(a[idx], kind), _ranked(b[idx], kind))
     q = (1 - confidence) / 2
     lo, hi = np.nanquantile(boot, [q, 1 - q])
     return Correlation(n, r, float(lo), float(hi), p, method)
@@ -138,14 +176,8 @@ class CascadeResult(ShortRepr):
         return cascade_heatmap(self)
 
 
-def _residualise(v: np.ndarray, c: np.ndarray) -> np.ndarray:
-    x = np.column_stack([np.ones_like(c), c])
-    beta, *_ = np.linalg.lstsq(x, v, rcond=None)
-    return v - x @ beta
-
-
-def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_resamples: int = 4999,
-            n_boot: int = 2000, seed: int = 0, control: pd.Series | str | None = "natural"
+def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_permutations: int = 4999,
+            n_bootstrap: int = 2000, seed: int = 0, control: pd.Series | str | None = "natural"
             ) -> CascadeResult:
     """Correlations between every pair of dimensions over matched units.
 
@@ -156,8 +188,9 @@ def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_resample
     contains ``-r(natural)`` and items with a high natural reward lose more under any edit;
     that shared baseline alone correlates the dimensions. With ``"natural"`` (the default for
     a ProbeReport) or a Series of per-unit values, both columns are first residualised on it
-    (least squares with an intercept) and the partial correlation is reported. ``None``
-    correlates the raw deltas.
+    (least squares with an intercept) and the partial correlation is reported, its p-value by
+    Freedman-Lane permutations (see :func:`permutation_correlation`). ``None`` correlates the
+    raw deltas.
     """
     mat = deltas.delta_matrix() if hasattr(deltas, "delta_matrix") else deltas
     ctrl: pd.Series | None = None
@@ -173,18 +206,14 @@ def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_resample
         raise TLRewardError("rows must be distinct matched units (an item id or model appears "
                             "twice)")
     dims = [str(c) for c in mat.columns]
+    cols = dict(zip(dims, mat.columns, strict=True))  # non-string labels (0, 1, ...) too
     rows = []
     cv = None if ctrl is None else ctrl.reindex(mat.index).to_numpy(np.float64)
     for a, b in combinations(dims, 2):
-        x, y = mat[a].to_numpy(np.float64), mat[b].to_numpy(np.float64)
-        if cv is not None:
-            ok = ~(np.isnan(x) | np.isnan(y) | np.isnan(cv))
-            x, y = x[ok], y[ok]
-            if ok.sum() >= 3:
-                x, y = _residualise(x, cv[ok]), _residualise(y, cv[ok])
-        c = permutation_correlation(x, y, kind, n_resamples, n_boot, seed=seed)
+        x, y = mat[cols[a]].to_numpy(np.float64), mat[cols[b]].to_numpy(np.float64)
+        c = permutation_correlation(x, y, kind, n_permutations, n_bootstrap, seed=seed, control=cv)
         rows.append({"dim_a": a, "dim_b": b, "n": c.n, "r": c.r, "ci_low": c.ci_low,
-                     "ci_high": c.ci_high, "p_value": c.pvalue, "p_method": c.method})
+                     "ci_high": c.ci_high, "p_value": c.p_value, "p_method": c.method})
     pairs = pd.DataFrame(rows, columns=["dim_a", "dim_b", "n", "r", "ci_low", "ci_high",
                                         "p_value", "p_method"])
     pairs["p_adjusted"] = benjamini_hochberg(pairs.p_value.to_numpy()) if len(pairs) else []
@@ -203,38 +232,9 @@ def cascade_across_models(values: Mapping[str, Any] | pd.DataFrame, statistic: s
     return cascade(mat, kind=kind, units="models", **kwargs)
 
 
-@dataclass
-class PublishedCascade:
-    """reward-lens v1.0.0's cascade, for comparison: index-paired probes of unrelated prompts.
-
-    Attributes:
-        dimensions: the dimensions; n: probes per dimension after truncation;
-        matrix: the correlation matrix; flagged: pairs with ``|r| > threshold``.
-    """
-
-    dimensions: list[str]
-    n: int
-    matrix: np.ndarray
-    flagged: list[tuple[str, str, float]]
-
-    def to_dataframe(self) -> pd.DataFrame:
-        return pd.DataFrame(self.matrix, index=self.dimensions, columns=self.dimensions)
-
-
-def published_cascade(deltas: Mapping[str, Sequence[float]], threshold: float = 0.5
-                      ) -> PublishedCascade:
-    """The published definition: truncate every dimension's probe deltas to the shortest,
-    pair probe i with probe i across dimensions, ``np.corrcoef``, flag ``|r| > threshold``."""
-    dims = list(deltas)
-    m = min(len(deltas[d]) for d in dims)
-    mat = np.eye(len(dims))
-    if m >= 2:
-        for i, j in combinations(range(len(dims)), 2):
-            with np.errstate(invalid="ignore", divide="ignore"):
-                r = np.corrcoef(np.asarray(deltas[dims[i]][:m], dtype=np.float64),
-                                np.asarray(deltas[dims[j]][:m], dtype=np.float64))[0, 1]
-            if not math.isnan(r):
-                mat[i, j] = mat[j, i] = r
-    flagged = [(dims[i], dims[j], float(mat[i, j])) for i, j in combinations(range(len(dims)), 2)
-               if abs(mat[i, j]) > threshold]
-    return PublishedCascade(dims, m, mat, flagged)
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "PublishedCascade": "tl_reward.compat.published",
+    "published_cascade": "tl_reward.compat.published",
+})[0]

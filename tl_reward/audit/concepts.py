@@ -38,6 +38,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.analysis.readout import is_layernorm, normalise, resolve_objectives
 from tl_reward.audit.pooled import pooled_residual, resid_hook, residual_batches
 from tl_reward.errors import TLRewardError
@@ -123,7 +124,7 @@ class Separability:
 
 
 def concept_separability(concept: ConceptVector, folds: int = 5, c: float = 1.0,
-                         seed: int = 0, n_resamples: int = 2000) -> Separability:
+                         seed: int = 0, n_bootstrap: int = 2000) -> Separability:
     """Out-of-fold accuracy of a standardised logistic-regression probe (scikit-learn,
     stratified ``folds``-fold CV; every item is predicted by a probe that never saw it) with a
     percentile bootstrap CI over items."""
@@ -140,7 +141,7 @@ def concept_separability(concept: ConceptVector, folds: int = 5, c: float = 1.0,
     probe = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000))
     pred = cross_val_predict(probe, x, y, cv=StratifiedKFold(k, shuffle=True, random_state=seed))
     correct = (pred == y).astype(np.float64)
-    lo, hi = bootstrap_ci(correct, n_resamples=n_resamples, seed=seed)
+    lo, hi = bootstrap_ci(correct, n_bootstrap=n_bootstrap, seed=seed)
     chance = max(y.mean(), 1 - y.mean())
     return Separability(float(correct.mean()), lo, hi, len(y), k, float(chance))
 
@@ -333,33 +334,9 @@ def steering_curve(
                          align.slope, rewards[0])
 
 
-@dataclass
-class PublishedConceptAlignment:
-    """The published definition (see module doc): raw pre-norm cosine, separability = 1."""
-
-    concept: str
-    objective: str
-    cosine: float
-    separability: float
-
-
-@torch.no_grad()
-def published_concept_alignment(
-    model: Any, positive: Sequence[Any], negative: Sequence[Any],
-    head_row: Float[torch.Tensor, " d_model"], objective: str = "reward", batch_size: int = 8,
-    name: str = "concept",
-) -> PublishedConceptAlignment:
-    """The published concept alignment: ``v = normalize(mean(h_pos - h_neg))`` at the final
-    residual before the final norm (items paired by index, as published), cosine with the raw
-    score row ``head_row`` (HF ``score.weight[k]``: gain not folded), and its "separability"
-    ``|v|``, which is 1 by construction."""
-    if len(positive) != len(negative):
-        raise TLRewardError("the published definition pairs positives and negatives by index; "
-                            "pass lists of equal length")
-    h_pos = pooled_residual(model, positive, None, batch_size)
-    h_neg = pooled_residual(model, negative, None, batch_size)
-    v = (h_pos - h_neg).mean(0)
-    v = v / v.norm()
-    row = head_row.detach().to(v.device, v.dtype)
-    cos = float(v @ row / row.norm())
-    return PublishedConceptAlignment(name, objective, cos, float(v.norm()))
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "PublishedConceptAlignment": "tl_reward.compat.published",
+    "published_concept_alignment": "tl_reward.compat.published",
+})[0]

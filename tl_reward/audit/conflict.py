@@ -37,13 +37,14 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.analysis.readout import is_layernorm, resolve_objectives
-from tl_reward.audit.covariance import ledoit_wolf
 from tl_reward.audit.pooled import pooled_residual, resid_hook
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.heads import LinearRewardHead
 from tl_reward.results import ShortRepr
+from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import benjamini_hochberg
 
 
@@ -173,6 +174,49 @@ def cosine_matrix(w: Float[torch.Tensor, "T d"],
     return g / (d[:, None] * d[None, :])
 
 
+class GramLedoitWolf:
+    """Whitened cosines ``w_i' S w_j / sqrt(w_i' S w_i * w_j' S w_j)`` under the Ledoit-Wolf
+    covariance ``S`` of any resample of the rows of ``h`` without forming a ``d x d`` matrix.
+
+    With ``Xc`` a resample's rows centred on their mean, ``Xc Xc'`` (``n x n``) holds all that
+    Ledoit-Wolf needs: ``tr S = tr(G) / n``, ``|S|_F^2 = |G|_F^2 / n^2`` and the sum of the
+    squared rows' products ``sum_k G_kk^2``; and ``w' S w = |Xc w|^2 / n``. Rows ``idx`` of a
+    resample, centred, are ``C Y[idx]`` (``Y``: ``h`` centred once, ``C``: the centring
+    matrix), so ``G = C K[idx][:, idx] C`` with ``K = Y Y'`` computed once: ``O(n^2 d)`` once,
+    then ``O(n^2 + n T^2)`` per resample, instead of ``O(n d^2)`` for ``S`` itself.
+    Float64; the same estimator as :func:`tl_reward.audit.covariance.ledoit_wolf`.
+    """
+
+    def __init__(self, h: Float[torch.Tensor, "n d"], w: Float[torch.Tensor, "T d"]) -> None:
+        h = h.double()
+        w = w.double().to(h.device)
+        n, self.d = h.shape
+        if n < 2:
+            raise TLRewardError("a covariance needs at least 2 samples")
+        y = h - h.mean(0)
+        self.k = (y @ y.T).cpu().numpy()
+        self.p = (y @ w.T).cpu().numpy()  # [n, T]
+        self.ww = (w @ w.T).cpu().numpy()
+
+    def cosines(self, idx: np.ndarray) -> tuple[np.ndarray, float]:
+        """``[T, T]`` whitened cosines for the rows ``idx`` (with repeats) and the shrinkage."""
+        n, d = len(idx), self.d
+        k = self.k[np.ix_(idx, idx)]
+        rm = k.mean(1)
+        g = k - rm[:, None] - rm[None, :] + rm.mean()  # C K C
+        pc = self.p[idx] - self.p[idx].mean(0)
+        mu = np.trace(g) / (n * d)
+        delta_ = (g * g).sum() / n**2  # |S|_F^2
+        beta_ = (np.diagonal(g) ** 2).sum()
+        beta = (beta_ / n - delta_) / (d * n)
+        delta = (delta_ - d * mu**2) / d
+        beta = min(beta, delta)
+        a = 0.0 if beta == 0 else float(beta / delta)
+        q = (1 - a) * (pc.T @ pc) / n + a * mu * self.ww
+        sd = np.sqrt(np.diagonal(q))
+        return q / (sd[:, None] * sd[None, :]), a
+
+
 @dataclass
 class PairStat:
     """One statistic for one pair of terms, with its interval and verdict."""
@@ -186,6 +230,11 @@ class PairStat:
     verdict: str
     p_value: float = float("nan")
     extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def estimate(self) -> Estimate:
+        """This statistic as an :class:`Estimate` (``n`` is not recorded here: 0)."""
+        return Estimate(self.value, self.ci_low, self.ci_high, self.p_value, 0, self.view)
 
 
 @dataclass(repr=False)
@@ -242,14 +291,17 @@ class ConflictResult(ShortRepr):
 def geometric_conflict(
     model_or_terms: Any, corpus: Sequence[Any] | None = None,
     objectives: Sequence[int | str] | None = None, transformed: bool = False,
-    thresholds: Thresholds = Thresholds(), n_resamples: int = 200, seed: int = 0,
+    thresholds: Thresholds = Thresholds(), n_bootstrap: int = 200, seed: int = 0,
     batch_size: int = 8, normed: Float[torch.Tensor, "n d_model"] | None = None,
 ) -> ConflictResult:
     """Raw cosines of the terms' head directions and, with a ``corpus``, cosines whitened by
     the Ledoit-Wolf covariance of the normed final residual at ``t*`` (bootstrap CI over items).
     ``normed``: that normed residual already computed (``pooled_residual(..., normed=True)``,
     e.g. from a feature cache), instead of a corpus.
-    ``transformed=True`` (ArmoRM) adds the ``T``-transformed directions as extra terms."""
+    ``transformed=True`` (ArmoRM) adds the ``T``-transformed directions as extra terms.
+    The bootstrap never forms a ``d x d`` covariance (:class:`GramLedoitWolf`): ``O(n^2 d)``
+    once, then ``O(n^2)`` per resample (0.3 s instead of about 6 min for 200 resamples at
+    ``d = 4096``, ``n = 256`` on one CPU thread: ``benchmarks/conflict_ci.py``)."""
     terms = as_terms(model_or_terms, objectives)
     _check_shared_space(terms)
     names = [t.name for t in terms]
@@ -266,13 +318,11 @@ def geometric_conflict(
             terms[0].model, corpus, batch_size=batch_size, normed=True).double()
         if is_layernorm(terms[0].model):
             h = h - h.mean(-1, keepdim=True)
-        cov, a = ledoit_wolf(h)
-        white = cosine_matrix(w, cov).cpu().numpy()
+        gram = GramLedoitWolf(h, w)
+        white, a = gram.cosines(np.arange(len(h)))
         rng = np.random.default_rng(seed)
-        boot = np.stack([
-            cosine_matrix(w, ledoit_wolf(h[torch.from_numpy(rng.integers(0, len(h), len(h)))
-                                           .to(h.device)])[0]).cpu().numpy()
-            for _ in range(n_resamples)])
+        boot = np.stack([gram.cosines(rng.integers(0, len(h), len(h)))[0]
+                         for _ in range(n_bootstrap)])
         lo, hi = np.quantile(boot, 0.025, axis=0), np.quantile(boot, 0.975, axis=0)
         meta |= {"n_corpus": len(h), "shrinkage": a}
     for i, j in combinations(range(len(names)), 2):
@@ -289,43 +339,19 @@ def geometric_conflict(
 # ----------------------------------------------------------------------------- behavioural
 
 
-def _pearson_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a - a.mean(-1, keepdims=True)
-    b = b - b.mean(-1, keepdims=True)
-    den = np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (a * b).sum(-1) / den
+def score_correlation(a: Any, b: Any, n_bootstrap: int = 2000, n_permutations: int = 2000,
+                      seed: int = 0) -> Estimate:
+    """Pearson correlation of paired scores by the one permutation-correlation test
+    (:func:`~tl_reward.audit.cascade.permutation_correlation`: two-sided p exact over every
+    pairing up to 8 items, else ``(1 + #{|r*| >= |r|}) / (1 + B)``; bootstrap CI over items)."""
+    from tl_reward.audit.cascade import permutation_correlation
 
-
-@dataclass
-class Interval:
-    """A statistic with a percentile bootstrap CI and a two-sided permutation p-value."""
-
-    value: float
-    ci_low: float
-    ci_high: float
-    p_value: float
-    n: int
-
-
-def score_correlation(a: Any, b: Any, n_resamples: int = 2000, n_permutations: int = 2000,
-                      seed: int = 0) -> Interval:
-    """Pearson correlation of paired scores: bootstrap CI over items, permutation p-value
-    ``(1 + #{|r*| >= |r|}) / (1 + B)`` from shuffling ``b`` against ``a``."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    n = len(a)
-    if n < 3 or len(b) != n:
+    if len(a) < 3 or len(b) != len(a):
         raise TLRewardError("a correlation needs two equally long score lists of >= 3 items")
-    r = float(_pearson_rows(a, b))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, (n_resamples, n))
-    boot = _pearson_rows(a[idx], b[idx])
-    boot = boot[~np.isnan(boot)]
-    perm = np.argsort(rng.random((n_permutations, n)), axis=1)
-    null = _pearson_rows(np.broadcast_to(a, (n_permutations, n)), b[perm])
-    p = (1 + int((np.abs(null) >= abs(r) - 1e-12).sum())) / (1 + n_permutations)
-    lo, hi = np.quantile(boot, [0.025, 0.975]) if boot.size else (np.nan, np.nan)
-    return Interval(r, float(lo), float(hi), float(p), n)
+    c = permutation_correlation(a, b, "pearson", n_permutations, n_bootstrap, seed=seed)
+    return Estimate(c.r, c.ci_low, c.ci_high, c.p_value, c.n,
+                    f"Pearson r; percentile bootstrap over items; {c.method} permutation test")
 
 
 def _disagree(ma: np.ndarray, mb: np.ndarray) -> np.ndarray:
@@ -358,8 +384,14 @@ class Disagreement:
     p_value_conservative: float
     n: int
 
+    @property
+    def estimate(self) -> Estimate:
+        """The share as an :class:`Estimate` (p: the mid-p permutation test of no excess)."""
+        return Estimate(self.share, self.ci_low, self.ci_high, self.p_value, self.n,
+                        "percentile bootstrap over pairs; mid-p permutation test")
 
-def disagreement_share(margins_a: Any, margins_b: Any, n_resamples: int = 2000,
+
+def disagreement_share(margins_a: Any, margins_b: Any, n_bootstrap: int = 2000,
                        n_permutations: int = 2000, seed: int = 0) -> Disagreement:
     """Disagreement of two terms over preference pairs from their margins
     ``r(chosen) - r(rejected)`` (a margin of exactly 0 prefers neither reply)."""
@@ -369,7 +401,7 @@ def disagreement_share(margins_a: Any, margins_b: Any, n_resamples: int = 2000,
         raise TLRewardError("disagreement needs two equally long margin lists of >= 2 pairs")
     share, exp = float(_disagree(ma, mb)), float(_expected_disagree(ma, mb))
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, (n_resamples, n))
+    idx = rng.integers(0, n, (n_bootstrap, n))
     bs = _disagree(ma[idx], mb[idx])
     be = bs - _expected_disagree(ma[idx], mb[idx])
     perm = np.argsort(rng.random((n_permutations, n)), axis=1)
@@ -409,7 +441,7 @@ def _pair_inputs(pairs: Sequence[Any]) -> tuple[list[Any], list[Any]]:
 
 
 def pair_disagreement(
-    margins: Sequence[Any], names: Sequence[str], alpha: float = 0.05, n_resamples: int = 2000,
+    margins: Sequence[Any], names: Sequence[str], alpha: float = 0.05, n_bootstrap: int = 2000,
     n_permutations: int = 2000, seed: int = 0,
 ) -> tuple[list[PairStat], dict[str, Any]]:
     """:func:`disagreement_share` for every pair of terms' margins, with verdicts controlled
@@ -417,7 +449,7 @@ def pair_disagreement(
     Benjamini-Hochberg adjusted (``extra["p_adjusted"]``; FDR at ``alpha``) and a verdict other
     than ``no evidence`` needs ``p_adjusted < alpha``. Returns the rows and the family stated."""
     pairs = list(combinations(range(len(margins)), 2))
-    ds = [disagreement_share(margins[i], margins[j], n_resamples, n_permutations, seed)
+    ds = [disagreement_share(margins[i], margins[j], n_bootstrap, n_permutations, seed)
           for i, j in pairs]
     adjusted = benjamini_hochberg([d.p_value for d in ds]) if ds else np.array([])
     if ds and 1 / (1 + n_permutations) >= alpha / len(ds):
@@ -441,7 +473,7 @@ def pair_disagreement(
 def behavioural_conflict(
     model_or_terms: Any, corpus: Sequence[Any] | None = None, pairs: Sequence[Any] | None = None,
     objectives: Sequence[int | str] | None = None, thresholds: Thresholds = Thresholds(),
-    alpha: float = 0.05, n_resamples: int = 2000, n_permutations: int = 2000, seed: int = 0,
+    alpha: float = 0.05, n_bootstrap: int = 2000, n_permutations: int = 2000, seed: int = 0,
     batch_size: int = 8,
 ) -> ConflictResult:
     """Score correlation over ``corpus`` and disagreement over preference ``pairs`` (either or
@@ -460,7 +492,7 @@ def behavioural_conflict(
         scores = [_term_scores(t, corpus, batch_size) for t in terms]
         meta["n_corpus"] = len(corpus)
         for i, j in combinations(range(len(terms)), 2):
-            c = score_correlation(scores[i], scores[j], n_resamples, n_permutations, seed)
+            c = score_correlation(scores[i], scores[j], n_bootstrap, n_permutations, seed)
             stats.append(PairStat(names[i], names[j], "score correlation", c.value, c.ci_low,
                                   c.ci_high, verdict(c.ci_low, c.ci_high, thresholds),
                                   c.p_value))
@@ -470,7 +502,7 @@ def behavioural_conflict(
                    for t in terms]
         meta["n_pairs"] = len(pairs)
         pair_stats, meta["pair disagreement family"] = pair_disagreement(
-            margins, names, alpha, n_resamples, n_permutations, seed)
+            margins, names, alpha, n_bootstrap, n_permutations, seed)
         stats.extend(pair_stats)
     return ConflictResult(names, stats, thresholds, meta)
 
@@ -499,7 +531,7 @@ def input_gradients(term: Term, item: Any, layer: int = 0) -> Float[torch.Tensor
 
 def gradient_conflict(
     model_or_terms: Any, items: Sequence[Any], objectives: Sequence[int | str] | None = None,
-    layer: int = 0, thresholds: Thresholds = Thresholds(), n_resamples: int = 2000,
+    layer: int = 0, thresholds: Thresholds = Thresholds(), n_bootstrap: int = 2000,
     seed: int = 0,
 ) -> ConflictResult:
     """Per item, cosine of the terms' gradients w.r.t. the residual at ``layer`` (flattened
@@ -516,7 +548,7 @@ def gradient_conflict(
     stats = []
     for i, j in combinations(range(len(terms)), 2):
         x = per_item[:, i, j]
-        lo, hi = bootstrap_ci(x, n_resamples=n_resamples, seed=seed)
+        lo, hi = bootstrap_ci(x, n_bootstrap=n_bootstrap, seed=seed)
         stats.append(PairStat(names[i], names[j], "gradient cosine", float(x.mean()), lo, hi,
                               verdict(lo, hi, thresholds),
                               extra={"share_negative": float((x < 0).mean())}))
@@ -524,48 +556,10 @@ def gradient_conflict(
                                                      "gradient_layer": layer})
 
 
-# ----------------------------------------------------------------------------- published
-
-
-@dataclass
-class PublishedConflict:
-    """The published definition: raw pre-norm cosines of per-term mean differences."""
-
-    terms: list[str]
-    cosines: np.ndarray
-    verdicts: dict[tuple[str, str], str]
-    overall: float
-
-
-def published_verdict(cos: float) -> str:
-    """Published thresholds: > 0.5 aligned, < -0.3 conflict, |cos| < 0.2 orthogonal, and the
-    gaps in between fall to the sign."""
-    if cos > 0.5:
-        return "aligned"
-    if cos < -0.3:
-        return "conflict"
-    if abs(cos) < 0.2:
-        return "orthogonal"
-    return "aligned" if cos > 0 else "conflict"
-
-
-@torch.no_grad()
-def published_conflict(model: Any, term_pairs: dict[str, tuple[Sequence[Any], Sequence[Any]]],
-                       batch_size: int = 8) -> PublishedConflict:
-    """Published reward-term conflict: per term ``mean(h_pref - h_disp)`` (paired by index) at
-    the final residual before the final norm, pairwise raw cosines, published thresholds;
-    ``overall`` = share of conflicting term pairs."""
-    names = list(term_pairs)
-    dirs = []
-    for name in names:
-        pref, disp = term_pairs[name]
-        if len(pref) != len(disp):
-            raise TLRewardError(f"term {name!r}: preferred and dispreferred lists differ in "
-                                "length (the published definition pairs them by index)")
-        dirs.append((pooled_residual(model, pref, batch_size=batch_size)
-                     - pooled_residual(model, disp, batch_size=batch_size)).mean(0))
-    cos = cosine_matrix(torch.stack(dirs)).cpu().numpy()
-    verdicts = {(names[i], names[j]): published_verdict(float(cos[i, j]))
-                for i, j in combinations(range(len(names)), 2)}
-    overall = float(np.mean([v == "conflict" for v in verdicts.values()])) if verdicts else 0.0
-    return PublishedConflict(names, cos, verdicts, overall)
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "PublishedConflict": "tl_reward.compat.published",
+    "published_conflict": "tl_reward.compat.published",
+    "published_verdict": "tl_reward.compat.published",
+})[0]

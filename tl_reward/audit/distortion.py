@@ -4,12 +4,25 @@ Ours, in absolute units. The *sensitivity* of dimension k is its probes' standar
 ``s_k = mean_i(delta_ik) / sd(r on natural replies)``: how far the edit moves the reward, in
 units of the reward's own spread over the unedited replies of the same base items. The *index*
 is the Gini coefficient of ``|s_k|`` over the dimensions,
-``G = sum_jk |a_j - a_k| / (2 K^2 mean(a))`` with ``a = |s|``: 0 when every dimension moves the
-reward equally, ``1 - 1/K`` when one dimension alone does. We use Gini (not the coefficient of
-variation, also reported) because it is bounded and robust to one large dimension. Confidence
-intervals come from one bootstrap over base items: the same resampled items in every dimension
-and in the natural sd, so the matched structure is kept. No dimension is forced to 0, and the
-sensitivities shrink with the deltas (a model indifferent to every edit has all ``s_k`` near 0).
+``G = sum_jk |a_j - a_k| / (2 K^2 mean(a))`` with ``a = |s|``: 0 only when the *estimated*
+``|s_k|`` are exactly equal, ``1 - 1/K`` when one dimension alone moves the reward. We use Gini
+(not the coefficient of variation, also reported) because it is bounded and robust to one large
+dimension. Confidence intervals come from one bootstrap over base items: the same resampled
+items in every dimension and in the natural sd, so the matched structure is kept. No dimension
+is forced to 0, and the sensitivities shrink with the deltas.
+
+**The index has a noise floor.** Gini is scale-free, so estimation noise alone makes the
+``|s_k|`` unequal: a model indifferent to every edit (every true mean 0) gets about 0.3 at
+K = 7 whatever the size of the noise, with a bootstrap CI far from 0. The index is therefore
+reported against its null: the distribution of the index when every dimension's mean is 0,
+from sign flips of whole items (each item's row of deltas multiplied by +-1, so the
+correlation between dimensions is kept; exact over all ``2^n`` patterns for small n, else
+Monte Carlo with ``p = (1 + count) / (1 + B)``). ``excess = index - null median`` and the
+one-sided ``p_value`` (index at least as uneven as noise alone gives) come with it;
+"distortion above floor" is claimed only when ``p_value < alpha``. The null is "no dimension
+moves the reward", not "every dimension moves it equally": dimensions that all move the reward
+strongly but unevenly can have a Gini below the noise floor of a null model (a large, even
+response gives an index near 0); read the sensitivities and their CIs for that.
 
 Published (reward-lens v1.0.0), for comparison: every probe's delta min-max normalised over all
 probes pooled (``c``), per dimension ``C = 1 - prod(1 - c)``, and ``D = 1 - C / max C``:
@@ -19,32 +32,102 @@ exactly 0, and one saturated probe (``c = 1``) sets its dimension's C to 1.
 Example:
     >>> res = distortion_index(report)            # report: a ProbeReport
     >>> res.index, res.index_ci                   # Gini of |sensitivity| with its CI
+    >>> res.null_median, res.excess, res.p_value, res.above_floor
     >>> published_distortion_index(report.delta_matrix())
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
+from tl_reward.stats.paired import standardised_mean_bootstrap
 
 
 def gini(values: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Gini coefficient of non-negative values along ``axis`` (NaN when all are 0)."""
-    a = np.abs(np.asarray(values, dtype=np.float64))
-    a = np.moveaxis(a, axis, -1)
+    """Gini coefficient of ``|values|`` along ``axis`` (NaN when all are 0), O(K log K):
+    ``sum_i (2i - K - 1) a_(i) / (K sum a)`` over the sorted ``a``, which equals
+    ``sum_jk |a_j - a_k| / (2 K^2 mean(a))``."""
+    a = np.sort(np.abs(np.moveaxis(np.asarray(values, dtype=np.float64), axis, -1)), -1)
     k = a.shape[-1]
-    diff = np.abs(a[..., :, None] - a[..., None, :]).sum((-1, -2))
-    mean = a.mean(-1)
+    total = a.sum(-1)
+    weighted = (a * (2 * np.arange(1, k + 1) - k - 1)).sum(-1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(mean > 0, diff / (2 * k * k * mean), np.nan)
+        return np.where(total > 0, weighted / (k * total), np.nan)
+
+
+#: Largest n whose ``2^n`` item sign patterns the floor test enumerates by default.
+FLOOR_EXACT_MAX_N = 12
+
+
+@dataclass(frozen=True)
+class FloorTest:
+    """The distortion index against its noise floor, per data set (arrays over a batch).
+
+    Attributes:
+        index: Gini of the ``|column means|`` (the sd scale cancels in Gini).
+        null_median, null_high: median and 95th percentile of the index under the null.
+        p_value: one-sided, ``P(null index >= index)``; method: ``"exact"`` or
+            ``"monte_carlo"``; n_permutations: sign patterns used.
+    """
+
+    index: np.ndarray
+    null_median: np.ndarray
+    null_high: np.ndarray
+    p_value: np.ndarray
+    method: str
+    n_permutations: int
+
+
+def distortion_floor_test(deltas: np.ndarray, n_permutations: int = 9_999,
+                          exact_max_n: int = FLOOR_EXACT_MAX_N, seed: int = 0) -> FloorTest:
+    """Sign-flip test of "the index is above its noise floor" on ``deltas [..., n, K]`` (items
+    x dimensions, NaN where an edit did not apply; leading axes are independent data sets
+    tested with the same sign patterns).
+
+    Null: every dimension's mean delta is 0 and each item's row of deltas is symmetric about 0
+    (jointly, so correlated dimensions are fine). Each pattern multiplies whole item rows by
+    +-1; the index of the flipped column means is the reference. Exact over all ``2^n``
+    patterns when ``n <= exact_max_n`` (``p = #{null >= obs} / 2^n``), else ``n_permutations``
+    random patterns with ``p = (1 + #{null >= obs}) / (1 + n_permutations)``.
+    """
+    d = np.asarray(deltas, dtype=np.float64)
+    if d.ndim < 2:
+        raise TLRewardError("deltas must be [..., items, dimensions]")
+    n = d.shape[-2]
+    present = ~np.isnan(d)
+    counts = present.sum(-2)[..., None, :]  # [..., 1, K]
+    d0 = np.where(present, d, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        obs = gini(d0.sum(-2) / counts[..., 0, :])
+    if n <= exact_max_n:
+        pats = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1) * 2.0 - 1  # [2^n, n]
+        method, b_total = "exact", 2**n
+    else:
+        pats, method, b_total = None, "monte_carlo", n_permutations
+    rng = np.random.default_rng(seed)
+    step = max(1, min(b_total, 2_000_000 // max(1, n * d0[..., 0, :].size)))
+    null = []
+    for start in range(0, b_total, step):
+        b = min(step, b_total - start)
+        s = pats[start:start + b] if pats is not None else (
+            rng.integers(0, 2, size=(b, n)) * 2.0 - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            null.append(gini(np.einsum("bn,...nk->...bk", s, d0) / counts))
+    null_idx = np.concatenate(null, -1)  # [..., B]
+    tol = 1e-12 * np.maximum(np.abs(obs), 1.0)
+    ge = (null_idx >= (obs - tol)[..., None]).sum(-1)
+    p = ge / b_total if method == "exact" else (1 + ge) / (1 + b_total)
+    with np.errstate(invalid="ignore"):
+        med, high = np.nanquantile(null_idx, [0.5, 0.95], axis=-1)
+    return FloorTest(obs, med, high, np.where(np.isnan(obs), np.nan, p), method, b_total)
 
 
 def coefficient_of_variation(values: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -57,13 +140,17 @@ def coefficient_of_variation(values: np.ndarray, axis: int = -1) -> np.ndarray:
 
 @dataclass(repr=False)
 class DistortionResult(ShortRepr):
-    """Sensitivity per dimension (natural-sd units) and the unevenness index.
+    """Sensitivity per dimension (natural-sd units), the unevenness index and its noise floor.
 
     Attributes:
         dimensions: the K dimensions; n_items: base items (matched across dimensions).
         sensitivity, ci_low, ci_high: ``s_k`` and its bootstrap CI, per dimension.
         index, index_ci: Gini of ``|s|`` and its CI; cv, cv_ci: coefficient of variation.
         natural_sd: the sd of ``r`` on natural replies the sensitivities are divided by.
+        null_median, null_high: median and 95th percentile of the index when no dimension
+            moves the reward (item sign flips); excess: ``index - null_median``.
+        p_value: one-sided p of "the index is above its noise floor"; alpha: the level;
+        null_method: ``"exact"`` or ``"monte_carlo"``; n_permutations: sign patterns used.
     """
 
     dimensions: list[str]
@@ -76,6 +163,27 @@ class DistortionResult(ShortRepr):
     cv: float
     cv_ci: tuple[float, float]
     natural_sd: float
+    null_median: float = float("nan")
+    null_high: float = float("nan")
+    p_value: float = float("nan")
+    alpha: float = 0.05
+    null_method: str = ""
+    n_permutations: int = 0
+
+    @property
+    def excess(self) -> float:
+        """``index - null_median``: the unevenness beyond what noise alone gives."""
+        return self.index - self.null_median
+
+    @property
+    def above_floor(self) -> bool:
+        """The verdict "distortion above floor": ``p_value < alpha``."""
+        return bool(self.p_value < self.alpha)
+
+    @property
+    def verdict(self) -> str:
+        return ("distortion above floor" if self.above_floor
+                else "not distinguishable from the noise floor")
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per dimension: sensitivity, its CI and its share of ``sum |s|``."""
@@ -84,8 +192,18 @@ class DistortionResult(ShortRepr):
                              "ci_low": self.ci_low, "ci_high": self.ci_high,
                              "share": a / a.sum() if a.sum() > 0 else np.nan})
 
+    def summary(self) -> pd.DataFrame:
+        """One row: the index with its CI, its null (median, 95th percentile), the excess,
+        the p-value and the verdict."""
+        return pd.DataFrame([{
+            "index": self.index, "ci_low": self.index_ci[0], "ci_high": self.index_ci[1],
+            "null_median": self.null_median, "null_high": self.null_high,
+            "excess": self.excess, "p_value": self.p_value, "alpha": self.alpha,
+            "verdict": self.verdict, "n_items": self.n_items,
+            "null_method": self.null_method, "n_permutations": self.n_permutations}])
+
     def plot(self) -> Any:
-        """Bar chart of the sensitivities with CIs; the index with its CI in the title."""
+        """Bar chart of the sensitivities with CIs; the index, its null and p in the title."""
         from tl_reward.viz.audit import distortion_chart
 
         return distortion_chart(self)
@@ -100,10 +218,14 @@ def _matrix(deltas: Any) -> pd.DataFrame:
 
 
 def distortion_index(report: Any, natural: pd.Series | np.ndarray | None = None,
-                     n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0
-                     ) -> DistortionResult:
+                     n_bootstrap: int = 2000, confidence: float = 0.95, seed: int = 0,
+                     n_permutations: int = 9_999, alpha: float = 0.05) -> DistortionResult:
     """:class:`DistortionResult` of a :class:`~tl_reward.audit.probes.ProbeReport` (or of an
-    items x dimensions delta DataFrame plus the natural rewards of the same items)."""
+    items x dimensions delta DataFrame plus the natural rewards of the same items).
+
+    ``n_bootstrap``: bootstrap resamples of items (CIs); ``n_permutations``: item sign
+    patterns of the noise-floor test (:func:`distortion_floor_test`; exact for n <= 12);
+    ``alpha``: the level of the "distortion above floor" verdict."""
     mat = _matrix(report)
     if natural is None:
         if not hasattr(report, "natural_rewards"):
@@ -122,54 +244,27 @@ def distortion_index(report: Any, natural: pd.Series | np.ndarray | None = None,
     sd = float(r.std(ddof=1))
     if not sd > 0:
         raise TLRewardError("the natural rewards have zero spread; sensitivities are undefined")
-    sens = np.nanmean(d, 0) / sd
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_resamples, n))
-    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an item set with no applied edit
-        boot = np.nanmean(d[idx], 1) / r[idx].std(1, ddof=1)[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a dimension with no applied edit
+        sens = np.nanmean(d, 0) / sd
+    boot = standardised_mean_bootstrap(d, r, n_bootstrap, seed)
     a = (1 - confidence) / 2
-    lo, hi = np.nanquantile(boot, [a, 1 - a], axis=0)
-    g, cv = gini(boot), coefficient_of_variation(boot)
-    g_ci = tuple(float(v) for v in np.nanquantile(g, [a, 1 - a]))
-    cv_ci = tuple(float(v) for v in np.nanquantile(cv, [a, 1 - a]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, hi = np.nanquantile(boot, [a, 1 - a], axis=0)
+        g, cv = gini(boot), coefficient_of_variation(boot)
+        g_ci = tuple(float(v) for v in np.nanquantile(g, [a, 1 - a]))
+        cv_ci = tuple(float(v) for v in np.nanquantile(cv, [a, 1 - a]))
+    floor = distortion_floor_test(d, n_permutations, seed=seed)
     return DistortionResult(list(mat.columns), n, sens, lo, hi, float(gini(sens)), g_ci,
-                            float(coefficient_of_variation(sens)), cv_ci, sd)
+                            float(coefficient_of_variation(sens)), cv_ci, sd,
+                            float(floor.null_median), float(floor.null_high),
+                            float(floor.p_value), alpha, floor.method, floor.n_permutations)
 
 
-@dataclass
-class PublishedDistortion:
-    """reward-lens v1.0.0's distortion index, for comparison only.
-
-    Attributes:
-        dimensions: the dimensions; coverage: ``C = 1 - prod(1 - c)`` per dimension;
-        distortion: ``D = 1 - C / max C`` (the strongest dimension is always 0);
-        normalised: per dimension, each probe's pooled min-max normalised delta ``c``.
-    """
-
-    dimensions: list[str]
-    coverage: np.ndarray
-    distortion: np.ndarray
-    normalised: dict[str, np.ndarray]
-
-    def to_dataframe(self) -> pd.DataFrame:
-        return pd.DataFrame({"dimension": self.dimensions, "coverage": self.coverage,
-                             "published_distortion": self.distortion})
-
-
-def published_distortion_index(deltas: Mapping[str, Sequence[float]] | pd.DataFrame
-                               ) -> PublishedDistortion:
-    """The published definition on per-probe deltas (dimension -> deltas, or a delta matrix
-    whose NaNs are dropped): pooled min-max, ``1 - prod(1 - c)``, ``1 - C / max C``."""
-    if isinstance(deltas, pd.DataFrame):
-        deltas = {c: deltas[c].dropna().to_numpy() for c in deltas.columns}
-    dims = list(deltas)
-    vals = {k: np.asarray(v, dtype=np.float64) for k, v in deltas.items()}
-    pooled = np.concatenate([vals[k] for k in dims]) if dims else np.zeros(0)
-    lo, hi = (pooled.min(), pooled.max()) if pooled.size else (0.0, 0.0)
-    norm = {k: ((v - lo) / (hi - lo) if hi > lo else np.full_like(v, 0.5))
-            for k, v in vals.items()}
-    cov = np.array([0.0 if norm[k].sum() == 0 else 1 - np.prod(1 - np.clip(norm[k], 0, 1))
-                    for k in dims])
-    dist = 1 - cov / cov.max() if cov.size and cov.max() > 0 else np.ones(len(dims))
-    return PublishedDistortion(dims, cov, dist, norm)
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "PublishedDistortion": "tl_reward.compat.published",
+    "published_distortion_index": "tl_reward.compat.published",
+})[0]

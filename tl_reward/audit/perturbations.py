@@ -38,12 +38,12 @@ import re
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.errors import TLRewardError
 
 
@@ -426,21 +426,9 @@ def user_items(records: Iterable[Any], source: str = "user") -> list[ProbeItem]:
     return out
 
 
-@dataclass(frozen=True)
-class PublishedProbe:
-    """One hand-written probe of reward-lens v1.0.0: (prompt, neutral, biased) for a
-    dimension; its biased text also changes content, not only the named property."""
-
-    dimension: str
-    index: int
-    prompt: str
-    neutral: str
-    biased: str
-
-
-def published_probe_texts() -> list[PublishedProbe]:
-    """The 10 probes of reward-lens v1.0.0 (length 3, confidence 2, formatting 2, sycophancy 2,
-    repetition 1), verbatim from its ``hacking.py`` (MIT licence, kept in the asset file)."""
-    raw = json.loads(resources.files("tl_reward").joinpath(
-        "assets/reward_lens_v1_probes.json").read_text(encoding="utf-8"))
-    return [PublishedProbe(**p) for p in raw["probes"]]
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "PublishedProbe": "tl_reward.compat.published",
+    "published_probe_texts": "tl_reward.compat.published",
+})[0]

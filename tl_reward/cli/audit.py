@@ -87,7 +87,7 @@ def collect_items(args: argparse.Namespace) -> list[Any]:
 
 def build_report(model: Any, items: list[Any], dimensions: list[str] | None = None,
                  objective: str | None = None, runs: Path | None = None, seed: int = 0,
-                 batch_size: int = 8, n_resamples: int = 2000, published: bool = True,
+                 batch_size: int = 8, n_bootstrap: int = 2000, published: bool = True,
                  concepts: bool = False, executor: Any = None) -> list[Any]:
     """The parts of the audit report (tables, figures, HTML headings).
 
@@ -111,22 +111,22 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
     t0 = time.time()
     if executor is None:
         rep = run_probes(model, items, dimensions, objective=objective, output_dir=runs,
-                         seed=seed, batch_size=batch_size, n_resamples=n_resamples)
+                         seed=seed, batch_size=batch_size, n_bootstrap=n_bootstrap)
     else:
         from tl_reward.scale import probes as scaled
 
         rep = scaled.run_probes(model, items, dimensions, objective=objective, output_dir=runs,
                                 executor=executor, seed=seed, batch_size=batch_size,
-                                n_resamples=n_resamples)
+                                n_bootstrap=n_bootstrap)
     probe_s = time.time() - t0
     stats = rep.to_dataframe()
     table = stats[["dimension", "n", "n_skipped", "mean", "ci_low", "ci_high", "effect_size",
                    "effect_ci_low", "effect_ci_high", "p_value", "p_method", "p_adjusted",
                    "mean_std", "published_d"]].copy()
     table["effect_reason"] = stats.effect_reason.fillna("")
-    dist = distortion_index(rep, n_resamples=n_resamples, seed=seed)
+    dist = distortion_index(rep, n_bootstrap=n_bootstrap, seed=seed)
     pub_dist = published_distortion_index(rep.delta_matrix())
-    casc = cascade(rep, n_boot=min(n_resamples, 1000), seed=seed)
+    casc = cascade(rep, n_bootstrap=min(n_bootstrap, 1000), seed=seed)
     sources = pd.Series([getattr(it, "source", "user") for it in items]).value_counts()
     g_lo, g_hi = dist.index_ci
     parts: list[Any] = [
@@ -144,9 +144,13 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
         table, probe_forest(rep), probe_forest(rep, standardised=True),
         effect_size_forest(rep),
         "<h2>Distortion</h2><p>Sensitivity = mean delta / natural sd per dimension; index = "
-        f"Gini of |sensitivity| = <b>{dist.index:.3f} [{g_lo:.3f}, {g_hi:.3f}]</b> (0: every "
-        "dimension moves the reward equally; 1 - 1/K: one alone does), CI by bootstrap over "
-        f"items; coefficient of variation {dist.cv:.3f} [{dist.cv_ci[0]:.3f}, "
+        f"Gini of |sensitivity| = <b>{dist.index:.3f} [{g_lo:.3f}, {g_hi:.3f}]</b> (1 - 1/K: "
+        "one dimension alone moves the reward), CI by bootstrap over items. Gini is "
+        "scale-free, so noise alone gives a positive index: against its null (no dimension "
+        "moves the reward; item sign flips) the median is "
+        f"{dist.null_median:.3f}, the excess {dist.excess:+.3f}, p = {dist.p_value:.3g}: "
+        f"<b>{dist.verdict}</b> at alpha = {dist.alpha}. "
+        f"Coefficient of variation {dist.cv:.3f} [{dist.cv_ci[0]:.3f}, "
         f"{dist.cv_ci[1]:.3f}]. The published index (min-max over pooled probes, "
         "1 - C/max C) is shown beside it: its strongest dimension is 0 by construction.</p>",
         distortion_chart(dist),
@@ -203,7 +207,7 @@ def _geometry_parts(model: Any, rep: Any, items: list[Any], concepts: bool, batc
     except ImportError:
         geometric_conflict = None  # type: ignore[assignment]
     if geometric_conflict is not None and len(model.objectives) >= 2:
-        res = geometric_conflict(model, corpus=corpus, n_resamples=100, seed=seed,
+        res = geometric_conflict(model, corpus=corpus, n_bootstrap=100, seed=seed,
                                  batch_size=batch_size)
         res = res + behavioural_conflict(model, corpus=corpus, seed=seed, batch_size=batch_size)
         parts += ["<h2>Reward-term conflict</h2><p>Geometric: cosines of the objectives' head "

@@ -116,7 +116,7 @@ def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
     from tl_reward.compare.layers import compare_grams, compare_layers
 
     kw = {"pairs": pairs or None, "readability_layer": args.readability_layer,
-          "n_resamples": args.bootstrap, "batch_size": args.batch_size,
+          "n_bootstrap": args.bootstrap, "batch_size": args.batch_size,
           "objective": _objectives(args.objective, list(models))}
     if pool is not None:
         from tl_reward.scale.behaviour import run_compare_models

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     rep = faithfulness_report(model, pairs, level=args.level, objective=args.objective,
                               cache_dir=args.cache_dir, progress=True)
-    table = rep.summary(n_resamples=args.bootstrap)
+    table = rep.summary(n_bootstrap=args.bootstrap)
     skipped = rep.meta.get("skipped", [])
     parts = [f"<p>{args.model}: {len(rep)} pairs scored, {len(skipped)} skipped (zero margin), "
              f"{len(rep.names)} {args.level} components, objective {rep.objective}.</p>",

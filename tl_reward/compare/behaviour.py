@@ -25,7 +25,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations, permutations
 from typing import Any
@@ -38,59 +38,11 @@ from tl_reward.compare.layers import activations, model_label
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
-from tl_reward.stats.ranks import kendall_tau_b, rank_biased_overlap, spearman_rho, top_ranking
+from tl_reward.stats.agreement import RankAgreement, rank_agreement
+from tl_reward.stats.estimate import Estimate
+from tl_reward.stats.resampling import bootstrap_ci
 
 DEFAULT_ALPHAS: tuple[float, ...] = tuple(float(a) for a in np.logspace(-3, 5, 17))
-
-
-def bootstrap_indices(n: int, n_resamples: int, seed: int) -> np.ndarray:
-    """``[n_resamples, n]`` item indices drawn with replacement (seeded)."""
-    return np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
-
-
-def _percentile_ci(values: np.ndarray, confidence: float) -> tuple[float, float]:
-    v = values[~np.isnan(values)]
-    if v.size == 0:
-        return float("nan"), float("nan")
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(v, [alpha, 1 - alpha])
-    return float(lo), float(hi)
-
-
-def _rbo(a: np.ndarray, b: np.ndarray, p: float) -> float:
-    ids = list(range(len(a)))
-    return rank_biased_overlap(top_ranking(ids, a), top_ranking(ids, b), p)
-
-
-RANK_STATS: dict[str, Callable[..., float]] = {
-    "kendall_tau_b": lambda a, b, p: kendall_tau_b(a, b).statistic,
-    "spearman_rho": lambda a, b, p: spearman_rho(a, b).statistic,
-    "rbo_top": _rbo,
-}
-
-
-@dataclass
-class Estimate:
-    """A statistic with its percentile bootstrap CI and sample size."""
-
-    value: float
-    ci_low: float
-    ci_high: float
-    n: int
-
-    def __str__(self) -> str:
-        return f"{self.value:.3f} [{self.ci_low:.3f}, {self.ci_high:.3f}] (n = {self.n})"
-
-
-@dataclass
-class RankAgreement:
-    """Agreement of two models' rewards over the same corpus."""
-
-    model_a: str
-    model_b: str
-    kendall_tau_b: Estimate
-    spearman_rho: Estimate
-    rbo_top: Estimate
 
 
 @dataclass
@@ -122,35 +74,18 @@ class Readability:
     predicted: np.ndarray = field(repr=False)
 
 
-def rank_agreement(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("a", "b"),
-                   n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
-                   rbo_p: float = 0.9) -> RankAgreement:
-    """Kendall tau-b, Spearman rho and RBO of two reward vectors, with bootstrap CIs."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1 or len(a) < 4:
-        raise TLRewardError(f"need two reward vectors of the same length >= 4, got {a.shape} "
-                            f"and {b.shape}")
-    idx = bootstrap_indices(len(a), n_resamples, seed)
-    out = {}
-    for name, fn in RANK_STATS.items():
-        boot = np.array([fn(a[i], b[i], rbo_p) for i in idx])
-        out[name] = Estimate(fn(a, b, rbo_p), *_percentile_ci(boot, confidence), len(a))
-    return RankAgreement(names[0], names[1], **out)
-
-
 def preference_agreement(margin_a: np.ndarray, margin_b: np.ndarray,
-                         names: tuple[str, str] = ("a", "b"), n_resamples: int = 2000,
+                         names: tuple[str, str] = ("a", "b"), n_bootstrap: int = 2000,
                          confidence: float = 0.95, seed: int = 0) -> PreferenceAgreement:
     """Share of pairs with ``sign(margin_a) == sign(margin_b)``, bootstrap CI over pairs."""
     ma, mb = np.asarray(margin_a, dtype=np.float64), np.asarray(margin_b, dtype=np.float64)
     if ma.shape != mb.shape or ma.ndim != 1 or len(ma) < 2:
         raise TLRewardError("need two margin vectors over the same >= 2 pairs")
     same = (np.sign(ma) == np.sign(mb)).astype(np.float64)
-    boot = same[bootstrap_indices(len(same), n_resamples, seed)].mean(1)
-    return PreferenceAgreement(names[0], names[1],
-                               Estimate(float(same.mean()), *_percentile_ci(boot, confidence),
-                                        len(same)),
-                               float((ma > 0).mean()), float((mb > 0).mean()))
+    lo, hi = bootstrap_ci(same, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
+    return PreferenceAgreement(names[0], names[1], Estimate(
+        float(same.mean()), lo, hi, n=len(same), method="percentile bootstrap over pairs",
+        confidence=confidence), float((ma > 0).mean()), float((mb > 0).mean()))
 
 
 def ridge_readability(
@@ -202,29 +137,23 @@ class BehaviourComparison(ShortRepr):
     vocabulary: Any = None
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per model pair and measure: value, CI, n."""
-        rows: list[dict[str, Any]] = []
-        for r in self.rank:
-            for m in ("kendall_tau_b", "spearman_rho", "rbo_top"):
-                e: Estimate = getattr(r, m)
-                rows.append({"model_a": r.model_a, "model_b": r.model_b, "measure": m,
-                             "value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high,
-                             "n": e.n})
+        """One row per model pair and measure: value, CI, p-value, n, method."""
+        rows: list[dict[str, Any]] = [r for ra in self.rank for r in ra.to_dataframe().to_dict(
+            "records")]
         for p in self.preference:
-            e = p.agreement
             rows.append({"model_a": p.model_a, "model_b": p.model_b,
-                         "measure": "preference_agreement", "value": e.value,
-                         "ci_low": e.ci_low, "ci_high": e.ci_high, "n": e.n})
+                         "measure": "preference_agreement", **p.agreement.to_dict()})
         for r in self.readability:
             rows.append({"model_a": r.source, "model_b": r.target,
-                         "measure": f"readability_r2 ({r.hook})", "value": r.r2,
-                         "ci_low": np.nan, "ci_high": np.nan, "n": r.n})
+                         "measure": f"readability_r2 ({r.hook})",
+                         **Estimate(r.r2, n=r.n, method="ridge, held-out R^2").to_dict()})
         if self.vocabulary is not None:
             for _, v in self.vocabulary.to_dataframe().iterrows():
                 for m in ("kendall_tau_b", "spearman_rho", "rbo_top", "rbo_bottom"):
                     rows.append({"model_a": v.model_a, "model_b": v.model_b,
-                                 "measure": f"vocabulary_{m}", "value": v[m], "ci_low": np.nan,
-                                 "ci_high": np.nan, "n": int(v.n_shared)})
+                                 "measure": f"vocabulary_{m}", **Estimate(
+                                     float(v[m]), n=int(v.n_shared),
+                                     method="vocabulary sweep").to_dict()})
         return pd.DataFrame(rows)
 
     def plot(self) -> Any:
@@ -330,7 +259,7 @@ def compare_features(
     features: Mapping[str, ModelFeatures],
     sweeps: Mapping[str, Any] | None = None,
     *,
-    n_resamples: int = 2000,
+    n_bootstrap: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
     rbo_p: float = 0.9,
@@ -344,7 +273,7 @@ def compare_features(
     if all(f.rewards is not None for f in features.values()):
         rewards = {n: f.rewards for n, f in features.items()}  # type: ignore[misc]
         for a, b in combinations(names, 2):
-            rank.append(rank_agreement(rewards[a], rewards[b], (a, b), n_resamples, confidence,
+            rank.append(rank_agreement(rewards[a], rewards[b], (a, b), n_bootstrap, confidence,
                                        seed, rbo_p))
         if all(f.acts is not None for f in features.values()):
             for a, b in [*((n, n) for n in names), *permutations(names, 2)]:
@@ -354,7 +283,7 @@ def compare_features(
     if all(f.margins is not None for f in features.values()):
         for a, b in combinations(names, 2):
             pref.append(preference_agreement(features[a].margins, features[b].margins, (a, b),
-                                             n_resamples, confidence, seed))
+                                             n_bootstrap, confidence, seed))
     vocabulary = None
     if sweeps is not None:
         from tl_reward.sweep.agreement import model_agreement
@@ -372,7 +301,7 @@ def compare_models(
     readability_hook: str | None = "blocks.{layer}.hook_resid_post",
     readability_layer: int = -1,
     objective: str | Mapping[str, str] = "score",
-    n_resamples: int = 2000,
+    n_bootstrap: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
     batch_size: int = 8,
@@ -401,5 +330,5 @@ def compare_models(
     objectives = objective_per_model(objective, list(named))
     features = {n: model_features(m, corpus, pairs, objectives[n], readability_hook,
                                   readability_layer, batch_size) for n, m in named.items()}
-    return compare_features(features, sweeps, n_resamples=n_resamples, confidence=confidence,
+    return compare_features(features, sweeps, n_bootstrap=n_bootstrap, confidence=confidence,
                             seed=seed, rbo_p=rbo_p)

@@ -33,7 +33,6 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
-from tqdm.auto import tqdm
 
 from tl_reward.compare.similarity import (
     MEASURES,
@@ -157,7 +156,6 @@ def read_rows(
     hooks: Sequence[str],
     positions: Positions = "pooled",
     batch_size: int = 8,
-    bar: Any = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Rows of each hook point's activations (float32, CPU, input order) and the input of each
     row, in one pass over length-sorted, right-padded batches; the forward stops after the last
@@ -187,8 +185,6 @@ def read_rows(
         else:
             kwargs["return_type"] = None
         model.run_with_hooks(batch.tokens, fwd_hooks=[(h, grab) for h in hooks], **kwargs)
-        if bar is not None:
-            bar.update(1)
     item_of_row = np.concatenate(items)
     # rows in input order (stable within an input, so response tokens keep their order)
     perm = np.argsort(item_of_row, kind="stable")
@@ -231,40 +227,13 @@ def layer_grams(
     With ``positions="response"`` rows are tokens and the Grams grow as (tokens)^2: a request
     whose Grams would exceed ``max_gram_bytes`` is refused before any forward pass.
     """
-    if positions not in ("pooled", "response"):
-        raise TLRewardError(f"positions must be 'pooled' or 'response', got {positions!r}")
-    if len(inputs) < 4:
-        raise TLRewardError(f"need at least 4 inputs to compare representations, got "
-                            f"{len(inputs)}")
-    names = hook_names(model, hook, layers)
-    encoded = _encode_all(model, list(inputs))
-    if positions == "response":
-        n_rows = sum(len(e.ids) - (e.response_start or 0) for e in encoded)
-        need = len(names) * n_rows**2 * 8
-        if need > max_gram_bytes:
-            raise TLRewardError(
-                f"positions='response' gives {n_rows} rows, so {len(names)} float64 Grams need "
-                f"{need / 1e9:.1f} GB (more than max_gram_bytes = {max_gram_bytes / 1e9:.1f} "
-                "GB); use fewer or shorter inputs, fewer layers, positions='pooled', or raise "
-                "max_gram_bytes")
-    chunk = len(names) if layer_chunk is None else max(1, int(layer_chunk))
-    groups = [names[i: i + chunk] for i in range(0, len(names), chunk)]
-    grams: np.ndarray | None = None
-    row_item = np.zeros(0, dtype=np.int64)
-    show = progress if progress is not None else len(encoded) * len(groups) > 32 * batch_size
-    bar = tqdm(total=len(groups) * ((len(encoded) + batch_size - 1) // batch_size),
-               disable=not show, desc="reading activations", unit="batch")
-    for group in groups:
-        rows, row_item = read_rows(model, encoded, group, positions, batch_size, bar)
-        if grams is None:
-            grams = np.zeros((len(names), len(row_item), len(row_item)))
-        for h in group:
-            x = rows.pop(h).astype(np.float64)
-            x -= x.mean(0, keepdims=True)
-            grams[names.index(h)] = x @ x.T  # float64 Gram of the centred rows
-    bar.close()
-    assert grams is not None
-    return LayerGrams(model_label(model), names, grams, positions, row_item)
+    from tl_reward.scale.compare import run_layer_grams
+    from tl_reward.scale.executors import in_process
+
+    spec, executor = in_process(model)
+    return run_layer_grams(spec, inputs, hook, layers, positions, batch_size, layer_chunk,
+                           executor, batches_per_unit=1, max_gram_bytes=max_gram_bytes,
+                           progress=progress)[0]
 
 
 @dataclass(repr=False)

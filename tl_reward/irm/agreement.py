@@ -1,40 +1,42 @@
-"""How far an implicit reward agrees with an explicit one: on pairs, on a corpus, on tokens."""
+"""How far an implicit reward agrees with an explicit one: on pairs, and (the one
+:func:`~tl_reward.stats.agreement.rank_agreement`) on a corpus or on tokens."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from tl_reward.errors import TLRewardError
-from tl_reward.stats.ranks import kendall_tau_b, spearman_rho
+from tl_reward.results import ShortRepr
+from tl_reward.stats.agreement import RankAgreement, rank_agreement
+from tl_reward.stats.estimate import Estimate
+from tl_reward.stats.resampling import bootstrap_ci
+
+__all__ = ["PairAgreement", "RankAgreement", "pair_agreement", "rank_agreement"]
 
 
-def _bootstrap(n: int, stat: Any, n_resamples: int, seed: int) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    vals = np.array([stat(rng.integers(0, n, n)) for _ in range(n_resamples)])
-    vals = vals[~np.isnan(vals)]
-    if vals.size == 0:
-        return float("nan"), float("nan")
-    lo, hi = np.quantile(vals, [0.025, 0.975])
-    return float(lo), float(hi)
-
-
-@dataclass
-class PairAgreement:
+@dataclass(repr=False)
+class PairAgreement(ShortRepr):
     """Share of preference pairs on which the implicit reward prefers the explicit reward's
-    choice (ties count one half), with a 95% percentile-bootstrap CI over pairs."""
+    choice (ties count one half), with a percentile-bootstrap CI over pairs.
 
-    share: float
-    ci_low: float
-    ci_high: float
-    n: int
-    margins: np.ndarray
+    Attributes:
+        agreement: the share as an :class:`Estimate`; margins: ``[n]`` implicit margins.
+    """
+
+    agreement: Estimate
+    margins: np.ndarray = field(repr=False)
+
+    @property
+    def share(self) -> float:
+        """The share of pairs (``agreement.value``)."""
+        return self.agreement.value
 
     def __str__(self) -> str:
-        return f"{self.share:.3f} [{self.ci_low:.3f}, {self.ci_high:.3f}] (n = {self.n})"
+        return str(self.agreement)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per pair: the implicit margin (chosen minus rejected) and agreement."""
@@ -50,60 +52,15 @@ class PairAgreement:
                             labels={"x": "r_imp(chosen) - r_imp(rejected)"})
 
 
-def pair_agreement(chosen: np.ndarray, rejected: np.ndarray, n_resamples: int = 2000,
-                   seed: int = 0) -> PairAgreement:
+def pair_agreement(chosen: np.ndarray, rejected: np.ndarray, n_bootstrap: int = 2000,
+                   confidence: float = 0.95, seed: int = 0) -> PairAgreement:
     """Agreement of implicit rewards with pairs ordered by an explicit reward (chosen first)."""
     c, r = np.asarray(chosen, dtype=np.float64), np.asarray(rejected, dtype=np.float64)
     if c.shape != r.shape or c.ndim != 1 or c.size < 2:
         raise TLRewardError("chosen and rejected must be 1-D arrays of the same length >= 2")
     m = c - r
     score = np.where(m > 0, 1.0, np.where(m < 0, 0.0, 0.5))
-    lo, hi = _bootstrap(m.size, lambda i: score[i].mean(), n_resamples, seed)
-    return PairAgreement(float(score.mean()), lo, hi, int(m.size), m)
-
-
-@dataclass
-class RankAgreement:
-    """Kendall tau-b (95% bootstrap CI over items) and Spearman rho of two rewards."""
-
-    kendall_tau_b: float
-    ci_low: float
-    ci_high: float
-    kendall_pvalue: float
-    spearman_rho: float
-    n: int
-    x: np.ndarray
-    y: np.ndarray
-    x_label: str = "implicit reward"
-    y_label: str = "explicit reward"
-
-    def __str__(self) -> str:
-        return (f"tau_b {self.kendall_tau_b:.3f} [{self.ci_low:.3f}, {self.ci_high:.3f}], "
-                f"rho {self.spearman_rho:.3f} (n = {self.n})")
-
-    def to_dataframe(self) -> pd.DataFrame:
-        """One row per item: the two values."""
-        return pd.DataFrame({self.x_label: self.x, self.y_label: self.y})
-
-    def plot(self) -> Any:
-        """Scatter of the two rewards (plotly)."""
-        from tl_reward.viz.irm import plot_reward_scatter
-
-        return plot_reward_scatter(self.x, self.y, self.x_label, self.y_label,
-                                   f"Kendall tau-b {self.kendall_tau_b:.3f}")
-
-
-def rank_agreement(x: np.ndarray, y: np.ndarray, n_resamples: int = 1000, seed: int = 0,
-                   x_label: str = "implicit reward", y_label: str = "explicit reward"
-                   ) -> RankAgreement:
-    """Rank agreement of two rewards on the same items (NaN items dropped)."""
-    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    keep = ~(np.isnan(a) | np.isnan(b))
-    a, b = a[keep], b[keep]
-    if a.size < 3:
-        raise TLRewardError(f"rank agreement needs at least 3 items, got {a.size}")
-    tau = kendall_tau_b(a, b)
-    lo, hi = _bootstrap(a.size, lambda i: kendall_tau_b(a[i], b[i]).statistic, n_resamples,
-                        seed)
-    return RankAgreement(tau.statistic, lo, hi, tau.p_value, spearman_rho(a, b).statistic,
-                         int(a.size), a, b, x_label, y_label)
+    lo, hi = bootstrap_ci(score, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
+    return PairAgreement(Estimate(float(score.mean()), lo, hi, n=int(m.size),
+                                  method="percentile bootstrap over pairs",
+                                  confidence=confidence), m)

@@ -12,7 +12,8 @@ per-token utilities of the reward it was tuned on.
 4. Ridge regression (penalty chosen by inner cross-validation) from SAE features to the
    utility, predicted out of fold (folds grouped by word, so ``"love"`` and ``" Love"`` never
    straddle train and test); reconstructed vs true utilities by Kendall tau-b with a bootstrap
-   CI, for the policy's features, the reference's, and both.
+   CI resampling words (the folds' unit: a word's tokens are near-duplicates, not independent
+   items), for the policy's features, the reference's, and both.
 
 The seed validated with histograms and an LLM's feature labels; the Kendall tau here is the
 quantitative check. A high tau for the reference's features too says the utilities were
@@ -32,9 +33,9 @@ from jaxtyping import Float
 
 from tl_reward import tl_backend
 from tl_reward.errors import TLRewardError
-from tl_reward.irm.agreement import RankAgreement, rank_agreement
 from tl_reward.irm.layers import LayerChange, parameter_change
 from tl_reward.model.inputs import EncodedInput, collate
+from tl_reward.stats.agreement import RankAgreement, rank_agreement
 from tl_reward.sweep.response_template import Prompt, response_template
 
 
@@ -116,7 +117,8 @@ class UtilityReconstruction:
         feature_set: which features were used (e.g. ``"policy"``, ``"reference"``, ``"both"``).
         words: the word of each item; ``utilities``: true values; ``reconstructed``: ridge
             predictions made without the item's word in training.
-        agreement: Kendall tau-b (bootstrap CI over items) and Spearman rho.
+        agreement: Kendall tau-b (bootstrap CI resampling words, the folds' unit) and
+            Spearman rho.
         alphas: the ridge penalty chosen in each outer fold; ``r2``: out-of-fold R^2.
     """
 
@@ -147,12 +149,13 @@ class UtilityReconstruction:
 def reconstruct_utilities(
     features: np.ndarray | torch.Tensor, utilities: np.ndarray, groups: Sequence[str],
     feature_set: str = "features", n_folds: int = 5, alphas: Sequence[float] | None = None,
-    n_resamples: int = 1000, seed: int = 0,
+    n_bootstrap: int = 1000, seed: int = 0,
 ) -> UtilityReconstruction:
     """Ridge from ``features [n, F]`` to ``utilities [n]``, predicted out of fold.
 
     Outer folds are grouped by ``groups`` (the word); inside each, ``RidgeCV`` (efficient
-    leave-one-out) picks the penalty from ``alphas`` on standardised features.
+    leave-one-out) picks the penalty from ``alphas`` on standardised features. Kendall's CI
+    resamples the same unit, whole groups (a cluster bootstrap).
     """
     from sklearn.linear_model import RidgeCV
     from sklearn.model_selection import GroupKFold
@@ -179,7 +182,8 @@ def reconstruct_utilities(
         pred[te] = model.predict(x[te])
         chosen.append(float(model[-1].alpha_))
     r2 = 1 - float(((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum())
-    agr = rank_agreement(pred, y, n_resamples, seed, "reconstructed utility", "true utility")
+    agr = rank_agreement(pred, y, ("reconstructed utility", "true utility"), n_bootstrap,
+                         seed=seed, units=g, unit="word")
     return UtilityReconstruction(feature_set, [str(w) for w in g], y, pred, agr, chosen, r2,
                                  int(x.shape[1]))
 
@@ -207,10 +211,10 @@ class IrmPipelineResult:
         for name, rec in self.reconstructions.items():
             a = rec.agreement
             rows.append({"features": name, "layers": ",".join(map(str, self.layers)),
-                         "n_words": len(set(rec.words)), "n_tokens": a.n,
-                         "n_features": rec.n_features, "kendall_tau_b": a.kendall_tau_b,
-                         "ci_low": a.ci_low, "ci_high": a.ci_high,
-                         "spearman_rho": a.spearman_rho, "r2": rec.r2})
+                         "n_words": len(set(rec.words)), "n_tokens": a.kendall_tau_b.n,
+                         "n_features": rec.n_features, "kendall_tau_b": a.kendall_tau_b.value,
+                         "ci_low": a.kendall_tau_b.ci_low, "ci_high": a.kendall_tau_b.ci_high,
+                         "spearman_rho": a.spearman_rho.value, "r2": rec.r2})
         return pd.DataFrame(rows)
 
     def plot(self) -> Any:
@@ -259,7 +263,7 @@ def run_seed_pipeline(
     sae_epochs: float = 4.0,
     batch_size_tokens: int = 1024,
     n_folds: int = 5,
-    n_resamples: int = 1000,
+    n_bootstrap: int = 1000,
     seed: int = 0,
 ) -> IrmPipelineResult:
     """Layers by parameter change, SAEs on both models there, ridge from features to utilities.
@@ -296,6 +300,6 @@ def run_seed_pipeline(
             parts.append(sae_features(trained.sae, word_acts[la]))
         feats[name] = torch.cat(parts, 1)
     feats["both"] = torch.cat([feats["policy"], feats["reference"]], 1)
-    recs = {name: reconstruct_utilities(f, utils, words, name, n_folds, None, n_resamples, seed)
+    recs = {name: reconstruct_utilities(f, utils, words, name, n_folds, None, n_bootstrap, seed)
             for name, f in feats.items()}
     return IrmPipelineResult(change, layers, pd.DataFrame(metrics), recs, saes)

@@ -20,8 +20,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from tl_reward.compare.behaviour import (
     BehaviourComparison,
     ModelFeatures,
@@ -32,23 +30,26 @@ from tl_reward.compare.behaviour import (
 )
 from tl_reward.data import PreferencePair
 from tl_reward.errors import TLRewardError
-from tl_reward.scale.executors import Executor, LocalExecutor, ModelSpec, Worker, as_spec
+from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
+from tl_reward.scale.jobs import run_chunked
 
 
-def features_unit(worker: Worker, spec: ModelSpec, corpus: Sequence[Any] | None,
+def features_unit(worker: Worker, spec: Spec, corpus: Sequence[Any] | None,
                   pairs: Sequence[PreferencePair] | None, objective: str,
                   readability_hook: str | None, readability_layer: int, batch_size: int
-                  ) -> tuple[str, ModelFeatures]:
-    """The model's name and :class:`ModelFeatures` (run on a worker)."""
+                  ) -> list[tuple[str, ModelFeatures]]:
+    """The model's name and :class:`ModelFeatures`, as the unit's one result (run on a
+    worker)."""
     from tl_reward.compare.layers import model_label
 
     model = worker.model(spec)
-    return model_label(model), model_features(model, corpus, pairs, objective,
-                                              readability_hook, readability_layer, batch_size)
+    return [(model_label(model), model_features(model, corpus, pairs, objective,
+                                                readability_hook, readability_layer,
+                                                batch_size))]
 
 
 def run_compare_models(
-    models: Mapping[str, str | Path | ModelSpec] | Sequence[str | Path | ModelSpec],
+    models: Mapping[str, str | Path | Spec] | Sequence[str | Path | Spec],
     data: Sequence[Any] | None = None,
     *,
     pairs: Sequence[PreferencePair] | None = None,
@@ -56,7 +57,7 @@ def run_compare_models(
     readability_hook: str | None = "blocks.{layer}.hook_resid_post",
     readability_layer: int = -1,
     objective: str | Mapping[str, str] = "score",
-    n_resamples: int = 2000,
+    n_bootstrap: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
     batch_size: int = 8,
@@ -82,21 +83,12 @@ def run_compare_models(
         per = objective_per_model(objective, list(named))
         objectives = [per[n] for n in named]
     results: dict[int, tuple[str, ModelFeatures]] = {}
-    bar = tqdm(total=len(specs), disable=progress is False, unit="model", desc="compare")
-
-    def keep(i: int, result: tuple[str, ModelFeatures]) -> None:
-        results[i] = result
-        bar.update(1)
-
-    try:
-        with (executor or LocalExecutor()).session() as pool:
-            pool.stream(features_unit, [(s, corpus, pairs, o, readability_hook,
-                                         readability_layer, batch_size)
-                                        for s, o in zip(specs, objectives, strict=True)], keep)
-    finally:
-        bar.close()
-    if len(results) != len(specs):
-        raise TLRewardError("internal error: a model's features never arrived")
+    with (executor or LocalExecutor()).session() as pool:
+        run_chunked(pool, features_unit, range(len(specs)),
+                    lambda u: (specs[u[0]], corpus, pairs, objectives[u[0]], readability_hook,
+                               readability_layer, batch_size),
+                    lambda i, result, new: results.__setitem__(i, result),
+                    desc="compare", unit="model", progress=progress)
     if named is not None:
         names = list(named)
     else:  # as compare_models names a list of loaded models
@@ -105,5 +97,5 @@ def run_compare_models(
             name = results[i][0]
             names.append(name if name not in names else f"{name}_{i}")
     features = {n: results[i][1] for i, n in enumerate(names)}
-    return compare_features(features, sweeps, n_resamples=n_resamples, confidence=confidence,
+    return compare_features(features, sweeps, n_bootstrap=n_bootstrap, confidence=confidence,
                             seed=seed, rbo_p=rbo_p)

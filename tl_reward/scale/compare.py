@@ -25,12 +25,10 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from tl_reward.compare.layers import (
     DEFAULT_HOOK,
@@ -40,39 +38,34 @@ from tl_reward.compare.layers import (
     compare_grams,
 )
 from tl_reward.errors import TLRewardError
-from tl_reward.scale.executors import (
-    Executor,
-    LocalExecutor,
-    ModelSpec,
-    Worker,
-    as_spec,
-    batched,
-)
+from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec, batched
+from tl_reward.scale.jobs import run_chunked
 from tl_reward.store import ChunkStore, RunIdentity, digest
 
 
-def plan_grams(worker: Worker, spec: ModelSpec, inputs: Sequence[Any],
-               hook: str | Sequence[str], layers: Sequence[int] | None) -> dict[str, Any]:
-    """The model's hook names, name and part of the run identity, and the inputs' token
-    lengths, response rows and digest of their ids (run on a worker)."""
+def plan_grams(worker: Worker, spec: Spec, inputs: Sequence[Any],
+               hook: str | Sequence[str], layers: Sequence[int] | None, cached: bool
+               ) -> dict[str, Any]:
+    """The model's hook names, name and (when ``cached``) part of the run identity, and the
+    inputs' token lengths, response rows and digest of their ids (run on a worker)."""
     from tl_reward.compare.layers import _encode_all, hook_names, model_label
 
     model = worker.model(spec)
     names = hook_names(model, hook, layers)
     enc = _encode_all(model, list(inputs))
     return {"hooks": names, "label": model_label(model),
-            "identity": RunIdentity.of_model("grams", model),
+            "identity": RunIdentity.of_model("grams", model) if cached else None,
             "lengths": [len(e.ids) for e in enc],
             "response_rows": sum(len(e.ids) - (e.response_start or 0) for e in enc),
             "inputs": digest([[list(e.ids), e.response_start] for e in enc])}
 
 
-def read_unit(worker: Worker, spec: ModelSpec, batches: Sequence[Sequence[Any]],
+def read_unit(worker: Worker, spec: Spec, batches: Sequence[Sequence[Any]],
               hooks: Sequence[str], positions: Positions
-              ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+              ) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
     """Rows of ``hooks`` for consecutive batches of inputs (each read as one forward batch):
     rows per hook in batch order and, per row, its input's place in the flattened batches
-    (run on a worker)."""
+    (run on a worker; one result: the unit is one chunk of the job)."""
     from tl_reward.compare.layers import _encode_all, read_rows
 
     model = worker.model(spec)
@@ -86,54 +79,10 @@ def read_unit(worker: Worker, spec: ModelSpec, batches: Sequence[Sequence[Any]],
             rows[h].append(got[h])
         items.append(item + offset)
         offset += len(batch)
-    return {h: np.concatenate(v) for h, v in rows.items()}, np.concatenate(items)
+    return [({h: np.concatenate(v) for h, v in rows.items()}, np.concatenate(items))]
 
 
-@dataclass
-class _Group:
-    """The driver's side of one (model, hook group): its units' rows until all are in."""
-
-    job: int
-    local: int  # the group's index within its model (names the unit files)
-    hooks: list[str]
-    units: list[int]
-    results: dict[int, tuple[dict[str, np.ndarray], np.ndarray]] = field(default_factory=dict)
-
-
-def _unit(group: int, unit: int) -> str:
-    return f"g{group:04d}-u{unit:06d}.npz"
-
-
-def _read_unit(store: ChunkStore, group: int, unit: int, hooks: Sequence[str]
-               ) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
-    """A unit's rows and row items from ``store`` (``None`` when not there yet)."""
-    if not store.has(_unit(group, unit)):
-        return None
-    with np.load(store.path(_unit(group, unit))) as z:
-        return {h: z[f"h{k}"] for k, h in enumerate(hooks)}, z["item"]
-
-
-def _write_unit(store: ChunkStore, group: int, unit: int, hooks: Sequence[str],
-                rows: dict[str, np.ndarray], item: np.ndarray) -> None:
-    def save(path: Path) -> None:
-        with open(path, "wb") as f:
-            np.savez(f, item=item, **{f"h{k}": rows[h] for k, h in enumerate(hooks)})
-
-    store.save(_unit(group, unit), save)
-
-
-def _grams(hooks: list[str], rows: dict[str, np.ndarray]) -> np.ndarray:
-    """Centred float64 Grams, computed as :func:`~tl_reward.compare.layers.layer_grams` does."""
-    n = len(next(iter(rows.values())))
-    grams = np.zeros((len(hooks), n, n))
-    for k, h in enumerate(hooks):
-        x = rows.pop(h).astype(np.float64)
-        x -= x.mean(0, keepdims=True)
-        grams[k] = x @ x.T
-    return grams
-
-
-def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequence[Any],
+def _run(jobs: Sequence[tuple[Spec, Sequence[int] | None]], inputs: Sequence[Any],
          hook: str | Sequence[str], positions: Positions, batch_size: int,
          layer_chunk: int | None, executor: Executor | None,
          cache_dir: str | Path | None, batches_per_unit: int, max_gram_bytes: float,
@@ -147,111 +96,94 @@ def _run(jobs: Sequence[tuple[ModelSpec, Sequence[int] | None]], inputs: Sequenc
                             f"{len(inputs)}")
     if batch_size < 1:
         raise TLRewardError(f"batch_size must be positive, got {batch_size}")
-    out: list[LayerGrams | None] = [None] * len(jobs)
     with (executor or LocalExecutor()).session() as pool:
-        plans = pool.gather(plan_grams, [(s, inputs, hook, layers) for s, layers in jobs])
-        groups: list[_Group] = []
-        units: list[tuple[int, int, list[int]]] = []  # (group, unit index, input indices)
+        plans = pool.gather(plan_grams, [(s, inputs, hook, layers, cache_dir is not None)
+                                         for s, layers in jobs])
+        # per model: hook groups, each unit's inputs (the batches layer_grams reads), store
+        groups: list[list[list[str]]] = []
+        units: list[list[list[int]]] = []
         stores: list[ChunkStore | None] = []
-        state: list[dict[str, Any]] = []
-        for j, plan in enumerate(plans):
-            names = plan["hooks"]
-            if positions == "response":
-                need = len(names) * plan["response_rows"] ** 2 * 8
-                if need > max_gram_bytes:
-                    raise TLRewardError(
-                        f"positions='response' gives {plan['response_rows']} rows, so "
-                        f"{len(names)} float64 Grams need {need / 1e9:.1f} GB (more than "
-                        f"max_gram_bytes = {max_gram_bytes / 1e9:.1f} GB); use fewer or "
-                        "shorter inputs, fewer layers, positions='pooled', or raise "
-                        "max_gram_bytes")
-            # the batches layer_grams reads: inputs sorted by length (longest first, stable)
-            order = sorted(range(len(inputs)), key=lambda i: -plan["lengths"][i])
-            batches = batched(order, batch_size)
+        for plan in plans:
+            names, rows = plan["hooks"], plan["response_rows"]
+            if positions == "response" and len(names) * rows**2 * 8 > max_gram_bytes:
+                raise TLRewardError(
+                    f"positions='response' gives {rows} rows, so {len(names)} float64 Grams "
+                    f"need {len(names) * rows**2 * 8 / 1e9:.1f} GB (more than max_gram_bytes = "
+                    f"{max_gram_bytes / 1e9:.1f} GB); use fewer or shorter inputs, fewer "
+                    "layers, positions='pooled', or raise max_gram_bytes")
+            order = sorted(range(len(inputs)), key=lambda i: -plan["lengths"][i])  # stable
             chunk = len(names) if layer_chunk is None else max(1, int(layer_chunk))
-            store = None
-            if cache_dir is not None:
-                ident = plan["identity"].with_job(plan["inputs"], settings={
-                    "hooks": names, "positions": positions, "batch_size": batch_size,
-                    "layer_chunk": chunk, "batches_per_unit": batches_per_unit})
-                store = ChunkStore(Path(cache_dir) / ident.folder_name(), ident)
-            stores.append(store)
-            state.append({"grams": np.zeros(0), "row_item": None, "left": 0})
-            for g0 in range(0, len(names), chunk):
-                group = _Group(j, g0 // chunk, names[g0: g0 + chunk], [])
-                gi = len(groups)
-                groups.append(group)
-                state[j]["left"] += 1
-                for u, unit in enumerate(batched(batches, batches_per_unit)):
-                    group.units.append(u)
-                    units.append((gi, u, [i for b in unit for i in b]))
-        bar = tqdm(total=len(units), disable=progress is False if progress is not None
-                   else len(units) < 8, desc="reading activations", unit="unit")
+            groups.append(batched(names, chunk))
+            units.append([[i for b in u for i in b]
+                          for u in batched(batched(order, batch_size), batches_per_unit)])
+            ident = plan["identity"] and plan["identity"].with_job(plan["inputs"], settings={
+                "hooks": names, "positions": positions, "batch_size": batch_size,
+                "layer_chunk": chunk, "batches_per_unit": batches_per_unit})
+            stores.append(None if cache_dir is None else
+                          ChunkStore(Path(cache_dir) / ident.folder_name(), ident))
+        grams: list[np.ndarray | None] = [None] * len(jobs)
+        row_item: list[np.ndarray | None] = [None] * len(jobs)
+        parts: dict[tuple[int, int], dict[int, Any]] = {}
 
-        def finish(gi: int) -> None:
-            group = groups[gi]
-            j, plan = group.job, plans[group.job]
-            parts = [group.results.pop(u) for u in group.units]  # in unit (= batch) order
-            items = np.concatenate([p[1] for p in parts])
+        def deliver(key: tuple[int, int, int], result: Any, new: bool) -> None:
+            j, g, u = key
+            got = parts.setdefault((j, g), {})
+            got[u] = (result[0], np.asarray(units[j][u])[result[1]])
+            if new and callback is not None:
+                callback(j, g, u)
+            if len(got) < len(units[j]):
+                return
+            del parts[(j, g)]  # a hook group's rows are held only until its Grams are formed
+            items = np.concatenate([got[u][1] for u in range(len(got))])
             perm = np.argsort(items, kind="stable")  # rows in input order, as in read_rows
-            rows = {h: np.concatenate([p[0][h] for p in parts])[perm] for h in group.hooks}
-            row_item = items[perm]
-            if positions == "pooled" and not np.array_equal(row_item, np.arange(len(inputs))):
+            row_item[j] = items[perm]
+            if positions == "pooled" and not np.array_equal(items[perm], np.arange(len(inputs))):
                 raise TLRewardError("internal error: layer rows do not cover every input once")
-            st = state[j]
-            if st["row_item"] is None:
-                st["row_item"] = row_item
-                st["grams"] = np.zeros((len(plan["hooks"]), len(row_item), len(row_item)))
-            grams = _grams(group.hooks, rows)
-            for k, h in enumerate(group.hooks):
-                st["grams"][plan["hooks"].index(h)] = grams[k]
-            st["left"] -= 1
-            if st["left"] == 0:
-                out[j] = LayerGrams(plan["label"], plan["hooks"], st.pop("grams"), positions,
-                                    st["row_item"])
+            if grams[j] is None:
+                grams[j] = np.zeros((len(plans[j]["hooks"]), len(perm), len(perm)))
+            for h in groups[j][g]:
+                x = np.concatenate([got[u][0].pop(h) for u in range(len(got))])[perm]
+                x = x.astype(np.float64)
+                x -= x.mean(0, keepdims=True)
+                grams[j][plans[j]["hooks"].index(h)] = x @ x.T  # type: ignore[index]
 
-        def arrive(gi: int, u: int, idx: list[int], rows: dict[str, np.ndarray],
-                   local: np.ndarray, from_disk: bool) -> None:
-            group = groups[gi]
-            store = stores[group.job]
-            if not from_disk and store is not None:
-                _write_unit(store, group.local, u, group.hooks, rows, local)
-            group.results[u] = (rows, np.asarray(idx)[local])
-            bar.update(1)
-            if callback is not None and not from_disk:
-                callback(group.job, group.local, u)
-            if len(group.results) == len(group.units):
-                finish(gi)
+        def name(key: tuple[int, int, int]) -> str:
+            return f"g{key[1]:04d}-u{key[2]:06d}.npz"
 
-        todo = []
-        for gi, u, idx in units:
-            group = groups[gi]
-            store = stores[group.job]
-            got = (_read_unit(store, group.local, u, group.hooks) if store is not None
-                   else None)
-            if got is None:
-                todo.append((gi, u, idx))
-            else:
-                arrive(gi, u, idx, *got, from_disk=True)
+        def load(key: tuple[int, int, int]) -> Any:
+            store, hooks = stores[key[0]], groups[key[0]][key[1]]
+            if store is None or not store.has(name(key)):
+                return None
+            with np.load(store.path(name(key))) as z:
+                return {h: z[f"h{k}"] for k, h in enumerate(hooks)}, z["item"]
 
-        def done(k: int, result: tuple[dict[str, np.ndarray], np.ndarray]) -> None:
-            gi, u, idx = todo[k]
-            arrive(gi, u, idx, *result, from_disk=False)
+        def save(key: tuple[int, int, int], result: Any) -> None:
+            store, hooks = stores[key[0]], groups[key[0]][key[1]]
 
-        try:
-            pool.stream(read_unit, [
-                (jobs[groups[gi].job][0], [[inputs[i] for i in b]
-                                           for b in batched(idx, batch_size)],
-                 groups[gi].hooks, positions) for gi, u, idx in todo], done)
-        finally:
-            bar.close()
-    if any(g is None for g in out):
-        raise TLRewardError("internal error: some layer Grams were not finished")
-    return out  # type: ignore[return-value]
+            def write(path: Path) -> None:
+                with open(path, "wb") as f:
+                    np.savez(f, item=result[1], **{f"h{k}": result[0][h]
+                                                   for k, h in enumerate(hooks)})
+
+            if store is not None:
+                store.save(name(key), write)
+
+        def unit_args(keys: list[tuple[int, int, int]]) -> tuple[Any, ...]:
+            (j, g, u), = keys
+            return (jobs[j][0], [[inputs[i] for i in b] for b in batched(units[j][u], batch_size)],
+                    groups[j][g], positions)
+
+        keys = [(j, g, u) for j in range(len(jobs)) for g in range(len(groups[j]))
+                for u in range(len(units[j]))]
+        run_chunked(pool, read_unit, keys, unit_args, deliver, load=load, save=save,
+                    desc="reading activations", unit="unit",
+                    progress=progress if progress is not None else len(keys) >= 8)
+    return [LayerGrams(p["label"], p["hooks"], grams[j], positions, row_item[j])
+            for j, p in enumerate(plans)]
 
 
 def run_layer_grams(
-    models: str | Path | ModelSpec | Sequence[str | Path | ModelSpec],
+    models: str | Path | Spec | Sequence[str | Path | Spec],
     inputs: Sequence[Any],
     hook: str | Sequence[str] = DEFAULT_HOOK,
     layers: Sequence[int] | None = None,
@@ -285,8 +217,8 @@ def run_layer_grams(
 
 
 def run_compare_layers(
-    model_a: str | Path | ModelSpec,
-    model_b: str | Path | ModelSpec | None = None,
+    model_a: str | Path | Spec,
+    model_b: str | Path | Spec | None = None,
     inputs: Sequence[Any] = (),
     measure: str | Sequence[str] = ("debiased_cka", "rv2"),
     hook: str | Sequence[str] = DEFAULT_HOOK,

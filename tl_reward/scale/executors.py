@@ -1,25 +1,14 @@
 """Where the units of a long job run: this process, or a pool of Ray actors.
 
-A long job (vocabulary sweeps, a faithfulness report, a probe battery, layer Grams) is split by
-its driver into *units*: small, independent pieces whose results the driver writes (it is the
-only writer, so workers need no shared file system) and which it skips on a rerun once their
-results are on disk. Executors run the units:
-
-* :class:`LocalExecutor`: one in-process :class:`Worker` (no Ray needed);
-* :class:`RayExecutor`: a pool of :class:`Worker` Ray actors (``max_restarts=-1``), each loading
-  a model once (and onto its own GPU with ``num_gpus=1``); two units are in flight per actor
-  (the next one is queued while one runs), and the unit of an actor that died is handed out
-  again, so no unit is lost.
-
-Workers receive a :class:`ModelSpec` (hub name or local directory, dtype, trust_remote_code),
-never a loaded model: the driver never loads the model itself, even to plan a job (planning is a
-call on a worker, see :meth:`Pool.gather`). A unit is a module-level function
-``fn(worker, *args)`` (picklable by reference) that gets the model from
-:meth:`Worker.model`; :meth:`Worker.state` keeps per-model state (plans, prefix caches) between
-units on the same worker.
-
-A started pool is itself an executor, so several jobs can share one pool (and the model each
-worker has loaded)::
+A job's driver (:func:`~tl_reward.scale.jobs.run_chunked`) hands out *units*, small independent
+pieces whose results it alone writes (workers need no shared file system). Units run on
+:class:`LocalExecutor` (one in-process :class:`Worker`) or :class:`RayExecutor` (a pool of
+:class:`Worker` Ray actors with ``max_restarts=-1``, two units in flight per actor, a dead
+actor's unit handed out again). Workers receive a :class:`ModelSpec`, never a loaded model, and
+plan jobs too, so the driver never loads the model; the single-process analyses pass a
+:class:`Loaded` model to an in-process worker (:func:`in_process`). A unit is a module-level
+``fn(worker, *args)`` that gets the model from :meth:`Worker.model`; :attr:`Worker.state` keeps
+per-model state (plans, prefix caches) between units. A started pool is itself an executor::
 
     >>> with RayExecutor(num_gpus=1).session() as pool:
     ...     probes = run_probes("org/rm", items, executor=pool)
@@ -61,9 +50,29 @@ class ModelSpec:
                                                  trust_remote_code=self.trust_remote_code)
 
 
-def as_spec(model: str | Path | ModelSpec) -> ModelSpec:
+@dataclass(frozen=True, eq=False)
+class Loaded:
+    """A model already loaded in this process, for an in-process worker (the single-process
+    analyses run their jobs this way; it cannot be sent to Ray)."""
+
+    model: Any
+
+    def load(self, device: str) -> Any:
+        """The model itself, wherever it is."""
+        return self.model
+
+
+Spec = ModelSpec | Loaded
+
+
+def as_spec(model: str | Path | Spec) -> Spec:
     """A :class:`ModelSpec` from a spec or a hub name / local directory (float32)."""
-    return model if isinstance(model, ModelSpec) else ModelSpec(str(model))
+    return model if isinstance(model, (ModelSpec, Loaded)) else ModelSpec(str(model))
+
+
+def in_process(model: Any) -> tuple[Loaded, LocalExecutor]:
+    """``model`` (loaded) and the executor that runs a job on it in this process."""
+    return Loaded(model), LocalExecutor()
 
 
 class Worker:
@@ -110,7 +119,7 @@ class Worker:
             return {"pid": os.getpid(), "device": self.device, "gpu_ids": _gpu_ids(),
                     "threads": torch.get_num_threads()}
 
-    def model(self, spec: ModelSpec) -> Any:
+    def model(self, spec: Spec) -> Any:
         """The model of ``spec``, loaded at most once while consecutive units use it (one model
         in memory at a time; :attr:`state` is cleared when the model changes)."""
         if spec != self._model_key:

@@ -23,29 +23,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
-from tl_reward.analysis.faithfulness import (
-    FaithfulnessReport,
-    ZeroMarginError,
-    _key,
-    assemble_report,
-    pair_identity,
-    pair_scores,
-)
+from tl_reward.analysis import faithfulness as faith
+from tl_reward.analysis.faithfulness import FaithfulnessReport, ZeroMarginError
 from tl_reward.errors import TLRewardError
-from tl_reward.scale.executors import (
-    Executor,
-    LocalExecutor,
-    ModelSpec,
-    Worker,
-    as_spec,
-    batched,
-)
+from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
+from tl_reward.scale.jobs import run_chunked
 from tl_reward.store import EntryCache
 
 
-def plan_pairs(worker: Worker, spec: ModelSpec, pairs: Sequence[Any], level: str,
+def plan_pairs(worker: Worker, spec: Spec, pairs: Sequence[Any], level: str,
                objective: int | str | None) -> tuple[str, list[str]]:
     """The resolved objective and every pair's cache key (run on a worker)."""
     from tl_reward.analysis.readout import resolve_objectives
@@ -53,11 +39,11 @@ def plan_pairs(worker: Worker, spec: ModelSpec, pairs: Sequence[Any], level: str
 
     model = worker.model(spec)
     obj = resolve_objectives(model, objective)[0]
-    ident = pair_identity(model, level, obj)
-    return obj, [_key(ident, tp) for tp in as_pair_batch(model, list(pairs))]
+    ident = faith.pair_identity(model, level, obj)
+    return obj, [faith._key(ident, tp) for tp in as_pair_batch(model, list(pairs))]
 
 
-def score_pairs(worker: Worker, spec: ModelSpec, pairs: Sequence[Any], level: str, obj: str,
+def score_pairs(worker: Worker, spec: Spec, pairs: Sequence[Any], level: str, obj: str,
                 chunk_size: int) -> list[tuple[dict[str, Any] | None, str | None]]:
     """Per pair ``(record, None)``, or ``(None, reason)`` for a zero-margin pair (run on a
     worker)."""
@@ -69,14 +55,14 @@ def score_pairs(worker: Worker, spec: ModelSpec, pairs: Sequence[Any], level: st
     for j, tp in enumerate(batch):
         worker.checkpoint(j, len(batch))
         try:
-            out.append((pair_scores(model, tp, level, obj, chunk_size), None))
+            out.append((faith.pair_scores(model, tp, level, obj, chunk_size), None))
         except ZeroMarginError as err:
             out.append((None, str(err)))
     return out
 
 
 def run_faithfulness(
-    model: str | Path | ModelSpec,
+    model: str | Path | Spec,
     pairs: Sequence[Any],
     level: str = "sublayer",
     objective: int | str | None = None,
@@ -102,41 +88,29 @@ def run_faithfulness(
         raise TLRewardError(f"level must be 'sublayer' or 'head', got {level!r}")
     spec, pairs = as_spec(model), list(pairs)
     cache = EntryCache(cache_dir) if cache_dir is not None else None
-    records: dict[int, dict[str, Any]] = {}
-    reasons: dict[int, str] = {}
+    results: dict[int, tuple[dict[str, Any] | None, str | None]] = {}
+
+    def load(i: int) -> tuple[dict[str, Any], None] | None:
+        rec = cache.get(keys[i]) if cache is not None else None
+        return None if rec is None else (rec, None)
+
+    def save(i: int, result: tuple[dict[str, Any] | None, str | None]) -> None:
+        if cache is not None and result[0] is not None:  # zero-margin pairs are not cached
+            cache.put(keys[i], result[0])
+
+    def deliver(i: int, result: tuple[dict[str, Any] | None, str | None], new: bool) -> None:
+        results[i] = result
+        if new and callback is not None:
+            callback(i)
+
     with (executor or LocalExecutor()).session() as pool:
         obj, keys = pool.gather(plan_pairs, [(spec, pairs, level, objective)])[0]
-        todo = []
-        for i, key in enumerate(keys):
-            rec = cache.get(key) if cache is not None else None
-            if rec is None:
-                todo.append(i)
-            else:
-                records[i] = rec
-        units = batched(todo, pairs_per_unit)
-        bar = tqdm(total=len(todo), disable=progress is False, unit="pair",
-                   desc=f"faithfulness ({level})")
-
-        def write(u: int, results: list[tuple[dict[str, Any] | None, str | None]]) -> None:
-            for i, (rec, reason) in zip(units[u], results, strict=True):
-                if rec is None:
-                    reasons[i] = str(reason)
-                else:
-                    if cache is not None:
-                        cache.put(keys[i], rec)
-                    records[i] = rec
-                bar.update(1)
-                if callback is not None:
-                    callback(i)
-
-        try:
-            pool.stream(score_pairs, [(spec, [pairs[i] for i in u], level, obj, chunk_size)
-                                      for u in units], write)
-        finally:
-            bar.close()
-    done = [records[i] for i in range(len(pairs)) if i in records]
-    ids = [keys[i] for i in range(len(pairs)) if i in records]
-    skipped = [{"pair": i, "id": keys[i], "reason": reasons[i]} for i in sorted(reasons)]
-    if len(done) + len(skipped) != len(pairs):  # every pair is scored, read or skipped once
-        raise TLRewardError("internal error: some pairs were neither scored nor skipped")
-    return assemble_report(level, obj, done, ids, skipped)
+        run_chunked(pool, score_pairs, range(len(pairs)),
+                    lambda u: (spec, [pairs[i] for i in u], level, obj, chunk_size), deliver,
+                    per_unit=pairs_per_unit, load=load, save=save, progress=progress,
+                    desc=f"faithfulness ({level})", unit="pair")
+    done = [i for i in range(len(pairs)) if results[i][0] is not None]
+    skipped = [{"pair": i, "id": keys[i], "reason": results[i][1]}
+               for i in range(len(pairs)) if results[i][0] is None]
+    return faith.assemble_report(level, obj, [results[i][0] for i in done],
+                           [keys[i] for i in done], skipped)

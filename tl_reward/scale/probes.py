@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from tl_reward.audit.perturbations import (
     Dimension,
@@ -34,49 +33,39 @@ from tl_reward.audit.perturbations import (
 )
 from tl_reward.audit.probes import (
     ProbeReport,
+    ProbeStoreError,
     PublishedProbeReport,
     _score_rows,
-    chunk_name,
     chunk_rows,
-    finish_probes,
     probe_identity,
-    probe_store,
-    read_chunk,
     reward_names,
-    write_chunk,
+    summarise,
 )
-from tl_reward.scale.executors import (
-    Executor,
-    LocalExecutor,
-    ModelSpec,
-    Worker,
-    as_spec,
-    batched,
-)
-from tl_reward.store import RunIdentity
+from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
+from tl_reward.scale.jobs import run_chunked
+from tl_reward.store import ChunkStore, RunIdentity
 
 
-def plan_probes(worker: Worker, spec: ModelSpec) -> tuple[list[str], RunIdentity]:
+def plan_probes(worker: Worker, spec: Spec) -> tuple[list[str], RunIdentity]:
     """The model's recorded reward names and its part of the run identity (run on a worker)."""
     model = worker.model(spec)
     return reward_names(model), RunIdentity.of_model("probes", model)
 
 
-def score_chunks(worker: Worker, spec: ModelSpec,
-                 chunks: Sequence[tuple[int, dict[str, ProbeItem], list[dict[str, Any]]]],
-                 names: list[str], batch_size: int) -> list[tuple[int, pd.DataFrame]]:
-    """Score each ``(chunk index, items by id, rows)``: ``(chunk index, scored rows)`` each
-    (run on a worker)."""
+def score_chunks(worker: Worker, spec: Spec,
+                 chunks: Sequence[tuple[dict[str, ProbeItem], list[dict[str, Any]]]],
+                 names: list[str], batch_size: int) -> list[pd.DataFrame]:
+    """Each chunk's ``(items by id, rows)`` scored (run on a worker)."""
     model = worker.model(spec)
     out = []
-    for j, (ci, by_id, rows) in enumerate(chunks):
+    for j, (by_id, rows) in enumerate(chunks):
         worker.checkpoint(j, len(chunks))
-        out.append((ci, _score_rows(model, by_id, rows, names, batch_size)))
+        out.append(_score_rows(model, by_id, rows, names, batch_size))
     return out
 
 
 def run_probes(
-    model: str | Path | ModelSpec,
+    model: str | Path | Spec,
     items: Iterable[ProbeItem | tuple[str, str] | dict[str, Any]],
     dimensions: Iterable[str | Dimension] | None = None,
     objective: str | None = None,
@@ -87,7 +76,7 @@ def run_probes(
     batch_size: int = 8,
     chunk_size: int = 16,
     chunks_per_unit: int = 1,
-    n_resamples: int = 2000,
+    n_bootstrap: int = 2000,
     overwrite: bool = False,
     progress: bool | None = None,
     on_chunk: Callable[[int], None] | None = None,
@@ -107,52 +96,53 @@ def run_probes(
     spec = as_spec(model)
     chunks = [items[i: i + chunk_size] for i in range(0, len(items), chunk_size)]
     frames: dict[int, pd.DataFrame] = {}
+
+    def deliver(ci: int, df: pd.DataFrame, new: bool) -> None:
+        frames[ci] = df
+        if new and on_chunk is not None:
+            on_chunk(ci)
+
     with (executor or LocalExecutor()).session() as pool:
         names, model_part = pool.gather(plan_probes, [(spec,)])[0]
         objective = objective or names[0]
         if objective not in names:
             raise ProbeError(f"unknown objective {objective!r}; this model records {names}")
         ident = probe_identity(model_part, names, dims, items, seed, chunk_size)
-        store = probe_store(output_dir, ident, overwrite)
-        todo = []
-        for ci in range(len(chunks)):
-            if store is not None and store.has(chunk_name(ci)):
-                frames[ci] = read_chunk(store, ci)
-            else:
-                todo.append(ci)
-        show = progress if progress is not None else len(chunks) > 2
-        bar = tqdm(total=len(todo), desc="probes", unit="chunk", disable=not show)
+        store = None if output_dir is None else ChunkStore(
+            Path(output_dir) / ident.folder_name(), ident, overwrite, error=ProbeStoreError)
+        name = "chunk-{:06d}.parquet".format
 
-        def write(u: int, results: list[tuple[int, pd.DataFrame]]) -> None:
-            for ci, df in results:
-                if store is not None:
-                    write_chunk(store, ci, df)
-                frames[ci] = df
-                bar.update(1)
-                if on_chunk is not None:
-                    on_chunk(ci)
+        def load(ci: int) -> pd.DataFrame | None:
+            has = store is not None and store.has(name(ci))
+            return pd.read_parquet(store.path(name(ci))) if has else None  # type: ignore[union-attr]
 
-        units = [(spec, [(ci, {it.item_id: it for it in chunks[ci]},
-                          chunk_rows(chunks[ci], dims, seed)) for ci in unit], names, batch_size)
-                 for unit in batched(todo, chunks_per_unit)]
-        try:
-            pool.stream(score_chunks, units, write)
-        finally:
-            bar.close()
-    if sorted(frames) != list(range(len(chunks))):  # every chunk scored or read, once
-        raise ProbeError("internal error: some probe chunks are missing")
-    return finish_probes([frames[ci] for ci in range(len(chunks))], objective, names, dims,
-                         n_resamples, seed, ident, store)
+        def save(ci: int, df: pd.DataFrame) -> None:
+            if store is not None:
+                store.save(name(ci), lambda path: df.to_parquet(path, index=False))
+
+        def unit(cis: list[int]) -> tuple[Any, ...]:
+            work = [({it.item_id: it for it in chunks[ci]}, chunk_rows(chunks[ci], dims, seed))
+                    for ci in cis]
+            return spec, work, names, batch_size
+
+        run_chunked(pool, score_chunks, range(len(chunks)), unit, deliver,
+                    per_unit=chunks_per_unit, load=load, save=save, desc="probes",
+                    progress=progress)
+    table = pd.concat([frames[ci] for ci in range(len(chunks))], ignore_index=True)
+    return summarise(table, objective, names, {d.name: d.description for d in dims},
+                     n_bootstrap=n_bootstrap, seed=seed, model_name=ident.model_name,
+                     model_fingerprint=ident.model_fingerprint,
+                     run_dir=store.folder if store else None)
 
 
-def _published_on_worker(worker: Worker, spec: ModelSpec, objective: str | None,
+def _published_on_worker(worker: Worker, spec: Spec, objective: str | None,
                          batch_size: int) -> PublishedProbeReport:
     from tl_reward.audit.probes import run_published_probes as published
 
     return published(worker.model(spec), objective, batch_size)
 
 
-def run_published_probes(model: str | Path | ModelSpec, objective: str | None = None,
+def run_published_probes(model: str | Path | Spec, objective: str | None = None,
                          batch_size: int = 8, executor: Executor | None = None
                          ) -> PublishedProbeReport:
     """:func:`tl_reward.audit.probes.run_published_probes` (10 probes, one call) on a worker."""

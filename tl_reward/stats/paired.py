@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tl_reward._lazy import lazy_exports
 from tl_reward.stats.resampling import ArrayLike, _array
 
 #: Largest ``n`` enumerated exactly by default (2^20 sums, 8 MB).
@@ -55,13 +56,14 @@ class SignFlipResult:
     Attributes:
         p_value: two-sided p-value (NaN when ``n == 0``); ``pvalue`` is a deprecated alias.
         method: ``"exact"`` (all ``2^n`` patterns), ``"monte_carlo"`` or ``"undefined"``.
-        n: number of non-NaN values; n_resamples: patterns drawn (Monte Carlo), else ``2^n``.
+        n: number of non-NaN values; n_permutations: patterns drawn (Monte Carlo), else
+            ``2^n``.
     """
 
     p_value: float
     method: str
     n: int
-    n_resamples: int
+    n_permutations: int
 
     @property
     def pvalue(self) -> float:
@@ -71,14 +73,14 @@ class SignFlipResult:
         return self.p_value
 
 
-def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_resamples: int = 9_999,
+def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_permutations: int = 9_999,
                    seed: int = 0) -> SignFlipResult:
     """Two-sided sign-flip permutation test for ``mean(x) != 0`` (NaNs dropped): the one
     sign-flip engine of the package (``|sum|`` and ``|mean|`` order the patterns alike).
 
     Exact for ``n <= exact_max_n`` (default 20; every sign pattern,
     ``p = #{|sum*| >= |sum|} / 2^n``); otherwise Monte Carlo with
-    ``p = (1 + count) / (1 + n_resamples)``.
+    ``p = (1 + count) / (1 + n_permutations)``.
     """
     arr = _clean(x)
     n = int(arr.size)
@@ -91,13 +93,13 @@ def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_resamples: in
         return SignFlipResult(float((null >= observed - tol).mean()), "exact", n, 2**n)
     rng = np.random.default_rng(seed)
     count, done = 0, 0
-    step = max(1, min(n_resamples, 4_000_000 // n))  # bound memory to ~32 MB per block
-    while done < n_resamples:
-        b = min(step, n_resamples - done)
+    step = max(1, min(n_permutations, 4_000_000 // n))  # bound memory to ~32 MB per block
+    while done < n_permutations:
+        b = min(step, n_permutations - done)
         signs = rng.integers(0, 2, size=(b, n), dtype=np.int8) * 2 - 1
         count += int((np.abs(signs @ arr) >= observed - tol).sum())
         done += b
-    return SignFlipResult((1 + count) / (1 + n_resamples), "monte_carlo", n, n_resamples)
+    return SignFlipResult((1 + count) / (1 + n_permutations), "monte_carlo", n, n_permutations)
 
 
 @dataclass(frozen=True)
@@ -149,22 +151,6 @@ def paired_effect_size(x: ArrayLike, zero_tol: float = 0.0) -> EffectSize:
     return EffectSize(mean / sd, None, mean, sd, n)
 
 
-def published_cohens_d(x: ArrayLike) -> float:
-    """The reward-lens v1.0.0 "Cohen's d" of a probe dimension, for comparison only.
-
-    ``mean / std`` with ``ddof = 0``; ``std`` is taken as 0 when ``n == 1`` and then the value
-    is ``+inf`` whenever ``|mean| > 1e-8`` (whatever the sign of the mean), else ``0``. So one
-    probe gives an infinite effect, and so does a dimension of identical deltas. Do not use it
-    for inference.
-    """
-    arr = _clean(x)
-    mean = float(arr.mean())
-    std = float(arr.std()) if arr.size > 1 else 0.0
-    if std > 1e-8:
-        return mean / std
-    return float("inf") if abs(mean) > 1e-8 else 0.0
-
-
 def benjamini_hochberg(pvalues: ArrayLike) -> np.ndarray:
     """Benjamini-Hochberg adjusted p-values (step-up, monotone, capped at 1); NaNs kept as NaN
     and not counted among the hypotheses."""
@@ -184,3 +170,41 @@ def benjamini_hochberg(pvalues: ArrayLike) -> np.ndarray:
     res[order] = np.minimum(adj, 1.0)
     out[ok] = res
     return out
+
+
+def standardised_mean_bootstrap(deltas: ArrayLike, natural: ArrayLike, n_bootstrap: int = 2000,
+                                seed: int = 0) -> np.ndarray:
+    """Bootstrap replicates ``[n_bootstrap, K]`` of ``mean_i(delta_ik) / sd(natural)`` (ddof 1),
+    the ratio resampled jointly: each replicate draws ``n`` base items with replacement and
+    recomputes both every column's mean delta (NaN deltas, edits that did not apply, are left
+    out) and the sd of the same items' natural rewards. ``deltas [n, K]`` (or ``[n]``) and
+    ``natural [n]`` are aligned by item. A replicate whose resampled column is empty or whose
+    natural sd is 0 is NaN (use ``nanquantile``)."""
+    d = np.asarray(_array(deltas), dtype=np.float64)
+    d = d[:, None] if d.ndim == 1 else d
+    r = np.asarray(_array(natural), dtype=np.float64).ravel()
+    n = r.size
+    if d.shape[0] != n:
+        raise ValueError(f"deltas have {d.shape[0]} items, natural rewards {n}")
+    from tl_reward.stats.resampling import bootstrap_indices
+
+    idx = bootstrap_indices(n, n_bootstrap, seed)
+    # resample counts per item: O(B n) memory instead of the [B, n, K] gather
+    w = np.bincount((idx + n * np.arange(n_bootstrap)[:, None]).ravel(),
+                    minlength=n_bootstrap * n).reshape(n_bootstrap, n).astype(np.float64)
+    present = ~np.isnan(d)
+    rc = r - r.mean()
+    mean_r = w @ rc / n
+    var = (w @ rc**2 - n * mean_r**2) / (n - 1)
+    sd = np.sqrt(np.maximum(var, 0.0))
+    floor = 1e-9 * float(np.abs(rc).max(initial=0.0))  # a resample of one repeated value
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (w @ np.where(present, d, 0.0)) / (w @ present.astype(np.float64))
+        return np.where(sd[:, None] > floor, means / sd[:, None], np.nan)
+
+
+# The published reward-lens v1.0.0 definitions live in tl_reward.compat.published; this old
+# import path still resolves them (on first use, so no import cycle).
+__getattr__ = lazy_exports(__name__, {
+    "published_cohens_d": "tl_reward.compat.published",
+})[0]

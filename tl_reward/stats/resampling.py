@@ -1,4 +1,4 @@
-"""Resampling statistics: bootstrap confidence intervals, sign-flip permutation tests, and the
+"""Resampling statistics: the one bootstrap (items or whole units), sign-flip tests, and the
 Spearman rank correlation the faithfulness report averages.
 
 Example:
@@ -9,13 +9,15 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from jaxtyping import Float
 
+from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.ranks import average_ranks
 
 ArrayLike = np.ndarray | torch.Tensor | list[float]
@@ -42,61 +44,97 @@ def spearman(a: Float[torch.Tensor, "... n"], b: Float[torch.Tensor, "... n"]
     return torch.as_tensor(out, dtype=torch.float64, device=a.device)
 
 
-def bootstrap_ci(
-    x: ArrayLike,
-    statistic: Callable[[np.ndarray], np.ndarray] | None = None,
-    n_resamples: int = 10_000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Percentile bootstrap CI of ``statistic`` (default: the mean) over the values ``x``.
+def bootstrap_indices(n: int, n_bootstrap: int = 2000, seed: int = 0,
+                      units: ArrayLike | Sequence[Any] | None = None
+                      ) -> np.ndarray | list[np.ndarray]:
+    """The one bootstrap's resamples of ``n`` items (seeded).
 
-    ``statistic`` maps ``[n_resamples, n]`` to ``[n_resamples]`` (vectorised). NaNs are dropped.
+    Without ``units``: ``[n_bootstrap, n]`` item indices drawn with replacement. With ``units``
+    (one label per item, e.g. the word a token belongs to), whole units are drawn with
+    replacement, as many as there are units, and each resample is the indices of all their
+    items (a cluster bootstrap): a list of ``n_bootstrap`` index arrays. Units are numbered in
+    order of first appearance, so one unit per item draws exactly the item bootstrap.
     """
-    arr = _array(x)
-    arr = arr[~np.isnan(arr)]
-    if arr.size < 2:
-        return float("nan"), float("nan")
-    stat = statistic or (lambda a: a.mean(-1))
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, arr.size, size=(n_resamples, arr.size))
-    boot = stat(arr[idx])
+    if units is None:
+        return rng.integers(0, n, size=(n_bootstrap, n))
+    # units numbered in order of first appearance; a missing label (None) is a unit too
+    codes, _ = pd.factorize(np.asarray(units, dtype=object), use_na_sentinel=False)
+    if codes.shape != (n,):
+        raise ValueError(f"units must give one label per item ({n}), got shape {codes.shape}")
+    order = np.argsort(codes, kind="stable")  # each unit's items, in input order
+    counts = np.bincount(codes)
+    starts = np.cumsum(counts) - counts
+    out = []
+    for picked in rng.integers(0, counts.size, size=(n_bootstrap, counts.size)):
+        lens = counts[picked]
+        out.append(order[np.repeat(starts[picked] - (np.cumsum(lens) - lens), lens)
+                         + np.arange(lens.sum())])
+    return out
+
+
+def percentile_ci(values: ArrayLike, confidence: float = 0.95) -> tuple[float, float]:
+    """The percentile interval of bootstrap ``values`` (NaNs dropped; NaN when none is left)."""
+    v = _array(values)
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        return float("nan"), float("nan")
     alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(boot, [alpha, 1 - alpha])
+    lo, hi = np.quantile(v, [alpha, 1 - alpha])
     return float(lo), float(hi)
 
 
+def bootstrap_ci(
+    x: ArrayLike,
+    statistic: Callable[[np.ndarray], np.ndarray] | None = None,
+    n_bootstrap: int = 10_000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    units: ArrayLike | Sequence[Any] | None = None,
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of ``statistic`` (default: the mean) over the values ``x``,
+    resampling items, or whole ``units`` (see :func:`bootstrap_indices`).
+
+    ``statistic`` maps ``[n_bootstrap, n]`` to ``[n_bootstrap]`` (vectorised). NaNs are dropped
+    (with their unit labels).
+    """
+    arr = _array(x)
+    labels = None if units is None else np.asarray(units)
+    if labels is not None and labels.shape != arr.shape:
+        raise ValueError(f"units must give one label per item ({arr.shape}), got "
+                         f"shape {labels.shape}")
+    keep = ~np.isnan(arr)
+    arr = arr[keep]
+    if arr.size < 2:
+        return float("nan"), float("nan")
+    stat = statistic or (lambda a: a.mean(-1))
+    idx = bootstrap_indices(arr.size, n_bootstrap, seed, None if labels is None else labels[keep])
+    boot = (stat(arr[idx]) if isinstance(idx, np.ndarray)
+            else np.array([stat(arr[i][None])[0] for i in idx]))
+    return percentile_ci(boot, confidence)
+
+
 def sign_flip_pvalue(
-    x: ArrayLike, n_resamples: int = 9_999, seed: int = 0, exact_max_n: int = 20
+    x: ArrayLike, n_permutations: int = 9_999, seed: int = 0, exact_max_n: int = 20
 ) -> float:
     """Two-sided sign-flip p-value for ``mean(x) != 0``: the p-value of
     :func:`tl_reward.stats.paired.sign_flip_test` (exact for ``n <= exact_max_n``, else Monte
-    Carlo with ``(1 + count) / (1 + n_resamples)``)."""
+    Carlo with ``(1 + count) / (1 + n_permutations)``)."""
     from tl_reward.stats.paired import sign_flip_test
 
-    return sign_flip_test(x, exact_max_n, n_resamples, seed).p_value
+    return sign_flip_test(x, exact_max_n, n_permutations, seed).p_value
 
 
-@dataclass
-class MeanSummary:
-    """Mean of per-item values with a bootstrap CI and a sign-flip p-value."""
-
-    mean: float
-    ci_low: float
-    ci_high: float
-    p_value: float
-    n: int
-
-    def __str__(self) -> str:
-        return (f"{self.mean:+.3f} [{self.ci_low:+.3f}, {self.ci_high:+.3f}] "
-                f"(p = {self.p_value:.3g}, n = {self.n})")
+MeanSummary = Estimate  # the name summarise_mean's result had
 
 
-def summarise_mean(x: ArrayLike, n_resamples: int = 10_000, confidence: float = 0.95,
-                   seed: int = 0) -> MeanSummary:
-    """:class:`MeanSummary` of the non-NaN values of ``x``."""
+def summarise_mean(x: ArrayLike, n_bootstrap: int = 10_000, confidence: float = 0.95,
+                   seed: int = 0, n_permutations: int = 9_999) -> Estimate:
+    """The mean of the non-NaN values of ``x`` as an :class:`Estimate`: percentile bootstrap CI
+    and two-sided sign-flip p-value (exact up to 20 values, else ``n_permutations`` flips)."""
     arr = _array(x)
     arr = arr[~np.isnan(arr)]
     mean = float(arr.mean()) if arr.size else float("nan")
-    lo, hi = bootstrap_ci(arr, n_resamples=n_resamples, confidence=confidence, seed=seed)
-    return MeanSummary(mean, lo, hi, sign_flip_pvalue(arr, n_resamples, seed), int(arr.size))
+    lo, hi = bootstrap_ci(arr, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
+    return Estimate(mean, lo, hi, sign_flip_pvalue(arr, n_permutations, seed), int(arr.size),
+                    "mean; percentile bootstrap; sign-flip test", confidence)

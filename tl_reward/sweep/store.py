@@ -27,11 +27,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tl_reward.errors import TLRewardError
-from tl_reward.store import StoreMismatchError, atomic_write, differences, refusal
+from tl_reward.store import ChunkStore, StoreMismatchError, atomic_write, differences, refusal
 
 FORMAT = "tl_reward.vocab_sweep/1"
 METADATA_KEY = b"tl_reward.vocab_sweep"
 ROW_GROUP_SIZE = 65_536
+_FIX = ("Use the same model, tokenizer, prompts, ids, batch size and range, or another output "
+        "file")
 
 
 class SweepStoreError(TLRewardError):
@@ -102,8 +104,9 @@ class SweepSpec:
         raw.setdefault("tokenizer", "unknown")  # written before the tokenizer was recorded
         return cls(**{f.name: conv.get(f.name, lambda v: v)(raw[f.name]) for f in fields(cls)})
 
-    def differences(self, other: SweepSpec, ignore: Sequence[str] = ("id_range",)) -> list[str]:
-        """Names of the fields that differ (except ``ignore``)."""
+    def differences(self, other: SweepSpec, ignore: Sequence[str] = ()) -> list[str]:
+        """Names of the fields that differ (except ``ignore``; shards of one sweep differ only
+        in ``id_range``)."""
         return differences(self, other, ignore)
 
     def columns(self) -> list[str]:
@@ -209,24 +212,20 @@ class SweepWriter:
             self.finished = True
             return
         if self.parts.exists():
-            manifest = self.parts / "manifest.json"
-            if not manifest.exists():
+            if not (self.parts / "manifest.json").exists():
                 raise SweepStoreError(f"{self.parts} has no manifest.json; remove the folder or "
                                       "pass overwrite=True")
-            self._check(SweepSpec.from_json(manifest.read_text()),
-                        f"the unfinished sweep in {self.parts}", resume)
-        else:
-            self.parts.mkdir(parents=True)
-            atomic_write(self.parts / "manifest.json", lambda p: p.write_text(spec.to_json()))
+            self._check(None, f"the unfinished sweep in {self.parts}", resume)
+        self.store = ChunkStore(self.parts, spec, error=SweepMismatchError,
+                                what=f"the unfinished sweep in {self.parts}", fix=_FIX)
 
-    def _check(self, found: SweepSpec, what: str, resume: bool) -> None:
+    def _check(self, found: SweepSpec | None, what: str, resume: bool) -> None:
         if not resume:
             raise SweepStoreError(f"{what} already exists; pass resume=True to continue it, or "
                                   "overwrite=True (--overwrite) to start again")
-        diff = found.differences(self.spec, ignore=())
+        diff = found.differences(self.spec) if found is not None else []
         if diff:
-            raise refusal(SweepMismatchError, what, diff, "Use the same model, tokenizer, prompts, "
-                          "ids, batch size and range, or another output file")
+            raise refusal(SweepMismatchError, what, diff, _FIX)
 
     def _chunk_path(self, index: int) -> Path:
         return self.parts / f"chunk-{index:07d}.parquet"
@@ -239,7 +238,7 @@ class SweepWriter:
 
     def write(self, index: int, table: pa.Table) -> None:
         """Write chunk ``index`` atomically (a crash leaves it absent, never half-written)."""
-        atomic_write(self._chunk_path(index), lambda p: pq.write_table(table, p))
+        self.store.save(self._chunk_path(index).name, lambda p: pq.write_table(table, p))
 
     def finish(self) -> pa.Table:
         """Join all chunks into the final file (sorted by token id); remove the parts."""
@@ -276,7 +275,7 @@ def merge_sweeps(paths: Sequence[str | Path], output: str | Path) -> Path:
     loaded = sorted((read_table(p) + (str(p),) for p in paths), key=lambda t: t[1].id_range[0])
     first = loaded[0][1]
     for _, spec, name in loaded[1:]:
-        diff = first.differences(spec)
+        diff = first.differences(spec, ignore=("id_range",))
         if diff:
             raise SweepStoreError(f"{name} is not a shard of the same sweep as {loaded[0][2]} "
                                   f"(differs in {', '.join(diff)})")

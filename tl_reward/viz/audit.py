@@ -88,7 +88,9 @@ def distortion_chart(result: Any, title: str | None = None) -> Any:
     fig.update_layout(
         title=title or (f"Sensitivity per dimension (mean delta / natural sd, 95% CI); "
                         f"distortion index (Gini of |s|) = {result.index:.3f} "
-                        f"[{g_lo:.3f}, {g_hi:.3f}], n = {result.n_items} items"),
+                        f"[{g_lo:.3f}, {g_hi:.3f}], noise floor (null median) "
+                        f"{result.null_median:.3f}, excess {result.excess:+.3f}, "
+                        f"p = {result.p_value:.3g}, n = {result.n_items} items"),
         yaxis_title="sensitivity (natural-reply sd)")
     return fig
 
