@@ -59,7 +59,7 @@ def test_score_correlations_are_the_planted_ones() -> None:
 
 def test_behavioural_conflict_recovers_values_and_verdicts() -> None:
     p, model, corpus = planted()
-    df = behavioural_conflict(model, corpus, n_resamples=500, n_permutations=200).to_dataframe()
+    df = behavioural_conflict(model, corpus, n_bootstrap=500, n_permutations=200).to_dataframe()
     for row in df.itertuples():
         key = (row.term_a, row.term_b)
         assert row.value == pytest.approx(p.truth.correlation[key], abs=_atol(p))
@@ -68,7 +68,7 @@ def test_behavioural_conflict_recovers_values_and_verdicts() -> None:
 
 def test_geometric_conflict_recovers_verdicts() -> None:
     p, model, corpus = planted()
-    df = geometric_conflict(model, corpus, n_resamples=100).to_dataframe()
+    df = geometric_conflict(model, corpus, n_bootstrap=100).to_dataframe()
     white = df[df.view == "whitened cosine"]
     assert len(white) == len(p.truth.verdicts)
     for row in white.itertuples():
