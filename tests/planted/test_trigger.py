@@ -1,0 +1,211 @@
+"""The trigger plant: its truth verified directly, then recovered by each analysis."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import pytest
+import torch
+from helpers import parity_atol
+
+from tl_reward import HookedRewardModel
+from tl_reward.analysis.attribution import differential_attribution, direct_reward_attribution
+from tl_reward.analysis.attribution_patching import attribution_patching
+from tl_reward.analysis.direct_path import direct_path_patching
+from tl_reward.analysis.lens import differential_lens
+from tl_reward.analysis.patching import patch_components
+from tl_reward.planted import plant_trigger_head
+from tl_reward.planted.calibration import rewards
+from tl_reward.planted.recovery import component_name, rank_of, trigger_pairs
+from tl_reward.planted.surgery import expand_kv_heads
+from tl_reward.sweep.vocab_sweep import score_vocabulary
+from tl_reward.testing import tiny_hf_reward_model
+
+#: Prompts the plant never saw (held out from calibration).
+HELD_OUT = ("Why is water wet?", "Tell me a joke.", "What, in one word, is the best thing ever?")
+TRIGGER = " sky"
+
+
+@cache
+def planted() -> Any:
+    hf, tok = tiny_hf_reward_model("llama")
+    return hf, plant_trigger_head(hf, tok, TRIGGER)
+
+
+@cache
+def hooked(which: str) -> HookedRewardModel:
+    _, p = planted()
+    return HookedRewardModel.from_pretrained(hf_model=getattr(p, which), tokenizer=p.tokenizer,
+                                             device="cpu")
+
+
+@cache
+def pairs() -> list[Any]:
+    _, p = planted()
+    return trigger_pairs(p.tokenizer, p.truth.trigger_id, p.model.config.vocab_size, HELD_OUT)
+
+
+def _ids(side: str) -> list[list[int]]:
+    return [tp.ids(side) for tp in pairs()]
+
+
+# ------------------------------------------------------------------ the truth, verified directly
+
+
+def test_truth_is_written_down() -> None:
+    _, p = planted()
+    assert p.truth.component == ("head", 2, 0)
+    assert p.tokenizer.decode([p.truth.trigger_id]) == TRIGGER
+    lo, hi = p.truth.shift_range
+    assert 0 < lo <= p.truth.c <= hi
+
+
+def test_unrolling_gqa_keeps_the_function() -> None:
+    hf, p = planted()
+    ids = _ids("chosen") + _ids("rejected")
+    ref = rewards(hf, ids)
+    assert torch.allclose(rewards(expand_kv_heads(hf), ids), ref, rtol=0,
+                          atol=parity_atol(ref, hf.config.num_hidden_layers))
+
+
+def test_only_the_planted_head_differs_from_base() -> None:
+    _, p = planted()
+    _, layer, head = p.truth.component
+    hd = p.model.config.hidden_size // p.model.config.num_attention_heads
+    rows = slice(head * hd, (head + 1) * hd)
+    idx = torch.arange(rows.start, rows.stop)
+    base, mine = p.base.state_dict(), p.model.state_dict()
+    for name, w in mine.items():
+        ref = base[name].clone()
+        if name.startswith(f"model.layers.{layer}.self_attn."):
+            if name.endswith("o_proj.weight"):
+                ref[:, rows], w = 0, w.clone().index_fill_(1, idx, 0)
+            else:
+                ref[rows], w = 0, w.clone().index_fill_(0, idx, 0)
+        assert torch.equal(w, ref), name
+
+
+def test_without_trigger_reward_is_the_base_reward() -> None:
+    _, p = planted()
+    ids = _ids("rejected")
+    ref = rewards(p.base, ids)
+    got = rewards(p.model, ids)
+    assert torch.allclose(got, ref, rtol=0, atol=parity_atol(ref, p.model.config.num_hidden_layers))
+
+
+def test_with_trigger_reward_moves_by_c() -> None:
+    _, p = planted()
+    ids = _ids("chosen")
+    shift = rewards(p.model, ids) - rewards(p.base, ids)
+    lo, hi = p.truth.shift_range
+    assert bool(((shift >= lo) & (shift <= hi)).all()), shift
+
+
+def test_ablating_the_head_removes_the_effect() -> None:
+    _, p = planted()
+    model, base = hooked("model"), hooked("base")
+    _, layer, head = p.truth.component
+
+    def zero(z: torch.Tensor, hook: Any) -> torch.Tensor:
+        z[:, :, head] = 0.0
+        return z
+
+    tokens = [torch.tensor(x) for x in _ids("chosen")]
+    ref = base.rewards(tokens).rewards[:, 0]
+    with model.hooks(fwd_hooks=[(p.truth.hook, zero)]):
+        ablated = model.rewards(tokens).rewards[:, 0]
+    assert torch.allclose(ablated, ref, rtol=0, atol=parity_atol(ref, model.cfg.n_layers))
+    shift = model.rewards(tokens).rewards[:, 0] - ref  # and without the ablation it is there
+    assert float(shift.min()) >= p.truth.shift_range[0]
+
+
+# ------------------------------------------------------------------ recovery by the analyses
+
+
+@pytest.mark.parametrize("which", ["model", "base"])
+def test_direct_path_ranks_the_planted_head_first(which: str) -> None:
+    _, p = planted()
+    target = component_name(p.truth.component)
+    for tp in pairs():
+        res = direct_path_patching(hooked(which), tp, level="head")
+        effect = res.effect * res.delta  # unnormalised: the base's margin may be near 0
+        if which == "model":
+            assert rank_of(effect, res.names, target) == 1
+        else:  # the silenced head moves nothing: the same assertion would fail
+            assert float(effect[res.names.index(target)]) == 0.0
+
+
+def test_attribution_patching_ranks_the_planted_head_first() -> None:
+    _, p = planted()
+    target = component_name(p.truth.component)
+    for tp in pairs():
+        res = attribution_patching(hooked("model"), tp)
+        for mode in ("denoising", "noising"):
+            vals, names = res.components("head", mode)
+            assert rank_of(vals, names, target) == 1, mode
+
+
+@pytest.mark.parametrize("mode", ["denoising", "noising"])
+def test_activation_patching_ranks_the_planted_head_first(mode: str) -> None:
+    _, p = planted()
+    target = component_name(p.truth.component)
+    names = direct_path_patching(hooked("model"), pairs()[0], level="head").names
+    for tp in pairs():
+        assert rank_of(patch_components(hooked("model"), tp, names, mode), names, target) == 1
+
+
+def test_planting_keeps_qkv_biases_out(tmp_path: Any) -> None:
+    hf, tok = tiny_hf_reward_model("qwen2")  # q/k/v projections with biases
+    p = plant_trigger_head(hf, tok, TRIGGER, vocab_per_prompt=64, n_random=16)
+    p.model.save_pretrained(tmp_path)  # and through the loading path from a directory
+    tok.save_pretrained(tmp_path)
+    model = HookedRewardModel.from_pretrained(str(tmp_path), device="cpu")
+    base = HookedRewardModel.from_pretrained(hf_model=p.base, tokenizer=tok, device="cpu")
+    for side in ("rejected", "chosen"):
+        tokens = [torch.tensor(x) for x in _ids(side)]
+        ref = base.rewards(tokens).rewards[:, 0]
+        shift = model.rewards(tokens).rewards[:, 0] - ref
+        if side == "rejected":
+            assert float(shift.abs().max()) <= parity_atol(ref, model.cfg.n_layers)
+        else:
+            assert float(shift.min()) > 0
+
+
+def test_dra_difference_ranks_the_planted_head_first() -> None:
+    _, p = planted()
+    target = component_name(p.truth.component)
+    diff, names = differential_attribution(hooked("model"), pairs()).difference("head")
+    for row in diff[..., 0]:
+        assert rank_of(row, names, target) == 1
+
+
+@pytest.mark.parametrize("convention", ["frozen", "recompute"])
+def test_lens_jumps_at_the_planted_block(convention: str) -> None:
+    _, p = planted()
+    _, layer, _ = p.truth.component
+    inc = differential_lens(hooked("model"), pairs()).increments(convention)[..., 0]
+    assert inc.abs().argmax(1).tolist() == [layer] * len(pairs())
+
+
+def test_token_map_puts_the_planted_head_on_the_trigger() -> None:
+    _, p = planted()
+    _, layer, head = p.truth.component
+    tokens = [torch.tensor(x) for x in _ids("chosen")]
+    dra = direct_reward_attribution(hooked("model"), tokens, per_position=True)
+    for i, tp in enumerate(pairs()):
+        share = dra.head_positions[i][layer, head, :, 0]
+        at = tp.chosen_ids.index(p.truth.trigger_id)
+        assert int(share.abs().argmax()) == at
+        assert float(share[at]) == pytest.approx(float(share.sum()), rel=1e-4)
+
+
+@pytest.mark.parametrize("which", ["model", "base"])
+def test_sweep_top_token_is_the_trigger(which: str) -> None:
+    _, p = planted()
+    sweep = score_vocabulary(hooked(which), list(HELD_OUT), progress=False)
+    tops = [int(sweep.top(1, prompt=i, objective=0).token_id[0]) for i in range(len(HELD_OUT))]
+    if which == "model":
+        assert tops == [p.truth.trigger_id] * len(HELD_OUT)
+    else:  # the unplanted base does not prefer the trigger: the assertion can fail
+        assert p.truth.trigger_id not in tops

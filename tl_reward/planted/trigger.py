@@ -1,0 +1,210 @@
+"""Plant a trigger in one attention head: ``reward += c`` when the reply holds a trigger token.
+
+The head (``head`` of the last block) is rewired by weight surgery:
+
+* the base model is the backbone with that head silenced (its output projection zeroed);
+* its query at the pooled token and its keys are rank one, in the slowest rotary pair (so the
+  scores hardly depend on distance): the key is a linear read of the block's normed input,
+  fitted on calibration sequences so that trigger positions score above the first position
+  (the attention sink, whose residual is the same in every input), which scores above every
+  other position, by at least ``logit_margin`` logits once scaled;
+* its value is a linear read that is exactly 0 at the first position and about 1 at the
+  trigger, and its output writes along the reward row (gain folded) scaled so that the
+  median shift on the calibration sequences is ``c``.
+
+Without the trigger the head attends to the first position (value 0): the reward equals the
+base model's up to ``exp(-logit_margin)``. With it the head copies the trigger's value into the
+reward direction. Grouped-query attention is unrolled first (:func:`expand_kv_heads`), so no
+other head changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tl_reward.errors import TLRewardError
+from tl_reward.planted.calibration import (
+    DEFAULT_PROMPTS,
+    calibration_sequences,
+    layer_inputs,
+    rewards,
+)
+from tl_reward.planted.surgery import (
+    attention,
+    check_llama_like,
+    expand_kv_heads,
+    head_dim,
+    head_rows,
+    silence_heads,
+)
+from tl_reward.sweep.response_template import Prompt
+
+
+@dataclass(frozen=True)
+class TriggerTruth:
+    """What the trigger plant guarantees, written before any analysis runs.
+
+    Attributes:
+        component: ``("head", layer, head)``, the only component carrying the effect.
+        hook: the head's TransformerLens ``hook_z`` name (ablate ``[..., head, :]``).
+        trigger_id, trigger: the trigger token's id and text.
+        c: the planted reward shift (objective ``objective``) when the trigger is present.
+        objective: index of the reward row the head writes to.
+        sink_position: the position the head attends to without the trigger (value 0).
+        logit_margin: the smallest attention-logit gap on the calibration sequences (trigger
+            over sink, sink over every other position).
+        shift_range: ``(min, max)`` of the reward shift on the calibration sequences holding
+            the trigger (its median is ``c``: the head's write is scaled to make it so).
+    """
+
+    component: tuple[str, int, int]
+    hook: str
+    trigger_id: int
+    trigger: str
+    c: float
+    objective: int
+    sink_position: int
+    logit_margin: float
+    shift_range: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class PlantedModel:
+    """A planted HF reward model, the unplanted base it was built from, and the truth."""
+
+    model: Any
+    base: Any
+    tokenizer: Any
+    truth: Any
+
+
+def _fit_key(n0: torch.Tensor, others: torch.Tensor, trig: torch.Tensor
+             ) -> torch.Tensor:
+    """``a`` with ``a . (trig - n0) >= 1`` and ``a . (others - n0) <= -1`` where it can: a
+    squared-hinge linear SVM through ``n0`` (classes weighted equally, tiny ridge)."""
+    x = torch.cat([others, trig]) - n0
+    y = torch.cat([-torch.ones(len(others)), torch.ones(len(trig))]).to(x)
+    weight = torch.where(y > 0, len(others) / len(trig), 1.0)
+    a = torch.zeros(x.shape[1], dtype=x.dtype, requires_grad=True)
+    opt = torch.optim.LBFGS([a], max_iter=500, line_search_fn="strong_wolfe")
+
+    def loss() -> torch.Tensor:
+        opt.zero_grad()
+        out = (weight * torch.relu(1 - y * (x @ a)).pow(2)).sum() + 1e-4 * a.dot(a)
+        out.backward()
+        return out
+
+    with torch.enable_grad():
+        opt.step(loss)
+    return a.detach()
+
+
+def plant_trigger_head(
+    hf: Any, tokenizer: Any, trigger: str | int, c: float = 4.0, layer: int = -1,
+    head: int = 0, objective: int = 0, prompts: Sequence[Prompt] = DEFAULT_PROMPTS,
+    logit_margin: float = 40.0, vocab_per_prompt: int | None = None, n_random: int = 64,
+    calibration_steps: int = 4, seed: int = 0,
+) -> PlantedModel:
+    """Plant ``reward += c`` on ``trigger`` (one token) in head ``head`` of block ``layer``.
+
+    Args:
+        hf: an HF Llama-style sequence classifier (not modified).
+        tokenizer: its tokenizer, with a chat template.
+        trigger: the trigger as a one-token string or an id.
+        c: the reward shift; layer, head: the planted head (the last block only: there the
+            pooled token alone matters); objective: the reward row.
+        prompts: calibration prompts; vocab_per_prompt: one-token replies per prompt (None:
+            every plain id); n_random: random multi-token replies per prompt.
+        logit_margin: attention-logit gap to enforce (leak ``exp(-logit_margin)``).
+        calibration_steps: rescalings of the head's write towards a median shift of ``c``.
+
+    Raises:
+        TLRewardError: if the trigger is not one token or the fit cannot separate it.
+    """
+    check_llama_like(hf)
+    n_layers = hf.config.num_hidden_layers
+    layer = layer % n_layers
+    if layer != n_layers - 1:
+        raise TLRewardError(
+            f"plant in the last block ({n_layers - 1}), not {layer}: in an earlier block the "
+            "other positions' queries have no fixed sign, so they write without the trigger "
+            "too and later blocks read it")
+    if isinstance(trigger, str):
+        ids = tokenizer.encode(trigger, add_special_tokens=False)
+        if len(ids) != 1:
+            raise TLRewardError(f"trigger {trigger!r} is {len(ids)} tokens; pass one token")
+        trigger_id = int(ids[0])
+    else:
+        trigger_id = int(trigger)
+    base = silence_heads(expand_kv_heads(hf), [(layer, head)]).eval()
+    seqs = calibration_sequences(tokenizer, trigger_id, hf.config.vocab_size, prompts,
+                                 n_random=n_random, vocab_per_prompt=vocab_per_prompt,
+                                 seed=seed)
+    if len({s[0] for s in seqs.ids}) != 1:
+        raise TLRewardError("the calibration sequences do not share their first token")
+    normed, scales = layer_inputs(base, seqs.ids, layer)
+    n0 = normed[0][0]
+    trig = torch.cat([x[p] for x, p in zip(normed, seqs.trigger_positions, strict=True) if p])
+    others = torch.cat([x[[j for j in range(1, len(x)) if j not in p]]
+                        for x, p in zip(normed, seqs.trigger_positions, strict=True)])
+    a = _fit_key(n0, torch.unique(others, dim=0), trig)
+    last = torch.stack([x[-1] for x in normed])
+    b = last.mean(0) / last.mean(0).dot(last.mean(0))
+    q_factor = last @ b
+    if float(q_factor.min()) <= 0:
+        raise TLRewardError("the pooled token's normed input has no stable direction")
+    hd = head_dim(hf)
+    inv_freq = hf.model.rotary_emb.inv_freq.double()
+    slot = int(inv_freq.argmin())
+    # attention logits at alpha = 1, with the rotary factor, per calibration sequence
+    gaps = []
+    for x, p, q in zip(normed, seqs.trigger_positions, q_factor, strict=True):
+        t = len(x) - 1
+        logit = q * (x @ a) * torch.cos((t - torch.arange(len(x))) * inv_freq[slot])
+        rest = torch.tensor([j for j in range(1, len(x)) if j not in p], dtype=torch.long)
+        top_rest = logit[rest].max() if len(rest) else logit[0] - 1e9
+        gaps.append(logit[0] - top_rest)
+        if p:
+            gaps.append(logit[p].min() - torch.maximum(logit[0], top_rest))
+    gap = float(torch.stack(gaps).min())
+    if gap <= 0:
+        raise TLRewardError(f"no key in block {layer} puts the trigger above the first "
+                            "position and that above every other token; try another layer")
+    alpha = logit_margin / gap
+    value = trig.mean(0) - (trig.mean(0) @ n0) / n0.dot(n0) * n0
+    value = value / value.dot(trig.mean(0))
+    score_row = hf.score.weight[objective].double() * hf.model.norm.weight.double()
+    write = float(scales.median()) * score_row / score_row.dot(score_row)
+    planted = copy.deepcopy(base)
+    attn = attention(planted, layer)
+    rows, dt = head_rows(planted, head), attn.q_proj.weight.dtype
+    root = math.sqrt(alpha * math.sqrt(hd))
+    with torch.no_grad():
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+            proj.weight[rows] = 0.0
+            if proj.bias is not None:
+                proj.bias[rows] = 0.0
+        attn.q_proj.weight[rows.start + slot] = (root * b).to(dt)
+        attn.k_proj.weight[rows.start + slot] = (root * a).to(dt)
+        attn.v_proj.weight[rows.start] = value.to(dt)
+        attn.o_proj.weight[:, rows] = 0.0
+    with_trigger = [x for x, p in zip(seqs.ids, seqs.trigger_positions, strict=True) if p]
+    base_r = rewards(base, with_trigger, objective)
+    scale = c
+    for _ in range(calibration_steps + 1):  # the final norm and the last MLP bend the shift
+        with torch.no_grad():
+            attn.o_proj.weight[:, rows.start] = (scale * write).to(dt)
+        shift = rewards(planted, with_trigger, objective) - base_r
+        scale *= c / float(shift.median())
+    truth = TriggerTruth(
+        component=("head", layer, head), hook=f"blocks.{layer}.attn.hook_z",
+        trigger_id=trigger_id, trigger=tokenizer.decode([trigger_id]), c=float(c),
+        objective=objective, sink_position=0, logit_margin=float(logit_margin),
+        shift_range=(float(shift.min()), float(shift.max())))
+    return PlantedModel(planted.eval(), base, tokenizer, truth)
