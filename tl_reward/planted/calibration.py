@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from tl_reward.model.inputs import EncodedInput, collate
 from tl_reward.sweep.response_template import Prompt, response_template
 from tl_reward.sweep.vocab_sweep import special_token_ids
 
@@ -108,13 +109,8 @@ def layer_inputs(hf: Any, ids: Sequence[Sequence[int]], layer: int, batch_size: 
     try:
         for s in range(0, len(ids), batch_size):
             chunk = ids[s: s + batch_size]
-            n = max(len(x) for x in chunk)
-            tokens = torch.full((len(chunk), n), pad, dtype=torch.long)
-            mask = torch.zeros_like(tokens)
-            for i, x in enumerate(chunk):
-                tokens[i, : len(x)] = torch.tensor(x)
-                mask[i, : len(x)] = 1
-            hf.model(input_ids=tokens, attention_mask=mask)
+            batch = collate([EncodedInput(list(x)) for x in chunk], pad)  # right-padded
+            hf.model(input_ids=batch.tokens, attention_mask=batch.attention_mask)
             for i, x in enumerate(chunk):
                 normed.append(grabbed["normed"][i, : len(x)].double())
                 h = grabbed["final"][i, len(x) - 1].double()
@@ -132,13 +128,9 @@ def pooled_normed(hf: Any, ids: Sequence[Sequence[int]], batch_size: int = 32) -
     out = []
     for s in range(0, len(ids), batch_size):
         chunk = ids[s: s + batch_size]
-        n = max(len(x) for x in chunk)
-        tokens = torch.zeros((len(chunk), n), dtype=torch.long)
-        mask = torch.zeros_like(tokens)
-        for i, x in enumerate(chunk):
-            tokens[i, : len(x)] = torch.tensor(x)
-            mask[i, : len(x)] = 1
-        h = hf.model(input_ids=tokens, attention_mask=mask).last_hidden_state
+        batch = collate([EncodedInput(list(x)) for x in chunk], int(hf.config.pad_token_id or 0))
+        mask = batch.attention_mask
+        h = hf.model(input_ids=batch.tokens, attention_mask=mask).last_hidden_state
         out.append(h[torch.arange(len(chunk)), mask.sum(1) - 1].double())
     return torch.cat(out)
 
