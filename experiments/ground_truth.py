@@ -112,13 +112,18 @@ def row(plant: str, analysis: str, metric: str, value: float, target: str, ok: b
             "target": target, "ok": bool(ok), "note": note}
 
 
+#: Every plain id's one-token-reply input to the planted block, mined once for every plant
+#: (``plant_trigger_head(reply_cache=...)``): the trigger and formatting plants share the base.
+REPLIES: dict[tuple[str, str, int], torch.Tensor] = {}
+
+
 def planted_trigger(hf: Any, tok: Any, cfg: dict[str, Any], cache: Path | None) -> Any:
     """The trigger plant, reloaded from ``cache`` when an earlier run saved it there."""
     if cache is not None and (cache / "truth.json").exists():
         log(f"reloading the trigger plant from {cache}")
         return load_planted(cache)
     t0 = time.time()
-    p = plant_trigger_head(hf, tok, cfg["trigger"], **cfg["calibration"])
+    p = plant_trigger_head(hf, tok, cfg["trigger"], reply_cache=REPLIES, **cfg["calibration"])
     log(f"planted the trigger in {time.time() - t0:.0f} s: {p.truth}")
     if cache is not None:
         save_planted(p, cache)
@@ -375,10 +380,8 @@ def formatting_probes(hf: Any, tok: Any, cfg: dict[str, Any], name: str
 
     x = EXTRA[name]
     t0 = time.time()
-    # the settings the formatting rows were measured with: c = 4 and no mined negatives (see
-    # docs/planted.md: its key is not token-specific)
-    settings = {**cfg["calibration"], "c": 4.0, "logit_margin": 40.0, "mine_prompts": 0}
-    p = plant_trigger_head(hf, tok, x["format_trigger"], **settings)
+    p = plant_trigger_head(hf, tok, x["format_trigger"], reply_cache=REPLIES,
+                           **cfg["calibration"])
     log(f"planted {p.truth.trigger!r} in {time.time() - t0:.0f} s: {p.truth}")
     model, base = hooked(p.model, tok), hooked(p.base, tok)
     trig = p.truth.trigger_id

@@ -263,3 +263,33 @@ def test_hard_negatives_keep_a_near_copy_of_the_trigger_out(mined: bool) -> None
         assert max(chk.leaks) <= tol and chk.ranks == [1] * len(HELD_OUT), chk
     else:  # the old fit (a vocabulary subset as negatives) lets the twin open the head
         assert max(chk.leaks) > 1.0 and twin in chk.leak_ids, chk
+
+
+def test_a_shared_reply_cache_gives_the_same_plant_and_is_keyed_by_the_backbone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tl_reward.planted import calibration, trigger
+
+    calls: list[int] = []
+    real = calibration.reply_layer_inputs
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trigger, "reply_layer_inputs", counted)
+    hf, tok = tiny_hf_reward_model("llama")
+    kw = {"vocab_per_prompt": 32, "n_random": 16}
+    shared: dict = {}
+    plant_trigger_head(hf, tok, TRIGGER, reply_cache=shared, **kw)
+    assert len(calls) == 1 and len(shared) == 1
+    again = plant_trigger_head(hf, tok, " blue", reply_cache=shared, **kw)
+    assert len(calls) == 1  # the second trigger reuses the mined pass
+    fresh = plant_trigger_head(hf, tok, " blue", **kw)
+    assert len(calls) == 2
+    assert again.truth == fresh.truth
+    for (name, w), w_fresh in zip(again.model.state_dict().items(),
+                                  fresh.model.state_dict().values(), strict=True):
+        assert torch.equal(w, w_fresh), name
+    other, _ = tiny_hf_reward_model("llama", seed=1)  # another backbone must not reuse it
+    plant_trigger_head(other, tok, TRIGGER, reply_cache=shared, **kw)
+    assert len(calls) == 3 and len(shared) == 2

@@ -50,7 +50,9 @@ def tensor_digest(t: torch.Tensor) -> str:
     return h.hexdigest()[:32]
 
 
-def _weights_digest(model: torch.nn.Module, refresh: bool) -> str:
+def weights_digest(model: torch.nn.Module, refresh: bool = False) -> str:
+    """SHA-256 of every named parameter and buffer (any ``nn.Module``, HF models included),
+    memoised on ``model`` until a tensor is replaced or modified in place."""
     tensors = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers()
                                             if b is not None)]
     key = tuple((n, t.data_ptr(), t._version, t.dtype, tuple(t.shape)) for n, t in tensors)
@@ -90,7 +92,7 @@ def model_fingerprint(model: Any, refresh: bool = False) -> str:
     import tl_reward
 
     h = hashlib.sha256(json.dumps({
-        "weights": _weights_digest(model, refresh),
+        "weights": weights_digest(model, refresh),
         "head": _head(model),
         "config": _config(model),
         "dtype": str(getattr(model.cfg, "dtype", None)),

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from tl_reward.errors import TLRewardError
+from tl_reward.model.fingerprint import weights_digest
 from tl_reward.planted.calibration import (
     DEFAULT_PROMPTS,
     Sequences,
@@ -119,15 +120,27 @@ def _fit_key(n0: torch.Tensor, others: torch.Tensor, trig: torch.Tensor
 def _mine_hard_negatives(
     base: Any, tokenizer: Any, trigger_id: int, vocab_size: int, prompts: Sequence[Prompt],
     layer: int, n0: torch.Tensor, a: torch.Tensor, n_hard: int,
+    reply_cache: dict[tuple[str, str, int], torch.Tensor] | None,
 ) -> tuple[torch.Tensor, list[int]]:
-    """Every plain id's normed input at the reply position of a one-token reply on each of
-    ``prompts`` (rows ``[n_prompts * n_ids, d]``), and the ``n_hard`` ids nearest to opening
-    the head under key ``a`` (largest ``a . (x - n0)`` over the prompts)."""
-    pool = [i for i in plain_ids(tokenizer, vocab_size) if i != trigger_id]
-    mined = torch.stack([reply_layer_inputs(base, tokenizer, pr, pool, layer) for pr in prompts])
-    score = ((mined - n0) @ a).amax(0)
-    hard = [pool[int(j)] for j in score.argsort(descending=True)[:n_hard]]
-    return mined.flatten(0, 1), hard
+    """Every other plain id's normed input at the reply position of a one-token reply on each
+    of ``prompts`` (rows ``[n_prompts * n_ids, d]``), and the ``n_hard`` ids nearest to opening
+    the head under key ``a`` (largest ``a . (x - n0)`` over the prompts). ``reply_cache`` keeps
+    each prompt's inputs for every plain id, keyed by base weights, prompt and layer."""
+    every = plain_ids(tokenizer, vocab_size)
+    keep = torch.tensor([j for j, i in enumerate(every) if i != trigger_id])
+    fingerprint = weights_digest(base) if reply_cache is not None else ""
+    mined = []
+    for pr in prompts:
+        key = (fingerprint, repr(pr), layer)
+        x = None if reply_cache is None else reply_cache.get(key)
+        if x is None:
+            x = reply_layer_inputs(base, tokenizer, pr, every, layer)
+            if reply_cache is not None:
+                reply_cache[key] = x
+        mined.append(x[keep])
+    score = ((torch.stack(mined) - n0) @ a).amax(0)
+    hard = [every[int(keep[j])] for j in score.argsort(descending=True)[:n_hard]]
+    return torch.cat(mined), hard
 
 
 def plant_trigger_head(
@@ -135,6 +148,7 @@ def plant_trigger_head(
     head: int = 0, objective: int = 0, prompts: Sequence[Prompt] = DEFAULT_PROMPTS,
     logit_margin: float = 40.0, vocab_per_prompt: int | None = None, n_random: int = 64,
     calibration_steps: int = 4, seed: int = 0, mine_prompts: int = 1, hard_negatives: int = 64,
+    reply_cache: dict[tuple[str, str, int], torch.Tensor] | None = None,
 ) -> PlantedModel:
     """Plant ``reward += c`` on ``trigger`` (one token) in head ``head`` of block ``layer``.
 
@@ -190,7 +204,8 @@ def plant_trigger_head(
     hard: list[int] = []
     if mine_prompts > 0:
         mined, hard = _mine_hard_negatives(base, tokenizer, trigger_id, hf.config.vocab_size,
-                                           prompts[:mine_prompts], layer, n0, a, hard_negatives)
+                                           prompts[:mine_prompts], layer, n0, a, hard_negatives,
+                                           reply_cache)
         extra = [response_template(tokenizer, pr).ids(v) for pr in prompts for v in hard]
         more, more_scales = layer_inputs(base, extra, layer)
         seqs = Sequences([*seqs.ids, *extra], [*seqs.trigger_positions, *([] for _ in extra)])
