@@ -50,6 +50,7 @@ from tl_reward.analysis.lens import differential_lens
 from tl_reward.analysis.patching import patch_components
 from tl_reward.audit.conflict import behavioural_conflict, geometric_conflict
 from tl_reward.compare.layers import compare_layers
+from tl_reward.data.pairs import align_ids
 from tl_reward.irm import irm_vocab_sweep
 from tl_reward.planted import (
     load_planted,
@@ -159,25 +160,7 @@ def trigger_rows(hf: Any, tok: Any, cfg: dict[str, Any], cache: Path | None,
     rows.append(row("trigger", "truth", "max |r - r_base| with the head ablated",
                     float(abl.abs().max()), f"<= {atol:.1e} (rounding)",
                     float(abl.abs().max()) <= atol))
-    ranks: dict[str, list[int]] = {}
-    for i, tp in enumerate(pairs):
-        dp = direct_path_patching(model, tp, level="head")
-        ranks.setdefault("direct path (frozen)", []).append(rank_of(dp.effect, dp.names, target))
-        ap = attribution_patching(model, tp)
-        for mode in ("denoising", "noising"):
-            v, n = ap.components("head", mode)
-            ranks.setdefault(f"attribution patching ({mode})", []).append(rank_of(v, n, target))
-            if i < cfg["patch_pairs"]:  # one patched forward per head: the slow one
-                eff = patch_components(model, tp, dp.names, mode)
-                ranks.setdefault(f"activation patching ({mode})", []).append(
-                    rank_of(eff, dp.names, target))
-    log("patched every pair")
-    diff, names = differential_attribution(model, pairs).difference("head")
-    ranks["DRA difference"] = [rank_of(d, names, target) for d in diff[..., 0]]
-    n_heads = model.cfg.n_layers * model.cfg.n_heads
-    for analysis, r in ranks.items():
-        rows.append(row("trigger", analysis, f"worst rank of {target} among {n_heads} heads",
-                        max(r), "1", max(r) == 1, f"ranks {r}"))
+    rows += rank_rows("trigger", model, pairs, target, cfg["patch_pairs"])
     lens = differential_lens(model, pairs)
     for convention in ("frozen", "recompute"):
         jump = lens.increments(convention)[..., 0].abs().argmax(1).tolist()
@@ -195,6 +178,31 @@ def trigger_rows(hf: Any, tok: Any, cfg: dict[str, Any], cache: Path | None,
                     min(shares), "> 0.5 (the largest)", min(shares) > 0.5))
     rows += trigger_sweep_rows(model, base, p.truth, cfg["text_ids"], base_sweep, atol)
     return rows
+
+
+def rank_rows(plant: str, model: HookedRewardModel, pairs: list[Any], target: str,
+              patch_pairs: int) -> list[dict]:
+    """The worst rank of the planted head ``target`` among every head over ``pairs`` by direct
+    path, attribution patching, activation patching (first ``patch_pairs`` pairs: one patched
+    forward per head) and the DRA difference."""
+    ranks: dict[str, list[int]] = {}
+    for i, tp in enumerate(pairs):
+        dp = direct_path_patching(model, tp, level="head")
+        ranks.setdefault("direct path (frozen)", []).append(rank_of(dp.effect, dp.names, target))
+        ap = attribution_patching(model, tp)
+        for mode in ("denoising", "noising"):
+            v, n = ap.components("head", mode)
+            ranks.setdefault(f"attribution patching ({mode})", []).append(rank_of(v, n, target))
+            if i < patch_pairs:
+                eff = patch_components(model, tp, dp.names, mode)
+                ranks.setdefault(f"activation patching ({mode})", []).append(
+                    rank_of(eff, dp.names, target))
+    log(f"patched every {plant} pair")
+    diff, names = differential_attribution(model, pairs).difference("head")
+    ranks["DRA difference"] = [rank_of(d, names, target) for d in diff[..., 0]]
+    n_heads = model.cfg.n_layers * model.cfg.n_heads
+    return [row(plant, analysis, f"worst rank of {target} among {n_heads} heads", max(r), "1",
+                max(r) == 1, f"ranks {r}") for analysis, r in ranks.items()]
 
 
 def trigger_sweep_rows(model: HookedRewardModel, base: HookedRewardModel, truth: Any,
@@ -399,7 +407,9 @@ def formatting_probes(hf: Any, tok: Any, cfg: dict[str, Any], name: str
                 f"fires: {must}; untouched: {rest}")]
     planted = run_probes(model, items, progress=False)
     based = run_probes(base, items, progress=False)
-    effect = plant_effect_report(planted, based)
+    atol = rounding(torch.tensor(planted.rows["neutral:" + planted.objective].abs().max()),
+                    hf.config.num_hidden_layers)
+    effect = plant_effect_report(planted, based, atol=atol)
     log("probed the formatting plant and its base")
     gap = {d: (planted.deltas(d) - based.deltas(d)).to_numpy() for d in truth}
     off = max(float(np.abs(gap[d]).max()) for d in rest)
@@ -407,8 +417,6 @@ def formatting_probes(hf: Any, tok: Any, cfg: dict[str, Any], name: str
     by_dim = {d: round(float(np.abs(gap[d]).max()), 4) for d in rest}
     n_off = {d: int((np.abs(gap[d]) > 0.01 * p.truth.c).sum()) for d in rest}
     low = planted.deltas("formatting").index[int(np.argmin(gap["formatting"]))]
-    atol = rounding(torch.tensor(planted.rows["neutral:" + planted.objective].abs().max()),
-                    hf.config.num_hidden_layers)
     lo, hi = (float(f(gap["formatting"])) / p.truth.c for f in (np.min, np.max))
     rows += [row("formatting", "truth", "max |delta - delta_base| on untouched dimensions", off,
                  f"<= {atol:.1e} (rounding)", off <= atol,
@@ -417,6 +425,13 @@ def formatting_probes(hf: Any, tok: Any, cfg: dict[str, Any], name: str
                  "about 1", lo > 0.5, f"max {hi:.3f}; items below 0.5 c "
                  f"{int((gap['formatting'] < 0.5 * p.truth.c).sum())}/{len(items)}; lowest "
                  f"{low}")]
+    pairs = []
+    for it in items:  # the formatting edit (it adds the token) against the neutral reply
+        e = DIMENSIONS["formatting"].apply(it, 0)
+        pairs.append(align_ids(*(model.encode(it.conversation(*side)).ids for side in (
+            (e.perturbed_reply, e.perturbed_user), (e.neutral_reply, e.neutral_user)))))
+    rows += rank_rows("formatting", model, pairs, component_name(p.truth.component),
+                      cfg["patch_pairs"])
     f_p, f_b, f_e = fired(planted), fired(based), fired(effect)
     tp, n_must, _, _ = positives(f_p, truth)
     rows.append(row("formatting", f"probes, BH {ALPHA} (planted)", "dimensions that must fire "

@@ -14,10 +14,13 @@ import torch
 from helpers import parity_atol
 
 from tl_reward import HookedRewardModel
+from tl_reward.analysis.attribution_patching import attribution_patching
+from tl_reward.analysis.direct_path import direct_path_patching
 from tl_reward.audit.distortion import distortion_index
-from tl_reward.audit.perturbations import DEFAULT_DIMENSIONS, user_items
+from tl_reward.audit.perturbations import DEFAULT_DIMENSIONS, DIMENSIONS, user_items
 from tl_reward.audit.probes import ProbeReport, run_probes
 from tl_reward.compat.published import published_distortion_index
+from tl_reward.data.pairs import align_ids
 from tl_reward.errors import TLRewardError
 from tl_reward.planted import plant_trigger_head
 from tl_reward.planted.probe_truth import (
@@ -29,6 +32,7 @@ from tl_reward.planted.probe_truth import (
     plant_effect_report,
     probe_truth,
 )
+from tl_reward.planted.recovery import component_name, rank_of
 from tl_reward.testing import tiny_hf_reward_model
 
 TRIGGER = "**"
@@ -135,21 +139,29 @@ def test_probes_fire_on_formatting_and_keep_the_base_verdicts() -> None:
     assert abs(base["formatting"].mean) < 0.5 * planted().truth.c
 
 
+def rounding() -> float:
+    pl = report("model")
+    return parity_atol(torch.tensor(pl.rows["neutral:" + pl.objective].dropna().to_numpy()), 3)
+
+
 def test_plant_effect_report_is_planted_minus_base() -> None:
     pl, ba = report("model"), report("base")
-    eff = plant_effect_report(pl, ba, n_bootstrap=500)
+    eff = plant_effect_report(pl, ba, atol=rounding(), n_bootstrap=500)
     for d in DEFAULT_DIMENSIONS:
-        ref = (pl.deltas(d) - ba.deltas(d)).to_numpy()
+        ref = (pl.deltas(d) - ba.deltas(d)).to_numpy(copy=True)
+        ref[np.abs(ref) <= rounding()] = 0.0  # rounding, no effect: every untouched delta
         assert np.array_equal(eff.deltas(d).to_numpy(), ref)
+        assert (d == "formatting") == bool(ref.any())
     n = len(items())  # every formatting effect is positive: the exact sign-flip minimum
     assert eff["formatting"].p_value == pytest.approx(2 / 2**n)
+    assert all(eff[d].p_value == 1.0 for d in DEFAULT_DIMENSIONS if d != "formatting")
     assert fired(eff) == {d: int(d == "formatting") for d in DEFAULT_DIMENSIONS}
 
 
 def test_plant_effect_refuses_runs_of_other_edits() -> None:
     other = run_probes(hooked("base"), items(), seed=1, n_bootstrap=200, progress=False)
     with pytest.raises(TLRewardError, match="differ in their items"):
-        plant_effect_report(report("model"), other)
+        plant_effect_report(report("model"), other, atol=rounding())
 
 
 def test_distortion_is_above_its_floor_on_the_plant_only() -> None:
@@ -173,3 +185,17 @@ def test_published_verdicts_on_the_plant() -> None:
     d_ba = published_distortion_index(ba.delta_matrix())
     zero = [d for d, v in zip(d_ba.dimensions, d_ba.distortion, strict=True) if v == 0]
     assert len(zero) == 1 and zero != ["formatting"]
+
+
+def test_the_planted_head_ranks_first_on_every_formatting_edit() -> None:
+    model = hooked("model")
+    target = component_name(planted().truth.component)
+    for it in items():  # the edit adds the token; its pair is not position-aligned
+        e = DIMENSIONS["formatting"].apply(it, 0)
+        pair = align_ids(model.encode(it.conversation(e.perturbed_reply, e.perturbed_user)).ids,
+                         model.encode(it.conversation(e.neutral_reply, e.neutral_user)).ids)
+        dp = direct_path_patching(model, pair, level="head")
+        assert rank_of(dp.effect, dp.names, target) == 1, it.item_id
+        for mode in ("denoising", "noising"):
+            v, n = attribution_patching(model, pair).components("head", mode)
+            assert rank_of(v, n, target) == 1, (it.item_id, mode)

@@ -9,7 +9,7 @@ read off the token ids before any reward is computed (:func:`edit_truth`).
 What it does not fix is whether an untouched dimension *fires*: on a real reward model the base
 already pays for some edits (the demo RM penalises keyword stuffing, flattery, ...), and the
 plant leaves those deltas exactly as they were. So "must not fire" is a truth only of the
-plant's own effect, ``delta(planted) - delta(base)`` per item, which
+plant's own effect, ``delta(planted) - delta(base)`` per item (0 within float rounding), which
 :func:`plant_effect_report` summarises with the library's own statistics (sign-flip p,
 Benjamini-Hochberg across the same dimensions). A plain length plant has no clean truth at all:
 every edit changes the reply's length.
@@ -71,11 +71,13 @@ def probe_truth(table: pd.DataFrame) -> dict[str, str]:
     return out
 
 
-def plant_effect_report(planted: ProbeReport, base: ProbeReport, name: str = "plant",
-                        **kwargs: Any) -> ProbeReport:
+def plant_effect_report(planted: ProbeReport, base: ProbeReport, atol: float,
+                        name: str = "plant", **kwargs: Any) -> ProbeReport:
     """The library's probe statistics of the plant's own effect: a reward ``name`` equal to
     ``r(planted) - r(base)`` on every scored text of two runs of the same items, dimensions
-    and seed (BH across the same dimensions). ``kwargs`` go to
+    and seed (BH across the same dimensions). Differences within ``atol`` (the float rounding
+    of two forwards of the model) are 0: rounding has no sign to test, yet it can be one-signed
+    on every item of an untouched dimension and "fire". ``kwargs`` go to
     :func:`~tl_reward.audit.probes.summarise`."""
     key = ["dimension", "item_id", "applied", "neutral_user", "neutral_reply", "perturbed_user",
            "perturbed_reply"]
@@ -88,5 +90,6 @@ def plant_effect_report(planted: ProbeReport, base: ProbeReport, name: str = "pl
     rows = a.copy()
     for side in ("neutral", "perturbed", "delta"):
         col = f"{side}:{planted.objective}"
-        rows[f"{side}:{name}"] = a[col].to_numpy(np.float64) - b[col].to_numpy(np.float64)
+        diff = a[col].to_numpy(np.float64) - b[col].to_numpy(np.float64)
+        rows[f"{side}:{name}"] = np.where(np.abs(diff) <= atol, 0.0, diff)
     return summarise(rows, name, [*planted.reward_names, name], planted.descriptions, **kwargs)
