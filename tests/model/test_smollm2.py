@@ -121,8 +121,9 @@ def test_demo_head_heldout_accuracy(hh_path) -> None:
 
 def test_extract_rows_matches_the_full_extraction(hh_path, tmp_path, monkeypatch) -> None:
     """``extract_rows`` extracts only the rows asked for, in that order, equal to the full
-    extraction's rows (float32: the padded batch shapes differ, so to 1e-4, far below the
-    features' scale of ~1), and reads the full cache's rows bit for bit once it exists."""
+    extraction's rows up to float32 rounding (the padded batch shapes differ: 2e-6 of the
+    largest feature on the 119 held-out pairs of the 700) and reads the full cache's rows bit
+    for bit once it exists."""
     train = train_demo_head_script()
     monkeypatch.setattr(train, "cache_dir", lambda: tmp_path)
     torch.set_num_threads(1)
@@ -134,8 +135,9 @@ def test_extract_rows_matches_the_full_extraction(hh_path, tmp_path, monkeypatch
     assert alone["n_pairs_used"] == len(full["chosen"]) >= 4
     sel = torch.tensor(rows)
     for key in ("chosen", "rejected"):
-        assert full[key].abs().max() > 1.0
-        torch.testing.assert_close(alone[key], full[key][sel], atol=1e-4, rtol=0)
+        scale = float(full[key].abs().max())
+        assert scale > 1.0
+        torch.testing.assert_close(alone[key], full[key][sel], atol=1e-5 * scale, rtol=0)
         assert (alone[key] - full[key][sel.flip(0)]).abs().max() > 0.1  # order matters
     assert alone["record_index"].tolist() == full["record_index"][sel].tolist()
     cached = train.extract_rows(args, rows)
