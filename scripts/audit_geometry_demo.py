@@ -7,12 +7,14 @@ Two stages, so that the numbers are affordable on a shared 2-core CPU:
    whose prompt is a single user turn, ``--n-pairs`` of them. The backbone is shared by every
    SmolLM2 demo RM, so any head will do for this stage.
 2. default: with the trained heads, every number from library functions on those activations
-   and on the training script's feature cache (HF's final normed state at the pooled token of
-   the first 700 pairs; the held-out pairs of the heads' split are the corpus):
-   geometric conflict (``geometric_conflict(normed=...)``: the feature divided by the norm's
-   gain is the normed residual the head columns read), behavioural conflict
-   (``score_correlation`` / ``disagreement_share`` on the heads' scores, which equal HF's
-   rewards), the published conflict, and concepts (``concept_from_activations``,
+   and on the training script's features (HF's final normed state at the pooled token) of the
+   heads' held-out pairs among the first 700, the corpus: only those rows are extracted
+   (``train_demo_head.extract_rows``; the full cache's rows when it exists). Geometric
+   conflict (``geometric_conflict(normed=...)``: the feature divided by the norm's gain is the
+   normed residual the head columns read), behavioural conflict (``pair_correlation`` and
+   ``pair_disagreement`` on the heads' scores and margins, which equal HF's rewards: rows,
+   verdicts and the disagreement's test family as ``behavioural_conflict`` gives them), the
+   published conflict, and concepts (``concept_from_activations``,
    ``concept_separability``, the head cosine and the slope through ``local_gradient``; steering
    at the final residual is exact from the stored residual: the norm and the head are all that
    follow it).
@@ -36,10 +38,11 @@ from tl_reward import HookedRewardModel
 from tl_reward.analysis.readout import normalise
 from tl_reward.audit.concepts import concept_from_activations, concept_separability, local_gradient
 from tl_reward.audit.conflict import (
-    disagreement_share,
+    ConflictResult,
+    Thresholds,
     geometric_conflict,
-    score_correlation,
-    verdict,
+    pair_correlation,
+    pair_disagreement,
 )
 from tl_reward.audit.pooled import pooled_residual
 from tl_reward.compat.published import published_verdict
@@ -82,8 +85,9 @@ def main() -> None:
     p.add_argument("--n-pairs", type=int, default=30)
     p.add_argument("--start", type=int, default=700)
     p.add_argument("--out", default=str(OUT))
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = p.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     if args.dump:
         dump(args.n_pairs, args.start)
         return
@@ -96,11 +100,15 @@ def main() -> None:
     raw, meta = load_multi_head()
     out: dict[str, Any] = {"objectives": model.objectives}
 
-    # ---- corpus: the heads' held-out pairs, from the training feature cache
-    blob = demo.extract_or_load(demo.parse_args(["--limit", str(meta["limit"] or 0)]))
-    _, held = multi.demo_split(len(blob["chosen"]), 0)
-    he = torch.from_numpy(held)
-    fc, fr = blob["chosen"][he].double(), blob["rejected"][he].double()
+    # ---- corpus: the heads' held-out pairs, their rows of the training feature cache only
+    _, held = multi.demo_split(int(meta["n_pairs_used"]), 0)
+    blob = demo.extract_rows(demo.parse_args(["--limit", str(meta["limit"] or 0)]), held)
+    if blob["n_pairs_used"] != meta["n_pairs_used"]:
+        raise RuntimeError(f"{blob['n_pairs_used']} pairs in the feature cache, but the heads "
+                           f"were trained on {meta['n_pairs_used']}")
+    fc, fr = blob["chosen"].double(), blob["rejected"].double()
+    out["features"] = {"rows": len(held), "source": blob["source"],
+                       "extract_seconds": blob["extract_seconds"]}
     from safetensors import safe_open
 
     with safe_open(str(smollm2_local_dir() / "model.safetensors"), framework="pt") as fh:
@@ -110,21 +118,16 @@ def main() -> None:
     out["geometric"] = geo.to_dataframe().to_dict("records")
     out["geometric_meta"] = geo.meta
     w = raw.double()  # HF's rows: reward = feature . row
+    names = list(model.objectives)
     s_all = (feats @ w.T).numpy()
-    corr = score_correlation(s_all[:, 0], s_all[:, 1], 2000, 2000)
     m = ((fc - fr) @ w.T).numpy()
-    dis = disagreement_share(m[:, 0], m[:, 1], 2000, 2000)
-    out["behavioural"] = [
-        {"term_a": "harmlessness", "term_b": "sentiment", "view": "score correlation",
-         "value": corr.value, "ci_low": corr.ci_low, "ci_high": corr.ci_high,
-         "p_value": corr.p_value, "verdict": verdict(corr.ci_low, corr.ci_high),
-         "n": corr.n},
-        {"term_a": "harmlessness", "term_b": "sentiment", "view": "pair disagreement",
-         "value": dis.share, "ci_low": dis.ci_low, "ci_high": dis.ci_high,
-         "p_value": dis.p_value, "expected": dis.expected, "excess": dis.excess,
-         "excess_ci": [dis.excess_ci_low, dis.excess_ci_high],
-         "verdict": ("conflict" if dis.excess > 0 else "aligned") if dis.p_value < 0.05
-         else "no evidence", "n": dis.n}]
+    disagreement, family = pair_disagreement(list(m.T), names, 0.05, 2000, seed=0)
+    beh = ConflictResult(names, pair_correlation(list(s_all.T), names, Thresholds(), 2000, 2000,
+                                                 seed=0) + disagreement, Thresholds(),
+                         {"n_corpus": len(s_all), "n_pairs": len(m),
+                          "pair disagreement family": family})
+    out["behavioural"] = beh.to_dataframe().to_dict("records")
+    out["behavioural_meta"] = beh.meta
     out["n_heldout_pairs"] = len(held)
 
     # ---- the dumped residuals: published conflict and concepts

@@ -272,19 +272,13 @@ def bootstrap_ci(correct: np.ndarray, n_boot: int, seed: int) -> list[float]:
 # ----------------------------------------------------------------------------- main
 
 
-def extract_or_load(args: argparse.Namespace) -> dict[str, Any]:
-    """Load pairs, tokenise, check HF parity and extract features (or reuse the cache)."""
+def tokenise_run(
+    args: argparse.Namespace,
+) -> tuple[Path, list[PreferencePair], LoadReport, Any, Any, list[TokenisedPair],
+           TokenisationReport]:
+    """The run's data file, pairs, loader report, model, tokenizer, tokenised pairs (one per
+    feature-cache row, in cache order) and tokenisation report."""
     data = Path(args.data).resolve()
-    cache = feature_cache_path(args.max_tokens, args.limit)
-    sha = file_sha256(data)
-    if cache.exists() and not args.recompute:
-        blob = torch.load(cache, weights_only=False)
-        if (blob.get("version") == CACHE_VERSION and blob["data_sha256"] == sha
-                and blob["max_tokens"] == args.max_tokens and blob["limit"] == args.limit):
-            print(f"using cached features from {cache}")
-            return blob
-        print(f"cache {cache} does not match this run; re-extracting")
-
     report = LoadReport()
     pairs = load_hh_rlhf(data, limit=args.limit, report=report)
     print(f"loaded {len(pairs)} pairs from {data.name} (loader skipped {report.skipped}: {report})")
@@ -293,6 +287,32 @@ def extract_or_load(args: argparse.Namespace) -> dict[str, Any]:
     tokenised, trep = tokenise_pairs(tokenizer, pairs, args.max_tokens)
     print(f"tokenised: {trep.kept_untrimmed} kept as-is, {trep.trimmed} trimmed, "
           f"{trep.skipped_too_long} skipped (> {args.max_tokens} tokens even when trimmed)")
+    return data, pairs, report, model, tokenizer, tokenised, trep
+
+
+def matching_cache(path: Path, args: argparse.Namespace, sha: str) -> dict[str, Any] | None:
+    """The feature cache at ``path`` if it exists, ``--recompute`` is off and it was made from
+    this data file (``sha``), ``max_tokens`` and ``limit``; else None."""
+    if not path.exists() or args.recompute:
+        return None
+    blob = torch.load(path, weights_only=False)
+    ok = (blob.get("version") == CACHE_VERSION and blob["data_sha256"] == sha
+          and blob["max_tokens"] == args.max_tokens and blob["limit"] == args.limit)
+    return blob if ok else None
+
+
+def extract_or_load(args: argparse.Namespace) -> dict[str, Any]:
+    """Load pairs, tokenise, check HF parity and extract features (or reuse the cache)."""
+    cache = feature_cache_path(args.max_tokens, args.limit)
+    sha = file_sha256(Path(args.data).resolve())
+    blob = matching_cache(cache, args, sha)
+    if blob is not None:
+        print(f"using cached features from {cache}")
+        return blob
+    if cache.exists() and not args.recompute:
+        print(f"cache {cache} does not match this run; re-extracting")
+
+    data, pairs, report, model, tokenizer, tokenised, trep = tokenise_run(args)
     parity = hf_parity_check(model, tokenised)
 
     seqs = [s for tp in tokenised for s in (tp.chosen_ids, tp.rejected_ids)]
@@ -326,6 +346,54 @@ def extract_or_load(args: argparse.Namespace) -> dict[str, Any]:
     cache.parent.mkdir(parents=True, exist_ok=True)
     torch.save(blob, cache)
     print(f"extracted {len(seqs)} sequences in {extract_s:.0f} s; cached to {cache}")
+    return blob
+
+
+def extract_rows(args: argparse.Namespace, rows: Any) -> dict[str, Any]:
+    """The feature-cache rows ``rows`` (positions among the run's used pairs, in that order)
+    without extracting the rest: the full cache's rows when it exists and matches, else the
+    same pairs, trimming and :func:`last_token_features` on those rows' sequences only (kept
+    in a cache of their own). Keys: ``chosen``, ``rejected``, ``rows``, ``pair_index``,
+    ``record_index``, ``n_pairs_used`` (rows in the full cache), ``extract_seconds``.
+
+    Sequences are batched by length among the subset, so a feature can differ from the full
+    cache's in the last float32 bits (the padded batch shapes differ), not more."""
+    rows = [int(r) for r in rows]
+    sha = file_sha256(Path(args.data).resolve())
+    full = feature_cache_path(args.max_tokens, args.limit)
+    blob = matching_cache(full, args, sha)
+    if blob is not None:
+        sel = torch.tensor(rows, dtype=torch.long)
+        print(f"using rows of the cached features in {full}")
+        return {"chosen": blob["chosen"][sel], "rejected": blob["rejected"][sel],
+                "rows": sel, "pair_index": blob["pair_index"][sel],
+                "record_index": blob["record_index"][sel],
+                "n_pairs_used": len(blob["chosen"]), "extract_seconds": 0.0,
+                "source": str(full)}
+    key = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:12]
+    cache = full.with_name(f"{full.stem}_rows{key}.pt")
+    blob = matching_cache(cache, args, sha)
+    if blob is not None and blob["rows"].tolist() == rows:
+        print(f"using cached row features from {cache}")
+        return blob
+    _, pairs, _, model, _, tokenised, _ = tokenise_run(args)
+    if rows and not 0 <= min(rows) <= max(rows) < len(tokenised):
+        raise IndexError(f"rows must lie in [0, {len(tokenised)})")
+    picked = [tokenised[r] for r in rows]
+    seqs = [s for tp in picked for s in (tp.chosen_ids, tp.rejected_ids)]
+    t0 = time.time()
+    feats = last_token_features(model.model, seqs)
+    blob = {"version": CACHE_VERSION, "data_sha256": sha, "max_tokens": args.max_tokens,
+            "limit": args.limit, "rows": torch.tensor(rows, dtype=torch.long),
+            "chosen": feats[0::2].clone(), "rejected": feats[1::2].clone(),
+            "pair_index": torch.tensor([tp.pair_index for tp in picked]),
+            "record_index": torch.tensor([int(pairs[tp.pair_index].meta["index"])
+                                          for tp in picked]),
+            "n_pairs_used": len(tokenised), "extract_seconds": time.time() - t0,
+            "source": "extracted rows"}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(blob, cache)
+    print(f"extracted {len(seqs)} sequences in {blob['extract_seconds']:.0f} s; cached to {cache}")
     return blob
 
 

@@ -20,6 +20,7 @@ from tl_reward.audit.conflict import (
     disagreement_share,
     geometric_conflict,
     gradient_conflict,
+    pair_correlation,
     pair_disagreement,
     score_correlation,
     verdict,
@@ -125,6 +126,25 @@ def test_permutation_p_against_exact_enumeration():
                                  random_state=0).pvalue
     assert score_correlation(a, b, n_permutations=20000, seed=1).p_value == pytest.approx(
         ref, abs=0.012)
+
+
+def test_pair_correlation_rows_against_scipy():
+    """Every pair of three terms, in order: Pearson r from scipy, the exact permutation p over
+    all 5040 pairings of 7 items (scipy's permutation_test), the thresholds' verdict on the CI."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=7)
+    scores = [x, 2 * x + 0.05 * rng.normal(size=7), rng.normal(size=7)]
+    t = Thresholds(aligned=0.4)
+    rows = pair_correlation(scores, ["a", "b", "c"], t, n_bootstrap=300, seed=2)
+    assert [(r.term_a, r.term_b) for r in rows] == [("a", "b"), ("a", "c"), ("b", "c")]
+    for r, (i, j) in zip(rows, [(0, 1), (0, 2), (1, 2)], strict=True):
+        ref = stats.permutation_test((scores[j],), lambda v, i=i: abs(
+            stats.pearsonr(scores[i], v)[0]), permutation_type="pairings", vectorized=False,
+            n_resamples=10_000, alternative="greater")
+        assert r.value == pytest.approx(stats.pearsonr(scores[i], scores[j])[0], abs=1e-12)
+        assert r.p_value == pytest.approx(ref.pvalue, abs=1e-12)
+        assert r.verdict == verdict(r.ci_low, r.ci_high, t)
+    assert rows[0].verdict == "aligned" and rows[0].p_value == pytest.approx(1 / 5040)
 
 
 def test_null_calibration_behavioural():

@@ -76,6 +76,19 @@ def test_demo_reward_model_by_name() -> None:
     torch.testing.assert_close(res.score, ref, atol=parity_atol(ref, model.cfg.n_layers), rtol=0)
 
 
+def train_demo_head_script() -> Any:
+    """``scripts/train_demo_head.py`` as a module."""
+    import importlib.util
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "train_demo_head.py"
+    spec = importlib.util.spec_from_file_location("train_demo_head", script)
+    train = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, train)  # its dataclasses look their module up
+    spec.loader.exec_module(train)
+    return train
+
+
 def test_demo_head_heldout_accuracy(hh_path) -> None:
     """The README's held-out accuracy, recomputed rather than read back: the training script's
     own held-out split (its tokenisation and seed-0 permutation of the used pairs), the first
@@ -83,19 +96,12 @@ def test_demo_head_heldout_accuracy(hh_path) -> None:
     sample without replacement from the 450 held-out pairs, so it may differ from the recorded
     full-split value p by sampling error alone: at most 3 standard errors,
     3 sqrt(p (1 - p) / N (450 - N) / 449) = 0.14 for p = 0.66."""
-    import importlib.util
-    import sys
-
     import numpy as np
 
     from tl_reward.data.hh_rlhf import load_hh_rlhf
     from tl_reward.model.demo import load_demo_head
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "train_demo_head.py"
-    spec = importlib.util.spec_from_file_location("train_demo_head", script)
-    train = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, train)  # its dataclasses look their module up
-    spec.loader.exec_module(train)
+    train = train_demo_head_script()
     _, meta = load_demo_head()
     model = HookedRewardModel.from_pretrained(DEMO_MODEL_NAME, device="cpu")
     pairs, _ = train.tokenise_pairs(model.tokenizer, load_hh_rlhf(hh_path), meta["max_tokens"])
@@ -111,3 +117,28 @@ def test_demo_head_heldout_accuracy(hh_path) -> None:
     p, big_n = float(meta["heldout_accuracy"]), len(held)
     se = float(np.sqrt(p * (1 - p) / n * (big_n - n) / (big_n - 1)))
     assert abs(acc - p) <= 3 * se, (acc, p, se)
+
+
+def test_extract_rows_matches_the_full_extraction(hh_path, tmp_path, monkeypatch) -> None:
+    """``extract_rows`` extracts only the rows asked for, in that order, equal to the full
+    extraction's rows up to float32 rounding (the padded batch shapes differ: 2e-6 of the
+    largest feature on the 119 held-out pairs of the 700) and reads the full cache's rows bit
+    for bit once it exists."""
+    train = train_demo_head_script()
+    monkeypatch.setattr(train, "cache_dir", lambda: tmp_path)
+    torch.set_num_threads(1)
+    args = train.parse_args(["--data", str(hh_path), "--limit", "5"])
+    rows = [3, 0, 2]
+    alone = train.extract_rows(args, rows)
+    assert alone["source"] == "extracted rows" and alone["rows"].tolist() == rows
+    full = train.extract_or_load(args)
+    assert alone["n_pairs_used"] == len(full["chosen"]) >= 4
+    sel = torch.tensor(rows)
+    for key in ("chosen", "rejected"):
+        scale = float(full[key].abs().max())
+        assert scale > 1.0
+        torch.testing.assert_close(alone[key], full[key][sel], atol=1e-5 * scale, rtol=0)
+        assert (alone[key] - full[key][sel.flip(0)]).abs().max() > 0.1  # order matters
+    assert alone["record_index"].tolist() == full["record_index"][sel].tolist()
+    cached = train.extract_rows(args, rows)
+    assert cached["source"].endswith(".pt") and torch.equal(cached["chosen"], full["chosen"][sel])

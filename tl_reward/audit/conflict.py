@@ -347,6 +347,21 @@ def score_correlation(a: Any, b: Any, n_bootstrap: int = 2000, n_permutations: i
     return permutation_correlation(a, b, "pearson", n_permutations, n_bootstrap, seed=seed)
 
 
+def pair_correlation(
+    scores: Sequence[Any], names: Sequence[str], thresholds: Thresholds = Thresholds(),
+    n_bootstrap: int = 2000, n_permutations: int = 2000, seed: int = 0,
+) -> list[PairStat]:
+    """:func:`score_correlation` for every pair of terms' scores over one corpus (``scores[k]``:
+    term ``k``'s score per item), each with the thresholds' verdict on its bootstrap CI (no
+    p-value enters the verdict, so no multiplicity adjustment; the p is the raw one)."""
+    rows = []
+    for i, j in combinations(range(len(scores)), 2):
+        c = score_correlation(scores[i], scores[j], n_bootstrap, n_permutations, seed)
+        rows.append(PairStat(names[i], names[j], "score correlation", c.value, c.ci_low,
+                             c.ci_high, verdict(c.ci_low, c.ci_high, thresholds), c.p_value))
+    return rows
+
+
 def _disagree(ma: np.ndarray, mb: np.ndarray) -> np.ndarray:
     return ((ma * mb) < 0).mean(-1)
 
@@ -498,12 +513,8 @@ def behavioural_conflict(
     if corpus is not None:
         scores = [_term_scores(t, corpus, batch_size) for t in terms]
         meta["n_corpus"] = len(corpus)
-        for i, j in combinations(range(len(terms)), 2):
-            c = score_correlation(scores[i], scores[j], n_bootstrap, n_permutations or 2000,
-                                    seed)
-            stats.append(PairStat(names[i], names[j], "score correlation", c.value, c.ci_low,
-                                  c.ci_high, verdict(c.ci_low, c.ci_high, thresholds),
-                                  c.p_value))
+        stats.extend(pair_correlation(scores, names, thresholds, n_bootstrap,
+                                      n_permutations or 2000, seed))
     if pairs is not None:
         chosen, rejected = _pair_inputs(pairs)
         margins = [_term_scores(t, chosen, batch_size) - _term_scores(t, rejected, batch_size)
