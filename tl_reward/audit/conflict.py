@@ -420,11 +420,7 @@ def disagreement_share(margins_a: Any, margins_b: Any, n_bootstrap: int = 2000,
 
 def _term_scores(term: Term, inputs: Sequence[Any], batch_size: int) -> np.ndarray:
     res = term.model.rewards(list(inputs), batch_size=batch_size, progress=False)
-    if term.objective == "score":
-        if res.score is None:
-            raise TLRewardError(f"{term.name!r}: this model has no combined score")
-        return res.score.double().cpu().numpy()
-    return res.rewards[:, term.model.objective_index(term.objective)].double().cpu().numpy()
+    return res.values(term.objective).double().cpu().numpy()
 
 
 def _pair_inputs(pairs: Sequence[Any]) -> tuple[list[Any], list[Any]]:

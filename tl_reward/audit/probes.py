@@ -107,13 +107,7 @@ def _score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, An
         else:
             idx.append(None)
     res = model.rewards(convs, batch_size=batch_size, progress=False) if convs else None
-    values: dict[str, np.ndarray] = {}
-    if res is not None:
-        for name in names:
-            if name == "score":
-                values[name] = res.score.double().numpy()
-            else:
-                values[name] = res.rewards[:, model.objective_index(name)].double().numpy()
+    values = {n: res.values(n).double().numpy() for n in names} if res is not None else {}
     df = pd.DataFrame(rows)
     for name in names:
         neu = np.array([values[name][i[0]] if i else np.nan for i in idx], dtype=np.float64)

@@ -177,16 +177,7 @@ def objective_per_model(objective: str | Mapping[str, str], names: Sequence[str]
 
 
 def _scores(model: Any, inputs: Sequence[Any], objective: str, batch_size: int) -> np.ndarray:
-    res = model.rewards(list(inputs), batch_size=batch_size)
-    if objective == "score":
-        if res.score is None:
-            raise TLRewardError(
-                f"a model has no combined score (objectives {model.objectives}); pass "
-                "objective=<name>, or {model name: objective} for one per model")
-        vals = res.score
-    else:
-        vals = res.rewards[:, model.objective_index(objective)]
-    return vals.double().numpy()
+    return model.rewards(list(inputs), batch_size=batch_size).values(objective).double().numpy()
 
 
 @dataclass

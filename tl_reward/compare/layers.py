@@ -346,28 +346,19 @@ def compare_grams(
             count += null >= o - tol
         o[nan] = np.nan
         obs[m] = o
-        if n_permutations:
-            null_mean[m] = np.where(nan, np.nan, total / n_permutations)
-            pval[m] = np.where(nan, np.nan, (1 + count) / (1 + n_permutations))
-        else:
-            null_mean[m] = np.full_like(o, np.nan)
-            pval[m] = np.full_like(o, np.nan)
+        nan |= n_permutations == 0  # no null
+        null_mean[m] = np.where(nan, np.nan, total / max(n_permutations, 1))
+        pval[m] = np.where(nan, np.nan, (1 + count) / (1 + n_permutations))
     return LayerComparison(grams_a.model, b.model, grams_a.labels(), b.labels(), measures, obs,
                            null_mean, pval, grams_a.n_rows, n_permutations, grams_a.positions)
 
 
-def _unit_grams(grams: np.ndarray, measure: str) -> tuple[np.ndarray, np.ndarray]:
-    """``[H, n, n]`` transformed Grams scaled to unit Frobenius norm, and which are non-zero."""
-    t = np.stack([transform_gram(k, measure) for k in grams])
-    norm = np.sqrt((t * t).sum((1, 2)))
-    ok = norm > 1e-12 * max(1.0, float(norm.max(initial=0.0)))
-    t = np.where(ok[:, None, None], t / np.where(ok, norm, 1.0)[:, None, None], 0.0)
-    return t, ok
-
-
 def _flat_unit(grams: np.ndarray, measure: str) -> tuple[np.ndarray, np.ndarray]:
-    t, ok = _unit_grams(grams, measure)
-    return t.reshape(len(t), -1), ok
+    """``[H, n*n]`` transformed Grams scaled to unit Frobenius norm, and which are non-zero."""
+    t = np.stack([transform_gram(k, measure) for k in grams]).reshape(len(grams), -1)
+    norm = np.sqrt((t * t).sum(1))
+    ok = norm > 1e-12 * max(1.0, float(norm.max(initial=0.0)))
+    return np.where(ok[:, None], t / np.where(ok, norm, 1.0)[:, None], 0.0), ok
 
 
 def compare_layers(
