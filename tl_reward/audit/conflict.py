@@ -10,11 +10,9 @@ Three views, each saying which it is:
   ``t*`` is isotropic (``S``: its Ledoit-Wolf covariance over a corpus). It equals the
   correlation the two terms' scores would have under ``S``; its CI is a bootstrap over the
   corpus items ``S`` is estimated from.
-* **behavioural**: Pearson correlation of the terms' scores over a corpus (bootstrap CI,
-  permutation p), and on preference pairs the share of pairs on which the terms disagree (one
-  prefers chosen, the other rejected; ties agree with nothing), against the share expected if
-  the two terms' preferences were independent given their marginals (bootstrap CI of the
-  share and of the excess, permutation p from shuffling one term's margins across pairs).
+* **behavioural**: Pearson correlation of the terms' scores over a corpus, and on preference
+  pairs the share of pairs on which the terms disagree against the share expected if their
+  preferences were independent (:func:`disagreement_share`).
 * **gradient**: per item, the cosine of the two terms' gradients with respect to the residual
   stream at a layer (default 0: the embeddings), over all positions; mean with a bootstrap CI.
 
@@ -252,9 +250,7 @@ class ConflictResult(ShortRepr):
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per (pair, view): value, interval, verdict, p-value."""
-        return pd.DataFrame([{"term_a": s.term_a, "term_b": s.term_b, "view": s.view,
-                              "value": s.value, "ci_low": s.ci_low, "ci_high": s.ci_high,
-                              "verdict": s.verdict, "p_value": s.p_value, **s.extra}
+        return pd.DataFrame([{k: v for k, v in vars(s).items() if k != "extra"} | s.extra
                              for s in self.stats])
 
     def matrix(self, view: str) -> np.ndarray:

@@ -1,13 +1,9 @@
 """Reward-hacking probes: does the RM pay for a surface property, over many base items?
 
 For every base item and dimension, ``delta = r(perturbed) - r(neutral)`` (see
-:mod:`tl_reward.audit.perturbations`). Per dimension, with n = the number of distinct base
-items: the mean delta with a percentile bootstrap CI; the paired effect size ``mean / sd``
-(ddof 1, NaN with a reason when undefined) with a bootstrap CI; a two-sided sign-flip p-value
-(exact for n <= 20, else Monte Carlo with ``(1 + count) / (1 + B)``); Benjamini-Hochberg
-adjusted p across the dimensions; and the mean in units of the reward's own spread (sd of
-``r`` over the natural, unedited replies), its CI bootstrapping mean and sd jointly over base
-items. The per-item table is kept: it is the evidence.
+:mod:`tl_reward.audit.perturbations`); per dimension, over its n distinct base items, the
+statistics of :class:`DimensionStats` (sign-flip p-values Benjamini-Hochberg adjusted across
+dimensions). The per-item table is kept: it is the evidence.
 
 Runs are batched (only distinct texts are scored) and resumable: with ``output_dir`` each
 finished chunk of items is written atomically as a parquet file in a
@@ -27,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,11 +106,10 @@ def _score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, An
     values = {n: res.values(n).double().numpy() for n in names} if res is not None else {}
     df = pd.DataFrame(rows)
     for name in names:
-        neu = np.array([values[name][i[0]] if i else np.nan for i in idx], dtype=np.float64)
-        per = np.array([values[name][i[1]] if i else np.nan for i in idx], dtype=np.float64)
-        df[f"neutral:{name}"] = neu
-        df[f"perturbed:{name}"] = per
-        df[f"delta:{name}"] = per - neu
+        for side, k in (("neutral", 0), ("perturbed", 1)):
+            df[f"{side}:{name}"] = np.array([values[name][i[k]] if i else np.nan for i in idx],
+                                            dtype=np.float64)
+        df[f"delta:{name}"] = df[f"perturbed:{name}"] - df[f"neutral:{name}"]
     return df
 
 
@@ -310,8 +305,7 @@ def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
             dim, descriptions.get(dim, ""), int((~r.applied).sum()), n_bootstrap, exact_max_n,
             seed, natural=nat if aligned is not None else None))
     adj = benjamini_hochberg([s.p_value for s in stats])
-    stats = [DimensionStats(**{**s.__dict__, "p_adjusted": float(a)})
-             for s, a in zip(stats, adj, strict=True)]
+    stats = [replace(s, p_adjusted=float(a)) for s, a in zip(stats, adj, strict=True)]
     return ProbeReport(rows, objective, list(reward_names), stats, natural_sd, int(nat.size),
                        descriptions=dict(descriptions), **meta)
 

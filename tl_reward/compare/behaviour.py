@@ -2,18 +2,13 @@
 
 For every pair of models (A, B):
 
-* **Rank agreement over a corpus**: Kendall's tau-b, Spearman's rho and rank-biased overlap
-  (``p = 0.9``, top of the ranking) of their rewards on the same inputs, each with a percentile
-  bootstrap CI over inputs.
-* **Pairwise-preference agreement** on preference pairs: the share of pairs on which both models
-  prefer the same reply (``sign(margin_A) == sign(margin_B)``; a zero margin is its own side),
-  with a bootstrap CI over pairs, beside each model's accuracy (chosen preferred).
-* **Vocabulary agreement**: :func:`tl_reward.sweep.agreement.model_agreement` of their sweeps,
-  when sweeps are given.
-* **Reward readability**: how well B's reward is a linear function of A's activations at the
-  pooled token (a chosen hook point): ridge regression with the penalty chosen by inner
-  cross-validation (``RidgeCV``) on each outer training fold, R^2 of the pooled held-out
-  predictions (``1 - SSE / SST``; can be negative). Both directions, and each model from itself.
+* **Rank agreement over a corpus**: :func:`~tl_reward.stats.agreement.rank_agreement` of their
+  rewards on the same inputs (Kendall's tau-b, Spearman's rho, top-weighted rank-biased overlap).
+* **Pairwise-preference agreement**: :func:`preference_agreement` on preference pairs (a zero
+  margin is its own side), beside each model's accuracy (chosen preferred).
+* **Vocabulary agreement**: :func:`tl_reward.sweep.agreement.model_agreement` of their sweeps.
+* **Reward readability**: :func:`ridge_readability`, held-out R^2 (can be negative) of B's reward
+  from A's activations at the pooled token; both directions, and each model from itself.
 
 Agreement of rewards is behavioural; readability says B's reward is *linearly available* in A's
 representation, not that A computes it.

@@ -4,14 +4,11 @@ For every hook point (default: the residual stream after each block, ``hook_resi
 activations of the n inputs are read at the pooled token (``positions="pooled"``: the shared
 readout convention, ``model.pool_positions`` for a :class:`HookedRewardModel`, the last real
 token for a plain ``HookedTransformer`` causal LM) or at every response token
-(``positions="response"``: rows are tokens, inputs must end with an assistant reply). Each batch
-runs once through the model with hooks that copy only those rows (float32, on the CPU) and stop
-the forward after the last requested block; no activation cache is kept. After the inputs of a
-group of ``layer_chunk`` hook points have been read their rows become one centred ``n x n`` Gram
-in float64 and are dropped, so memory is ``layer_chunk x n x d_model`` activations plus
-``n_hooks x n x n`` Grams (with ``layer_chunk=1``, one hook point's rows at a time, at the cost of
-one pass over the inputs per hook point). Every measure then comes from the Grams alone,
-including the permutation null (one set of B row permutations shared by the whole map).
+(``positions="response"``: rows are tokens, inputs must end with an assistant reply). Hooks copy
+only those rows (float32, CPU) and the forward stops after the last requested block. Each group
+of ``layer_chunk`` hook points' rows becomes centred ``n x n`` float64 Grams and is dropped
+(memory: ``layer_chunk x n x d_model`` activations plus ``n_hooks x n x n`` Grams). Every measure,
+and the permutation null (one set of B row permutations for the whole map), uses the Grams alone.
 
 Debiased CKA is the headline measure: RV, RV2 and linear CKA are biased upward when
 ``d_model >> n`` and must be read against their null (``excess = observed - null_mean``).
@@ -281,16 +278,12 @@ class LayerComparison(ShortRepr):
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per measure and layer pair: observed, null mean, excess, p."""
-        frames = []
-        for m in self.measures:
-            ia, ib = np.meshgrid(np.arange(len(self.layers_a)), np.arange(len(self.layers_b)),
-                                 indexing="ij")
-            frames.append(pd.DataFrame({
-                "measure": m, "layer_a": np.asarray(self.layers_a)[ia.ravel()],
-                "layer_b": np.asarray(self.layers_b)[ib.ravel()],
-                "observed": self.observed[m].ravel(), "null_mean": self.null_mean[m].ravel(),
-                "excess": self.excess(m).ravel(), "p_value": self.p_value[m].ravel()}))
-        return pd.concat(frames, ignore_index=True)
+        la = np.repeat(np.asarray(self.layers_a), len(self.layers_b))
+        lb = np.tile(np.asarray(self.layers_b), len(self.layers_a))
+        return pd.concat([pd.DataFrame({
+            "measure": m, "layer_a": la, "layer_b": lb, "observed": self.observed[m].ravel(),
+            "null_mean": self.null_mean[m].ravel(), "excess": self.excess(m).ravel(),
+            "p_value": self.p_value[m].ravel()}) for m in self.measures], ignore_index=True)
 
     def diagonal(self, measure: str, kind: str = "observed") -> pd.Series:
         """Same-index cells (layer i of A against layer i of B), for equal-depth models."""
@@ -384,8 +377,8 @@ def compare_layers(
         inputs: the same n inputs for both (strings, conversations, (prompt, response), ids).
         measure: one or more of ``"debiased_cka"`` (headline), ``"rv2"``, ``"rv"``,
             ``"linear_cka"``.
-        hook: a hook name with ``{layer}`` (default ``blocks.{layer}.hook_resid_post``) or a
-            list of hook names; ``layers_a`` / ``layers_b`` pick layers (default: all).
+        hook: a hook name with ``{layer}`` or a list of hook names; ``layers_a`` / ``layers_b``
+            pick layers (default: all).
         positions: ``"pooled"`` (one row per input) or ``"response"`` (one per response token).
         n_permutations: B row permutations for the null (0: none).
         layer_chunk: hook points read per pass (bounds memory; see the module docstring).
