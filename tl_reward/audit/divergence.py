@@ -205,8 +205,7 @@ def divergence_patching(
 
     The patched-in value is the source run's activation at the aligned source row (denoising:
     chosen; noising: rejected), zero, or the reference mean, as the patch writes it. Source
-    position 0 is scored only if the fit included it (``skip_first=False``); otherwise those
-    patches get NaN (``positions="all"``: position 0 is left out of the minimum).
+    position 0 outside a ``skip_first`` fit is not scored (see the module doc).
     """
     res = activation_patching(model, pair, site=site, mode=mode, positions=positions,
                               layers=layers, units=units, objective=objective,

@@ -54,11 +54,6 @@ def average_ranks(x: ArrayLike) -> np.ndarray:
     return stats.rankdata(as_array(x), axis=-1)
 
 
-def _tie_sizes(v: np.ndarray) -> np.ndarray:
-    _, counts = np.unique(v, return_counts=True)
-    return counts[counts > 1].astype(np.float64)
-
-
 def kendall_tau_b(a: ArrayLike, b: ArrayLike) -> RankCorrelation:
     """Kendall's tau-b with ties and its p: ``scipy.stats.kendalltau`` (O(n log n); the p is
     exact for untied samples with ``n <= 33``, else asymptotic)."""
@@ -99,7 +94,8 @@ def spearman_rho(a: ArrayLike, b: ArrayLike) -> RankCorrelation:
         rho = math.copysign(1.0, rho)
         # rank vectors reached at |rho| = 1: rx itself, and its reflection if ry's ranks allow it
         ways = 1 + int(np.array_equal(np.sort(-rx), np.sort(rx)))
-        log_p = sum(math.lgamma(t + 1) for t in _tie_sizes(y)) - math.lgamma(n + 1)
+        ties = np.unique(y, return_counts=True)[1]  # lgamma(2) = 0: untied values add 0
+        log_p = sum(math.lgamma(t + 1) for t in ties) - math.lgamma(n + 1)
         return RankCorrelation(rho, float(min(1.0, ways * math.exp(log_p))), n)
     t = rho * math.sqrt(dof / ((1.0 - rho) * (1.0 + rho)))
     return RankCorrelation(rho, float(2 * special.stdtr(dof, -abs(t))), n)
