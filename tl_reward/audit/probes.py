@@ -311,17 +311,10 @@ def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
 
 
 def run_probes(
-    model: Any,
-    items: Iterable[ProbeItem | tuple[str, str] | dict[str, Any]],
-    dimensions: Iterable[str | Dimension] | None = None,
-    objective: str | None = None,
-    output_dir: str | Path | None = None,
-    seed: int = 0,
-    batch_size: int = 8,
-    chunk_size: int = 16,
-    n_bootstrap: int = 2000,
-    overwrite: bool = False,
-    progress: bool | None = None,
+    model: Any, items: Iterable[ProbeItem | tuple[str, str] | dict[str, Any]],
+    dimensions: Iterable[str | Dimension] | None = None, objective: str | None = None,
+    output_dir: str | Path | None = None, seed: int = 0, batch_size: int = 8, chunk_size: int = 16,
+    n_bootstrap: int = 2000, overwrite: bool = False, progress: bool | None = None,
     on_chunk: Callable[[int], None] | None = None,
 ) -> ProbeReport:
     """Probe ``model`` on ``items`` along ``dimensions`` (default: the seven built-ins).

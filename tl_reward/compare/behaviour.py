@@ -229,13 +229,8 @@ def model_features(model: Any, corpus: Sequence[Any] | None,
 
 
 def compare_features(
-    features: Mapping[str, ModelFeatures],
-    sweeps: Mapping[str, Any] | None = None,
-    *,
-    n_bootstrap: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-    rbo_p: float = 0.9,
+    features: Mapping[str, ModelFeatures], sweeps: Mapping[str, Any] | None = None, *,
+    n_bootstrap: int = 2000, confidence: float = 0.95, seed: int = 0, rbo_p: float = 0.9,
 ) -> BehaviourComparison:
     """:func:`compare_models`' statistics from each model's :class:`ModelFeatures`."""
     names = list(features)
@@ -266,19 +261,11 @@ def compare_features(
 
 
 def compare_models(
-    models: Mapping[str, Any] | Sequence[Any],
-    data: Sequence[Any] | None = None,
-    *,
-    pairs: Sequence[PreferencePair] | None = None,
-    sweeps: Mapping[str, Any] | None = None,
-    readability_hook: str | None = "blocks.{layer}.hook_resid_post",
-    readability_layer: int = -1,
-    objective: str | Mapping[str, str] = "score",
-    n_bootstrap: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-    batch_size: int = 8,
-    rbo_p: float = 0.9,
+    models: Mapping[str, Any] | Sequence[Any], data: Sequence[Any] | None = None, *,
+    pairs: Sequence[PreferencePair] | None = None, sweeps: Mapping[str, Any] | None = None,
+    readability_hook: str | None = "blocks.{layer}.hook_resid_post", readability_layer: int = -1,
+    objective: str | Mapping[str, str] = "score", n_bootstrap: int = 2000, confidence: float = 0.95,
+    seed: int = 0, batch_size: int = 8, rbo_p: float = 0.9,
 ) -> BehaviourComparison:
     """Behavioural agreement of reward models (``{name: HookedRewardModel}`` or a list).
 

@@ -189,12 +189,8 @@ def read_rows(
 
 
 def activations(
-    model: Any,
-    inputs: Sequence[Any],
-    hook: str = "blocks.{layer}.hook_resid_post",
-    layer: int = -1,
-    positions: Positions = "pooled",
-    batch_size: int = 8,
+    model: Any, inputs: Sequence[Any], hook: str = "blocks.{layer}.hook_resid_post",
+    layer: int = -1, positions: Positions = "pooled", batch_size: int = 8,
 ) -> Float[np.ndarray, "n d"]:
     """``[n, d]`` float32 activations at one hook point (``{layer}`` filled in, negative layers
     count from the end), read at the pooled token (or every response token)."""
@@ -206,15 +202,9 @@ def activations(
 
 
 def layer_grams(
-    model: Any,
-    inputs: Sequence[Any],
-    hook: str | Sequence[str] = DEFAULT_HOOK,
-    layers: Sequence[int] | None = None,
-    positions: Positions = "pooled",
-    batch_size: int = 8,
-    layer_chunk: int | None = None,
-    progress: bool | None = None,
-    max_gram_bytes: float = 4e9,
+    model: Any, inputs: Sequence[Any], hook: str | Sequence[str] = DEFAULT_HOOK,
+    layers: Sequence[int] | None = None, positions: Positions = "pooled", batch_size: int = 8,
+    layer_chunk: int | None = None, progress: bool | None = None, max_gram_bytes: float = 4e9,
 ) -> LayerGrams:
     """Centred ``n x n`` Grams of ``model``'s activations at each hook point, read batch by batch.
 
@@ -355,18 +345,11 @@ def _flat_unit(grams: np.ndarray, measure: str) -> tuple[np.ndarray, np.ndarray]
 
 
 def compare_layers(
-    model_a: Any,
-    model_b: Any | None = None,
-    inputs: Sequence[Any] = (),
+    model_a: Any, model_b: Any | None = None, inputs: Sequence[Any] = (),
     measure: str | Sequence[str] = ("debiased_cka", "rv2"),
-    hook: str | Sequence[str] = DEFAULT_HOOK,
-    layers_a: Sequence[int] | None = None,
-    layers_b: Sequence[int] | None = None,
-    positions: Positions = "pooled",
-    n_permutations: int = 199,
-    seed: int = 0,
-    batch_size: int = 8,
-    layer_chunk: int | None = None,
+    hook: str | Sequence[str] = DEFAULT_HOOK, layers_a: Sequence[int] | None = None,
+    layers_b: Sequence[int] | None = None, positions: Positions = "pooled",
+    n_permutations: int = 199, seed: int = 0, batch_size: int = 8, layer_chunk: int | None = None,
     progress: bool | None = None,
 ) -> LayerComparison:
     """Layer x layer similarity of ``model_a`` with ``model_b`` (``None``: with itself).

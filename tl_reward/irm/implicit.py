@@ -158,13 +158,8 @@ def _vocab(model: Any) -> int:
 
 
 def implicit_rewards(
-    policy: Any,
-    reference: Any,
-    inputs: Sequence[RewardInput | EncodedInput],
-    beta: float,
-    tokenizer: Any = None,
-    batch_size: int = 8,
-    padding_side: str = "right",
+    policy: Any, reference: Any, inputs: Sequence[RewardInput | EncodedInput], beta: float,
+    tokenizer: Any = None, batch_size: int = 8, padding_side: str = "right",
 ) -> ImplicitRewardResult:
     """Implicit rewards ``beta * sum_t [log pi - log pi_ref]`` over each input's response.
 

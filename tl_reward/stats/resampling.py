@@ -80,11 +80,8 @@ def percentile_ci(values: ArrayLike, confidence: float = 0.95, min_valid: int = 
 
 
 def bootstrap_ci(
-    x: ArrayLike,
-    statistic: Callable[[np.ndarray], np.ndarray] | None = None,
-    n_bootstrap: int = 10_000,
-    confidence: float = 0.95,
-    seed: int = 0,
+    x: ArrayLike, statistic: Callable[[np.ndarray], np.ndarray] | None = None,
+    n_bootstrap: int = 10_000, confidence: float = 0.95, seed: int = 0,
     units: ArrayLike | Sequence[Any] | None = None,
 ) -> tuple[float, float]:
     """Percentile bootstrap CI of ``statistic`` (default: the mean) over the values ``x``,
