@@ -520,10 +520,9 @@ def input_gradients(term: Term, item: Any, layer: int = 0) -> Float[torch.Tensor
         _, cache = model.run_with_cache(tokens, attention_mask=mask, return_type=None,
                                         names_filter=lambda n: n == resid_hook(model, layer))
     start = cache[resid_hook(model, layer)].detach().clone().requires_grad_(True)
-    n = model.cfg.n_layers
     kind = "score" if term.objective == "score" else "reward"
-    out = model(start, start_at_layer=min(layer, n), tokens=tokens, attention_mask=mask,
-                return_type=kind)
+    out = model(start, start_at_layer=min(layer, model.cfg.n_layers), tokens=tokens,
+                attention_mask=mask, return_type=kind)
     value = out[0] if kind == "score" else out[0, model.objective_index(term.objective)]
     (g,) = torch.autograd.grad(value.float(), start)
     return g[0].float()
