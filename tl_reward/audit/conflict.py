@@ -45,6 +45,7 @@ from tl_reward.model.heads import LinearRewardHead
 from tl_reward.results import ShortRepr
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import benjamini_hochberg
+from tl_reward.stats.ranks import paired_arrays
 from tl_reward.stats.resampling import bootstrap_ci, bootstrap_indices
 
 
@@ -337,9 +338,7 @@ def score_correlation(a: Any, b: Any, n_bootstrap: int = 2000, n_permutations: i
     pairing up to 8 items, else ``(1 + #{|r*| >= |r|}) / (1 + B)``; bootstrap CI over items)."""
     from tl_reward.audit.cascade import permutation_correlation
 
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if len(a) < 3 or len(b) != len(a):
-        raise TLRewardError("a correlation needs two equally long score lists of >= 3 items")
+    a, b = paired_arrays(a, b, 3, "score")
     return permutation_correlation(a, b, "pearson", n_permutations, n_bootstrap, seed=seed)
 
 
@@ -387,10 +386,8 @@ def disagreement_share(margins_a: Any, margins_b: Any, n_bootstrap: int = 2000,
     test shuffles one term's margins across pairs. Without zero margins the sign table is 2 x 2
     with fixed margins, so ``#(a > 0, b < 0)`` is hypergeometric and the p-values are exact
     (every permutation); with zeros, ``n_permutations`` Monte Carlo shuffles."""
-    ma, mb = np.asarray(margins_a, np.float64), np.asarray(margins_b, np.float64)
+    ma, mb = paired_arrays(margins_a, margins_b, 2, "margin")
     n = len(ma)
-    if n < 2 or len(mb) != n:
-        raise TLRewardError("disagreement needs two equally long margin lists of >= 2 pairs")
     share, exp = float(_disagree(ma, mb)), float(_expected_disagree(ma, mb))
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, (n_bootstrap, n))

@@ -23,18 +23,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tl_reward.audit.perturbations import (
-    Dimension,
-    ProbeError,
-    ProbeItem,
-)
+from tl_reward.audit.perturbations import Dimension, ProbeEdit, ProbeError, ProbeItem
 from tl_reward.compat.published import (  # noqa: F401 - re-exported for tl_reward.scale.probes
     PublishedProbeReport,
     published_cohens_d,
@@ -67,18 +63,11 @@ def reward_names(model: Any) -> list[str]:
 
 # -- the raw table ---------------------------------------------------------------------------
 def _rows_for_item(item: ProbeItem, dims: Sequence[Dimension], seed: int) -> list[dict[str, Any]]:
-    rows = [{"dimension": NATURAL, "item_id": item.item_id, "source": item.source,
-             "applied": True, "neutral_user": item.user_turn, "neutral_reply": item.reply,
-             "perturbed_user": item.user_turn, "perturbed_reply": item.reply}]
-    for d in dims:
-        e = d.apply(item, seed)
-        rows.append({"dimension": d.name, "item_id": item.item_id, "source": item.source,
-                     "applied": e is not None,
-                     "neutral_user": e.neutral_user if e else "",
-                     "neutral_reply": e.neutral_reply if e else "",
-                     "perturbed_user": e.perturbed_user if e else "",
-                     "perturbed_reply": e.perturbed_reply if e else ""})
-    return rows
+    natural = ProbeEdit(item.user_turn, item.reply, item.user_turn, item.reply)
+    edits = [(NATURAL, natural), *((d.name, d.apply(item, seed)) for d in dims)]
+    return [{"dimension": name, "item_id": item.item_id, "source": item.source,
+             "applied": e is not None, **asdict(e or ProbeEdit("", "", "", ""))}
+            for name, e in edits]
 
 
 def _score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, Any]],

@@ -35,6 +35,7 @@ from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 from tl_reward.stats.agreement import RankAgreement, rank_agreement
 from tl_reward.stats.estimate import Estimate
+from tl_reward.stats.ranks import paired_arrays
 from tl_reward.stats.resampling import bootstrap_ci
 
 DEFAULT_ALPHAS: tuple[float, ...] = tuple(float(a) for a in np.logspace(-3, 5, 17))
@@ -73,9 +74,7 @@ def preference_agreement(margin_a: np.ndarray, margin_b: np.ndarray,
                          names: tuple[str, str] = ("a", "b"), n_bootstrap: int = 2000,
                          confidence: float = 0.95, seed: int = 0) -> PreferenceAgreement:
     """Share of pairs with ``sign(margin_a) == sign(margin_b)``, bootstrap CI over pairs."""
-    ma, mb = np.asarray(margin_a, dtype=np.float64), np.asarray(margin_b, dtype=np.float64)
-    if ma.shape != mb.shape or ma.ndim != 1 or len(ma) < 2:
-        raise TLRewardError("need two margin vectors over the same >= 2 pairs")
+    ma, mb = paired_arrays(margin_a, margin_b, 2, "margin")
     same = (np.sign(ma) == np.sign(mb)).astype(np.float64)
     lo, hi = bootstrap_ci(same, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
     return PreferenceAgreement(names[0], names[1], Estimate(

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from scipy import special, stats
 
+from tl_reward.errors import TLRewardError
+
 ArrayLike = np.ndarray | torch.Tensor | Sequence[float]
 
 
@@ -39,10 +41,19 @@ class RankCorrelation:
     n: int
 
 
-def _pair(a: ArrayLike, b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+def paired_arrays(a: ArrayLike, b: ArrayLike, min_n: int = 0, what: str = "value"
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``a`` and ``b`` as 1-D float64 arrays of equal length, at least ``min_n`` (else a
+    :class:`~tl_reward.errors.TLRewardError`, a ``ValueError``)."""
     x, y = as_array(a), as_array(b)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"need two 1-D arrays of equal length, got {x.shape} and {y.shape}")
+    if x.shape != y.shape or x.ndim != 1 or x.size < min_n:
+        raise TLRewardError(f"need two 1-D {what} arrays of equal length (at least {min_n}), got "
+                            f"{x.shape} and {y.shape}")
+    return x, y
+
+
+def _pair(a: ArrayLike, b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    x, y = paired_arrays(a, b)
     if np.isnan(x).any() or np.isnan(y).any():
         raise ValueError("rank statistics need finite values; drop NaNs first")
     return x, y
