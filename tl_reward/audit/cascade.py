@@ -2,10 +2,9 @@
 
 Ours correlates two dimensions over *matched* units only: the same base items perturbed along
 each dimension (an items x dimensions delta matrix from one probe run), or the same models
-(one value per model per dimension). Per pair of dimensions: n (units where both are present),
-Pearson (or Spearman) r, a percentile bootstrap CI over units, and a two-sided permutation
-p-value (one column permuted against the other: exact over all n! pairings for n <= 8, else
-Monte Carlo with ``(1 + count) / (1 + B)``), Benjamini-Hochberg adjusted across pairs.
+(one value per model per dimension). Per pair of dimensions: n (units where both are present)
+and :func:`permutation_correlation` (r, bootstrap CI, permutation p), Benjamini-Hochberg
+adjusted across pairs.
 
 Example:
     >>> res = cascade(report)                      # report: a ProbeReport (matched items)

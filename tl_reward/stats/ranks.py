@@ -136,8 +136,7 @@ def rank_biased_overlap(a: Sequence[Hashable] | np.ndarray, b: Sequence[Hashable
     overlap = np.cumsum(np.bincount(first, minlength=k)[:k])  # X_d for d = 1..k
     d = np.arange(1, k + 1, dtype=np.float64)
     agreement = overlap / d
-    weights = p ** d
-    return float(agreement[-1] * p**k + (1 - p) / p * (agreement * weights).sum())
+    return float(agreement[-1] * p**k + (1 - p) / p * (agreement * p**d).sum())
 
 
 def top_ranking(ids: Sequence[Hashable] | np.ndarray, values: ArrayLike,
