@@ -162,9 +162,7 @@ def objective_per_model(objective: str | Mapping[str, str], names: Sequence[str]
     """``{model name: objective}`` from one objective for all or a mapping naming each model."""
     if isinstance(objective, str):
         return dict.fromkeys(names, objective)
-    missing = [n for n in names if n not in objective]
-    extra = [n for n in objective if n not in names]
-    if missing or extra:
+    if set(objective) != set(names):
         raise TLRewardError(f"objective names models {sorted(objective)}; the models are "
                             f"{list(names)} (give one objective per model)")
     return {n: objective[n] for n in names}

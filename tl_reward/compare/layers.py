@@ -139,8 +139,7 @@ class LayerGrams:
 
 def hook_label(hook: str) -> str:
     """Short label of a hook point (see :meth:`LayerGrams.labels`)."""
-    m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", hook)
-    if m:
+    if m := re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", hook):
         return m.group(1)
     return {"blocks.0.hook_resid_pre": "embed", "ln_final.hook_normalized": "final_norm",
             "hook_embed": "embed"}.get(hook, hook)

@@ -240,9 +240,7 @@ def lexicon_tokens(tokenizer: Any, lexicon: dict[str, float], vocab: int | None 
     n = min(len(tokenizer), vocab or len(tokenizer))
     ids, words, utils = [], [], []
     for i in range(n):
-        if i in special:
-            continue
-        w = token_word(tokenizer.decode([i]))
+        w = None if i in special else token_word(tokenizer.decode([i]))
         if w is not None and w in lexicon:
             ids.append(i)
             words.append(w)
