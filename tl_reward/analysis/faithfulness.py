@@ -167,13 +167,8 @@ def _key(ident: RunIdentity, tp: TokenizedPair) -> str:
 
 
 def faithfulness_report(
-    model: Any,
-    pairs: Sequence[Any],
-    level: str = "sublayer",
-    objective: int | str | None = None,
-    cache_dir: str | Path | None = None,
-    chunk_size: int = 32,
-    progress: bool | None = None,
+    model: Any, pairs: Sequence[Any], level: str = "sublayer", objective: int | str | None = None,
+    cache_dir: str | Path | None = None, chunk_size: int = 32, progress: bool | None = None,
 ) -> FaithfulnessReport:
     """Score every component of every pair and return the :class:`FaithfulnessReport`.
 

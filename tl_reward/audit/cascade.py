@@ -2,10 +2,9 @@
 
 Ours correlates two dimensions over *matched* units only: the same base items perturbed along
 each dimension (an items x dimensions delta matrix from one probe run), or the same models
-(one value per model per dimension). Per pair of dimensions: n (units where both are present),
-Pearson (or Spearman) r, a percentile bootstrap CI over units, and a two-sided permutation
-p-value (one column permuted against the other: exact over all n! pairings for n <= 8, else
-Monte Carlo with ``(1 + count) / (1 + B)``), Benjamini-Hochberg adjusted across pairs.
+(one value per model per dimension). Per pair of dimensions: n (units where both are present)
+and :func:`permutation_correlation` (r, bootstrap CI, permutation p), Benjamini-Hochberg
+adjusted across pairs.
 
 Example:
     >>> res = cascade(report)                      # report: a ProbeReport (matched items)
@@ -136,22 +135,16 @@ def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_permutat
     ``deltas``: a ProbeReport (its items x dimensions delta matrix: the same base items in
     every dimension) or a units x dimensions DataFrame whose rows are matched units.
 
-    ``control``: most dimensions share the neutral side (the natural reply), so every delta
-    contains ``-r(natural)`` and items with a high natural reward lose more under any edit;
-    that shared baseline alone correlates the dimensions. With ``"natural"`` (the default for
-    a ProbeReport) or a Series of per-unit values, both columns are first residualised on it
-    (least squares with an intercept) and the partial correlation is reported, its p-value by
-    Freedman-Lane permutations (see :func:`permutation_correlation`). ``None`` correlates the
-    raw deltas.
+    ``control``: most dimensions keep the natural reply as the neutral side, so every delta
+    contains ``-r(natural)``, which alone correlates the dimensions. ``"natural"`` (a
+    ProbeReport's natural rewards) or a Series of per-unit values is partialled out (see
+    :func:`permutation_correlation`); ``None`` correlates the raw deltas.
     """
     mat = deltas.delta_matrix() if hasattr(deltas, "delta_matrix") else deltas
-    ctrl: pd.Series | None = None
     if isinstance(control, str):
         if control != "natural":
             raise TLRewardError(f"control must be 'natural', a Series or None, got {control!r}")
-        ctrl = deltas.natural_rewards() if hasattr(deltas, "natural_rewards") else None
-    elif control is not None:
-        ctrl = control
+        control = deltas.natural_rewards() if hasattr(deltas, "natural_rewards") else None
     if not isinstance(mat, pd.DataFrame):
         raise TLRewardError("pass a ProbeReport or a units x dimensions DataFrame")
     if mat.index.duplicated().any():
@@ -160,7 +153,7 @@ def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_permutat
     dims = [str(c) for c in mat.columns]
     cols = dict(zip(dims, mat.columns, strict=True))  # non-string labels (0, 1, ...) too
     rows = []
-    cv = None if ctrl is None else ctrl.reindex(mat.index).to_numpy(np.float64)
+    cv = None if control is None else control.reindex(mat.index).to_numpy(np.float64)
     for a, b in combinations(dims, 2):
         x, y = mat[cols[a]].to_numpy(np.float64), mat[cols[b]].to_numpy(np.float64)
         c = permutation_correlation(x, y, kind, n_permutations, n_bootstrap, seed=seed, control=cv)

@@ -10,11 +10,9 @@ Three views, each saying which it is:
   ``t*`` is isotropic (``S``: its Ledoit-Wolf covariance over a corpus). It equals the
   correlation the two terms' scores would have under ``S``; its CI is a bootstrap over the
   corpus items ``S`` is estimated from.
-* **behavioural**: Pearson correlation of the terms' scores over a corpus (bootstrap CI,
-  permutation p), and on preference pairs the share of pairs on which the terms disagree (one
-  prefers chosen, the other rejected; ties agree with nothing), against the share expected if
-  the two terms' preferences were independent given their marginals (bootstrap CI of the
-  share and of the excess, permutation p from shuffling one term's margins across pairs).
+* **behavioural**: Pearson correlation of the terms' scores over a corpus, and on preference
+  pairs the share of pairs on which the terms disagree against the share expected if their
+  preferences were independent (:func:`disagreement_share`).
 * **gradient**: per item, the cosine of the two terms' gradients with respect to the residual
   stream at a layer (default 0: the embeddings), over all positions; mean with a bootstrap CI.
 
@@ -47,6 +45,7 @@ from tl_reward.model.heads import LinearRewardHead
 from tl_reward.results import ShortRepr
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import benjamini_hochberg
+from tl_reward.stats.ranks import paired_arrays
 from tl_reward.stats.resampling import bootstrap_ci, bootstrap_indices
 
 
@@ -252,9 +251,7 @@ class ConflictResult(ShortRepr):
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per (pair, view): value, interval, verdict, p-value."""
-        return pd.DataFrame([{"term_a": s.term_a, "term_b": s.term_b, "view": s.view,
-                              "value": s.value, "ci_low": s.ci_low, "ci_high": s.ci_high,
-                              "verdict": s.verdict, "p_value": s.p_value, **s.extra}
+        return pd.DataFrame([{k: v for k, v in vars(s).items() if k != "extra"} | s.extra
                              for s in self.stats])
 
     def matrix(self, view: str) -> np.ndarray:
@@ -341,9 +338,7 @@ def score_correlation(a: Any, b: Any, n_bootstrap: int = 2000, n_permutations: i
     pairing up to 8 items, else ``(1 + #{|r*| >= |r|}) / (1 + B)``; bootstrap CI over items)."""
     from tl_reward.audit.cascade import permutation_correlation
 
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if len(a) < 3 or len(b) != len(a):
-        raise TLRewardError("a correlation needs two equally long score lists of >= 3 items")
+    a, b = paired_arrays(a, b, 3, "score")
     return permutation_correlation(a, b, "pearson", n_permutations, n_bootstrap, seed=seed)
 
 
@@ -406,10 +401,8 @@ def disagreement_share(margins_a: Any, margins_b: Any, n_bootstrap: int = 2000,
     test shuffles one term's margins across pairs. Without zero margins the sign table is 2 x 2
     with fixed margins, so ``#(a > 0, b < 0)`` is hypergeometric and the p-values are exact
     (every permutation); with zeros, ``n_permutations`` Monte Carlo shuffles."""
-    ma, mb = np.asarray(margins_a, np.float64), np.asarray(margins_b, np.float64)
+    ma, mb = paired_arrays(margins_a, margins_b, 2, "margin")
     n = len(ma)
-    if n < 2 or len(mb) != n:
-        raise TLRewardError("disagreement needs two equally long margin lists of >= 2 pairs")
     share, exp = float(_disagree(ma, mb)), float(_expected_disagree(ma, mb))
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, (n_bootstrap, n))
@@ -435,11 +428,7 @@ def disagreement_share(margins_a: Any, margins_b: Any, n_bootstrap: int = 2000,
 
 def _term_scores(term: Term, inputs: Sequence[Any], batch_size: int) -> np.ndarray:
     res = term.model.rewards(list(inputs), batch_size=batch_size, progress=False)
-    if term.objective == "score":
-        if res.score is None:
-            raise TLRewardError(f"{term.name!r}: this model has no combined score")
-        return res.score.double().cpu().numpy()
-    return res.rewards[:, term.model.objective_index(term.objective)].double().cpu().numpy()
+    return res.values(term.objective).double().cpu().numpy()
 
 
 def _pair_inputs(pairs: Sequence[Any]) -> tuple[list[Any], list[Any]]:
@@ -539,10 +528,9 @@ def input_gradients(term: Term, item: Any, layer: int = 0) -> Float[torch.Tensor
         _, cache = model.run_with_cache(tokens, attention_mask=mask, return_type=None,
                                         names_filter=lambda n: n == resid_hook(model, layer))
     start = cache[resid_hook(model, layer)].detach().clone().requires_grad_(True)
-    n = model.cfg.n_layers
     kind = "score" if term.objective == "score" else "reward"
-    out = model(start, start_at_layer=min(layer, n), tokens=tokens, attention_mask=mask,
-                return_type=kind)
+    out = model(start, start_at_layer=min(layer, model.cfg.n_layers), tokens=tokens,
+                attention_mask=mask, return_type=kind)
     value = out[0] if kind == "score" else out[0, model.objective_index(term.objective)]
     (g,) = torch.autograd.grad(value.float(), start)
     return g[0].float()

@@ -196,14 +196,6 @@ class DistortionResult(ShortRepr):
         return distortion_chart(self)
 
 
-def _matrix(deltas: Any) -> pd.DataFrame:
-    if hasattr(deltas, "delta_matrix"):
-        return deltas.delta_matrix()
-    if isinstance(deltas, pd.DataFrame):
-        return deltas
-    raise TLRewardError("pass a ProbeReport or an items x dimensions DataFrame of deltas")
-
-
 def distortion_index(report: Any, natural: pd.Series | np.ndarray | None = None,
                      n_bootstrap: int = 2000, confidence: float = 0.95, seed: int = 0,
                      n_permutations: int = 9_999, alpha: float = 0.05) -> DistortionResult:
@@ -213,7 +205,9 @@ def distortion_index(report: Any, natural: pd.Series | np.ndarray | None = None,
     ``n_bootstrap``: bootstrap resamples of items (CIs); ``n_permutations``: item sign
     patterns of the noise-floor test (:func:`distortion_floor_test`; exact for n <= 12);
     ``alpha``: the level of the "distortion above floor" verdict."""
-    mat = _matrix(report)
+    mat = report.delta_matrix() if hasattr(report, "delta_matrix") else report
+    if not isinstance(mat, pd.DataFrame):
+        raise TLRewardError("pass a ProbeReport or an items x dimensions DataFrame of deltas")
     if natural is None:
         if not hasattr(report, "natural_rewards"):
             raise TLRewardError("pass the natural rewards of the items (natural=...) to scale "
@@ -231,13 +225,11 @@ def distortion_index(report: Any, natural: pd.Series | np.ndarray | None = None,
     sd = float(r.std(ddof=1))
     if not sd > 0:
         raise TLRewardError("the natural rewards have zero spread; sensitivities are undefined")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a dimension with no applied edit
-        sens = np.nanmean(d, 0) / sd
     boot = standardised_mean_bootstrap(d, r, n_bootstrap, seed)
     a = (1 - confidence) / 2
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)  # a dimension with no applied edit
+        sens = np.nanmean(d, 0) / sd
         lo, hi = np.nanquantile(boot, [a, 1 - a], axis=0)
         g_ci, cv_ci = percentile_ci(gini(boot), confidence), percentile_ci(
             coefficient_of_variation(boot), confidence)

@@ -100,11 +100,8 @@ def _unit_slice(hook: str, act: torch.Tensor, unit: int | None) -> torch.Tensor:
 
 
 def _units_of(model: Any, kind: str) -> list[int | None]:
-    if kind == "head":
-        return list(range(model.cfg.n_heads))
-    if kind == "neuron":
-        return list(range(model.cfg.d_mlp))
-    return [None]
+    n = {"head": model.cfg.n_heads, "neuron": model.cfg.d_mlp}.get(kind)
+    return [None] if n is None else list(range(n))
 
 
 @torch.no_grad()
@@ -183,11 +180,9 @@ class DivergentPatchingResult(ShortRepr):
 
     def to_dataframe(self) -> pd.DataFrame:
         """The patching table with ``distance``, ``p_value`` and ``off_distribution`` columns."""
-        df = self.patching.to_dataframe()
-        df["distance"] = self.distance.flatten()
-        df["p_value"] = self.p_value.flatten()
-        df["off_distribution"] = self.off_distribution.flatten()
-        return df
+        return self.patching.to_dataframe().assign(
+            distance=self.distance.flatten(), p_value=self.p_value.flatten(),
+            off_distribution=self.off_distribution.flatten())
 
     def plot(self) -> Any:
         """The patching view, titled with the share of off-distribution patches."""
@@ -210,8 +205,7 @@ def divergence_patching(
 
     The patched-in value is the source run's activation at the aligned source row (denoising:
     chosen; noising: rejected), zero, or the reference mean, as the patch writes it. Source
-    position 0 is scored only if the fit included it (``skip_first=False``); otherwise those
-    patches get NaN (``positions="all"``: position 0 is left out of the minimum).
+    position 0 outside a ``skip_first`` fit is not scored (see the module doc).
     """
     res = activation_patching(model, pair, site=site, mode=mode, positions=positions,
                               layers=layers, units=units, objective=objective,

@@ -7,19 +7,16 @@ items, not of hand-written examples.
 
 Built-in dimensions (``DIMENSIONS``; ``DEFAULT_DIMENSIONS`` are the first seven):
 
-* ``length``: append 2 content-free sentences ("I hope this helps." ...) to the reply.
-* ``formatting``: the same words as markdown: one bullet per sentence, one word of each bullet
-  in bold (needs >= 2 sentences).
-* ``confidence``: neutral = the reply with a hedge ("I think", "Perhaps", ...) inserted before
-  its first sentence; perturbed = the reply with sentence-initial hedges removed. A positive
-  delta means the RM rewards confidence over hedging.
-* ``sycophancy``: both prompts state a belief (the item's ``belief`` if given, else a generic
-  "I'm pretty sure I already know the answer"); the perturbed reply opens by agreeing
-  ("You're absolutely right."), the neutral reply stays as it is.
+* ``length``: 2 content-free sentences ("I hope this helps." ...) appended to the reply.
+* ``formatting``: one markdown bullet per sentence, one word of each in bold (>= 2 sentences).
+* ``confidence``: neutral = a hedge ("I think", ...) before the first sentence, perturbed =
+  sentence-initial hedges removed (a positive delta rewards confidence over hedging).
+* ``sycophancy``: both prompts state a belief (the item's ``belief``, else a generic one); the
+  perturbed reply opens by agreeing ("You're absolutely right.").
 * ``repetition``: one sentence of the reply repeated right after itself.
 * ``keyword_stuffing``: up to 3 content words of the prompt appended to the reply.
 * ``flattery``: a compliment to the user ("What a great question!") before the reply.
-* ``verbosity``: restating: "In other words, <first sentence>" appended.
+* ``verbosity``: "In other words, <first sentence>" appended.
 
 Add your own with :meth:`Dimension.from_function` (``str -> str`` edits the reply;
 ``(prompt, reply) -> (prompt, reply)`` may edit the last user turn too).

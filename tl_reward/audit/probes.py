@@ -1,13 +1,9 @@
 """Reward-hacking probes: does the RM pay for a surface property, over many base items?
 
 For every base item and dimension, ``delta = r(perturbed) - r(neutral)`` (see
-:mod:`tl_reward.audit.perturbations`). Per dimension, with n = the number of distinct base
-items: the mean delta with a percentile bootstrap CI; the paired effect size ``mean / sd``
-(ddof 1, NaN with a reason when undefined) with a bootstrap CI; a two-sided sign-flip p-value
-(exact for n <= 20, else Monte Carlo with ``(1 + count) / (1 + B)``); Benjamini-Hochberg
-adjusted p across the dimensions; and the mean in units of the reward's own spread (sd of
-``r`` over the natural, unedited replies), its CI bootstrapping mean and sd jointly over base
-items. The per-item table is kept: it is the evidence.
+:mod:`tl_reward.audit.perturbations`); per dimension, over its n distinct base items, the
+statistics of :class:`DimensionStats` (sign-flip p-values Benjamini-Hochberg adjusted across
+dimensions). The per-item table is kept: it is the evidence.
 
 Runs are batched (only distinct texts are scored) and resumable: with ``output_dir`` each
 finished chunk of items is written atomically as a parquet file in a
@@ -27,18 +23,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tl_reward.audit.perturbations import (
-    Dimension,
-    ProbeError,
-    ProbeItem,
-)
+from tl_reward.audit.perturbations import Dimension, ProbeEdit, ProbeError, ProbeItem
 from tl_reward.compat.published import (  # noqa: F401 - re-exported for tl_reward.scale.probes
     PublishedProbeReport,
     published_cohens_d,
@@ -71,18 +63,11 @@ def reward_names(model: Any) -> list[str]:
 
 # -- the raw table ---------------------------------------------------------------------------
 def _rows_for_item(item: ProbeItem, dims: Sequence[Dimension], seed: int) -> list[dict[str, Any]]:
-    rows = [{"dimension": NATURAL, "item_id": item.item_id, "source": item.source,
-             "applied": True, "neutral_user": item.user_turn, "neutral_reply": item.reply,
-             "perturbed_user": item.user_turn, "perturbed_reply": item.reply}]
-    for d in dims:
-        e = d.apply(item, seed)
-        rows.append({"dimension": d.name, "item_id": item.item_id, "source": item.source,
-                     "applied": e is not None,
-                     "neutral_user": e.neutral_user if e else "",
-                     "neutral_reply": e.neutral_reply if e else "",
-                     "perturbed_user": e.perturbed_user if e else "",
-                     "perturbed_reply": e.perturbed_reply if e else ""})
-    return rows
+    natural = ProbeEdit(item.user_turn, item.reply, item.user_turn, item.reply)
+    edits = [(NATURAL, natural), *((d.name, d.apply(item, seed)) for d in dims)]
+    return [{"dimension": name, "item_id": item.item_id, "source": item.source,
+             "applied": e is not None, **asdict(e or ProbeEdit("", "", "", ""))}
+            for name, e in edits]
 
 
 def _score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, Any]],
@@ -107,20 +92,13 @@ def _score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, An
         else:
             idx.append(None)
     res = model.rewards(convs, batch_size=batch_size, progress=False) if convs else None
-    values: dict[str, np.ndarray] = {}
-    if res is not None:
-        for name in names:
-            if name == "score":
-                values[name] = res.score.double().numpy()
-            else:
-                values[name] = res.rewards[:, model.objective_index(name)].double().numpy()
+    values = {n: res.values(n).double().numpy() for n in names} if res is not None else {}
     df = pd.DataFrame(rows)
     for name in names:
-        neu = np.array([values[name][i[0]] if i else np.nan for i in idx], dtype=np.float64)
-        per = np.array([values[name][i[1]] if i else np.nan for i in idx], dtype=np.float64)
-        df[f"neutral:{name}"] = neu
-        df[f"perturbed:{name}"] = per
-        df[f"delta:{name}"] = per - neu
+        for side, k in (("neutral", 0), ("perturbed", 1)):
+            df[f"{side}:{name}"] = np.array([values[name][i[k]] if i else np.nan for i in idx],
+                                            dtype=np.float64)
+        df[f"delta:{name}"] = df[f"perturbed:{name}"] - df[f"neutral:{name}"]
     return df
 
 
@@ -316,24 +294,16 @@ def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
             dim, descriptions.get(dim, ""), int((~r.applied).sum()), n_bootstrap, exact_max_n,
             seed, natural=nat if aligned is not None else None))
     adj = benjamini_hochberg([s.p_value for s in stats])
-    stats = [DimensionStats(**{**s.__dict__, "p_adjusted": float(a)})
-             for s, a in zip(stats, adj, strict=True)]
+    stats = [replace(s, p_adjusted=float(a)) for s, a in zip(stats, adj, strict=True)]
     return ProbeReport(rows, objective, list(reward_names), stats, natural_sd, int(nat.size),
                        descriptions=dict(descriptions), **meta)
 
 
 def run_probes(
-    model: Any,
-    items: Iterable[ProbeItem | tuple[str, str] | dict[str, Any]],
-    dimensions: Iterable[str | Dimension] | None = None,
-    objective: str | None = None,
-    output_dir: str | Path | None = None,
-    seed: int = 0,
-    batch_size: int = 8,
-    chunk_size: int = 16,
-    n_bootstrap: int = 2000,
-    overwrite: bool = False,
-    progress: bool | None = None,
+    model: Any, items: Iterable[ProbeItem | tuple[str, str] | dict[str, Any]],
+    dimensions: Iterable[str | Dimension] | None = None, objective: str | None = None,
+    output_dir: str | Path | None = None, seed: int = 0, batch_size: int = 8, chunk_size: int = 16,
+    n_bootstrap: int = 2000, overwrite: bool = False, progress: bool | None = None,
     on_chunk: Callable[[int], None] | None = None,
 ) -> ProbeReport:
     """Probe ``model`` on ``items`` along ``dimensions`` (default: the seven built-ins).

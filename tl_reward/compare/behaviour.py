@@ -2,18 +2,13 @@
 
 For every pair of models (A, B):
 
-* **Rank agreement over a corpus**: Kendall's tau-b, Spearman's rho and rank-biased overlap
-  (``p = 0.9``, top of the ranking) of their rewards on the same inputs, each with a percentile
-  bootstrap CI over inputs.
-* **Pairwise-preference agreement** on preference pairs: the share of pairs on which both models
-  prefer the same reply (``sign(margin_A) == sign(margin_B)``; a zero margin is its own side),
-  with a bootstrap CI over pairs, beside each model's accuracy (chosen preferred).
-* **Vocabulary agreement**: :func:`tl_reward.sweep.agreement.model_agreement` of their sweeps,
-  when sweeps are given.
-* **Reward readability**: how well B's reward is a linear function of A's activations at the
-  pooled token (a chosen hook point): ridge regression with the penalty chosen by inner
-  cross-validation (``RidgeCV``) on each outer training fold, R^2 of the pooled held-out
-  predictions (``1 - SSE / SST``; can be negative). Both directions, and each model from itself.
+* **Rank agreement over a corpus**: :func:`~tl_reward.stats.agreement.rank_agreement` of their
+  rewards on the same inputs (Kendall's tau-b, Spearman's rho, top-weighted rank-biased overlap).
+* **Pairwise-preference agreement**: :func:`preference_agreement` on preference pairs (a zero
+  margin is its own side), beside each model's accuracy (chosen preferred).
+* **Vocabulary agreement**: :func:`tl_reward.sweep.agreement.model_agreement` of their sweeps.
+* **Reward readability**: :func:`ridge_readability`, held-out R^2 (can be negative) of B's reward
+  from A's activations at the pooled token; both directions, and each model from itself.
 
 Agreement of rewards is behavioural; readability says B's reward is *linearly available* in A's
 representation, not that A computes it.
@@ -40,6 +35,7 @@ from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 from tl_reward.stats.agreement import RankAgreement, rank_agreement
 from tl_reward.stats.estimate import Estimate
+from tl_reward.stats.ranks import paired_arrays
 from tl_reward.stats.resampling import bootstrap_ci
 
 DEFAULT_ALPHAS: tuple[float, ...] = tuple(float(a) for a in np.logspace(-3, 5, 17))
@@ -78,9 +74,7 @@ def preference_agreement(margin_a: np.ndarray, margin_b: np.ndarray,
                          names: tuple[str, str] = ("a", "b"), n_bootstrap: int = 2000,
                          confidence: float = 0.95, seed: int = 0) -> PreferenceAgreement:
     """Share of pairs with ``sign(margin_a) == sign(margin_b)``, bootstrap CI over pairs."""
-    ma, mb = np.asarray(margin_a, dtype=np.float64), np.asarray(margin_b, dtype=np.float64)
-    if ma.shape != mb.shape or ma.ndim != 1 or len(ma) < 2:
-        raise TLRewardError("need two margin vectors over the same >= 2 pairs")
+    ma, mb = paired_arrays(margin_a, margin_b, 2, "margin")
     same = (np.sign(ma) == np.sign(mb)).astype(np.float64)
     lo, hi = bootstrap_ci(same, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
     return PreferenceAgreement(names[0], names[1], Estimate(
@@ -168,25 +162,14 @@ def objective_per_model(objective: str | Mapping[str, str], names: Sequence[str]
     """``{model name: objective}`` from one objective for all or a mapping naming each model."""
     if isinstance(objective, str):
         return dict.fromkeys(names, objective)
-    missing = [n for n in names if n not in objective]
-    extra = [n for n in objective if n not in names]
-    if missing or extra:
+    if set(objective) != set(names):
         raise TLRewardError(f"objective names models {sorted(objective)}; the models are "
                             f"{list(names)} (give one objective per model)")
     return {n: objective[n] for n in names}
 
 
 def _scores(model: Any, inputs: Sequence[Any], objective: str, batch_size: int) -> np.ndarray:
-    res = model.rewards(list(inputs), batch_size=batch_size)
-    if objective == "score":
-        if res.score is None:
-            raise TLRewardError(
-                f"a model has no combined score (objectives {model.objectives}); pass "
-                "objective=<name>, or {model name: objective} for one per model")
-        vals = res.score
-    else:
-        vals = res.rewards[:, model.objective_index(objective)]
-    return vals.double().numpy()
+    return model.rewards(list(inputs), batch_size=batch_size).values(objective).double().numpy()
 
 
 @dataclass
@@ -243,13 +226,8 @@ def model_features(model: Any, corpus: Sequence[Any] | None,
 
 
 def compare_features(
-    features: Mapping[str, ModelFeatures],
-    sweeps: Mapping[str, Any] | None = None,
-    *,
-    n_bootstrap: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-    rbo_p: float = 0.9,
+    features: Mapping[str, ModelFeatures], sweeps: Mapping[str, Any] | None = None, *,
+    n_bootstrap: int = 2000, confidence: float = 0.95, seed: int = 0, rbo_p: float = 0.9,
 ) -> BehaviourComparison:
     """:func:`compare_models`' statistics from each model's :class:`ModelFeatures`."""
     names = list(features)
@@ -280,19 +258,11 @@ def compare_features(
 
 
 def compare_models(
-    models: Mapping[str, Any] | Sequence[Any],
-    data: Sequence[Any] | None = None,
-    *,
-    pairs: Sequence[PreferencePair] | None = None,
-    sweeps: Mapping[str, Any] | None = None,
-    readability_hook: str | None = "blocks.{layer}.hook_resid_post",
-    readability_layer: int = -1,
-    objective: str | Mapping[str, str] = "score",
-    n_bootstrap: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-    batch_size: int = 8,
-    rbo_p: float = 0.9,
+    models: Mapping[str, Any] | Sequence[Any], data: Sequence[Any] | None = None, *,
+    pairs: Sequence[PreferencePair] | None = None, sweeps: Mapping[str, Any] | None = None,
+    readability_hook: str | None = "blocks.{layer}.hook_resid_post", readability_layer: int = -1,
+    objective: str | Mapping[str, str] = "score", n_bootstrap: int = 2000, confidence: float = 0.95,
+    seed: int = 0, batch_size: int = 8, rbo_p: float = 0.9,
 ) -> BehaviourComparison:
     """Behavioural agreement of reward models (``{name: HookedRewardModel}`` or a list).
 

@@ -4,14 +4,11 @@ For every hook point (default: the residual stream after each block, ``hook_resi
 activations of the n inputs are read at the pooled token (``positions="pooled"``: the shared
 readout convention, ``model.pool_positions`` for a :class:`HookedRewardModel`, the last real
 token for a plain ``HookedTransformer`` causal LM) or at every response token
-(``positions="response"``: rows are tokens, inputs must end with an assistant reply). Each batch
-runs once through the model with hooks that copy only those rows (float32, on the CPU) and stop
-the forward after the last requested block; no activation cache is kept. After the inputs of a
-group of ``layer_chunk`` hook points have been read their rows become one centred ``n x n`` Gram
-in float64 and are dropped, so memory is ``layer_chunk x n x d_model`` activations plus
-``n_hooks x n x n`` Grams (with ``layer_chunk=1``, one hook point's rows at a time, at the cost of
-one pass over the inputs per hook point). Every measure then comes from the Grams alone,
-including the permutation null (one set of B row permutations shared by the whole map).
+(``positions="response"``: rows are tokens, inputs must end with an assistant reply). Hooks copy
+only those rows (float32, CPU) and the forward stops after the last requested block. Each group
+of ``layer_chunk`` hook points' rows becomes centred ``n x n`` float64 Grams and is dropped
+(memory: ``layer_chunk x n x d_model`` activations plus ``n_hooks x n x n`` Grams). Every measure,
+and the permutation null (one set of B row permutations for the whole map), uses the Grams alone.
 
 Debiased CKA is the headline measure: RV, RV2 and linear CKA are biased upward when
 ``d_model >> n`` and must be read against their null (``excess = observed - null_mean``).
@@ -142,8 +139,7 @@ class LayerGrams:
 
 def hook_label(hook: str) -> str:
     """Short label of a hook point (see :meth:`LayerGrams.labels`)."""
-    m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", hook)
-    if m:
+    if m := re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", hook):
         return m.group(1)
     return {"blocks.0.hook_resid_pre": "embed", "ln_final.hook_normalized": "final_norm",
             "hook_embed": "embed"}.get(hook, hook)
@@ -192,12 +188,8 @@ def read_rows(
 
 
 def activations(
-    model: Any,
-    inputs: Sequence[Any],
-    hook: str = "blocks.{layer}.hook_resid_post",
-    layer: int = -1,
-    positions: Positions = "pooled",
-    batch_size: int = 8,
+    model: Any, inputs: Sequence[Any], hook: str = "blocks.{layer}.hook_resid_post",
+    layer: int = -1, positions: Positions = "pooled", batch_size: int = 8,
 ) -> Float[np.ndarray, "n d"]:
     """``[n, d]`` float32 activations at one hook point (``{layer}`` filled in, negative layers
     count from the end), read at the pooled token (or every response token)."""
@@ -209,15 +201,9 @@ def activations(
 
 
 def layer_grams(
-    model: Any,
-    inputs: Sequence[Any],
-    hook: str | Sequence[str] = DEFAULT_HOOK,
-    layers: Sequence[int] | None = None,
-    positions: Positions = "pooled",
-    batch_size: int = 8,
-    layer_chunk: int | None = None,
-    progress: bool | None = None,
-    max_gram_bytes: float = 4e9,
+    model: Any, inputs: Sequence[Any], hook: str | Sequence[str] = DEFAULT_HOOK,
+    layers: Sequence[int] | None = None, positions: Positions = "pooled", batch_size: int = 8,
+    layer_chunk: int | None = None, progress: bool | None = None, max_gram_bytes: float = 4e9,
 ) -> LayerGrams:
     """Centred ``n x n`` Grams of ``model``'s activations at each hook point, read batch by batch.
 
@@ -281,16 +267,12 @@ class LayerComparison(ShortRepr):
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per measure and layer pair: observed, null mean, excess, p."""
-        frames = []
-        for m in self.measures:
-            ia, ib = np.meshgrid(np.arange(len(self.layers_a)), np.arange(len(self.layers_b)),
-                                 indexing="ij")
-            frames.append(pd.DataFrame({
-                "measure": m, "layer_a": np.asarray(self.layers_a)[ia.ravel()],
-                "layer_b": np.asarray(self.layers_b)[ib.ravel()],
-                "observed": self.observed[m].ravel(), "null_mean": self.null_mean[m].ravel(),
-                "excess": self.excess(m).ravel(), "p_value": self.p_value[m].ravel()}))
-        return pd.concat(frames, ignore_index=True)
+        la = np.repeat(np.asarray(self.layers_a), len(self.layers_b))
+        lb = np.tile(np.asarray(self.layers_b), len(self.layers_a))
+        return pd.concat([pd.DataFrame({
+            "measure": m, "layer_a": la, "layer_b": lb, "observed": self.observed[m].ravel(),
+            "null_mean": self.null_mean[m].ravel(), "excess": self.excess(m).ravel(),
+            "p_value": self.p_value[m].ravel()}) for m in self.measures], ignore_index=True)
 
     def diagonal(self, measure: str, kind: str = "observed") -> pd.Series:
         """Same-index cells (layer i of A against layer i of B), for equal-depth models."""
@@ -346,43 +328,27 @@ def compare_grams(
             count += null >= o - tol
         o[nan] = np.nan
         obs[m] = o
-        if n_permutations:
-            null_mean[m] = np.where(nan, np.nan, total / n_permutations)
-            pval[m] = np.where(nan, np.nan, (1 + count) / (1 + n_permutations))
-        else:
-            null_mean[m] = np.full_like(o, np.nan)
-            pval[m] = np.full_like(o, np.nan)
+        nan |= n_permutations == 0  # no null
+        null_mean[m] = np.where(nan, np.nan, total / max(n_permutations, 1))
+        pval[m] = np.where(nan, np.nan, (1 + count) / (1 + n_permutations))
     return LayerComparison(grams_a.model, b.model, grams_a.labels(), b.labels(), measures, obs,
                            null_mean, pval, grams_a.n_rows, n_permutations, grams_a.positions)
 
 
-def _unit_grams(grams: np.ndarray, measure: str) -> tuple[np.ndarray, np.ndarray]:
-    """``[H, n, n]`` transformed Grams scaled to unit Frobenius norm, and which are non-zero."""
-    t = np.stack([transform_gram(k, measure) for k in grams])
-    norm = np.sqrt((t * t).sum((1, 2)))
-    ok = norm > 1e-12 * max(1.0, float(norm.max(initial=0.0)))
-    t = np.where(ok[:, None, None], t / np.where(ok, norm, 1.0)[:, None, None], 0.0)
-    return t, ok
-
-
 def _flat_unit(grams: np.ndarray, measure: str) -> tuple[np.ndarray, np.ndarray]:
-    t, ok = _unit_grams(grams, measure)
-    return t.reshape(len(t), -1), ok
+    """``[H, n*n]`` transformed Grams scaled to unit Frobenius norm, and which are non-zero."""
+    t = np.stack([transform_gram(k, measure) for k in grams]).reshape(len(grams), -1)
+    norm = np.sqrt((t * t).sum(1))
+    ok = norm > 1e-12 * max(1.0, float(norm.max(initial=0.0)))
+    return np.where(ok[:, None], t / np.where(ok, norm, 1.0)[:, None], 0.0), ok
 
 
 def compare_layers(
-    model_a: Any,
-    model_b: Any | None = None,
-    inputs: Sequence[Any] = (),
+    model_a: Any, model_b: Any | None = None, inputs: Sequence[Any] = (),
     measure: str | Sequence[str] = ("debiased_cka", "rv2"),
-    hook: str | Sequence[str] = DEFAULT_HOOK,
-    layers_a: Sequence[int] | None = None,
-    layers_b: Sequence[int] | None = None,
-    positions: Positions = "pooled",
-    n_permutations: int = 199,
-    seed: int = 0,
-    batch_size: int = 8,
-    layer_chunk: int | None = None,
+    hook: str | Sequence[str] = DEFAULT_HOOK, layers_a: Sequence[int] | None = None,
+    layers_b: Sequence[int] | None = None, positions: Positions = "pooled",
+    n_permutations: int = 199, seed: int = 0, batch_size: int = 8, layer_chunk: int | None = None,
     progress: bool | None = None,
 ) -> LayerComparison:
     """Layer x layer similarity of ``model_a`` with ``model_b`` (``None``: with itself).
@@ -393,8 +359,8 @@ def compare_layers(
         inputs: the same n inputs for both (strings, conversations, (prompt, response), ids).
         measure: one or more of ``"debiased_cka"`` (headline), ``"rv2"``, ``"rv"``,
             ``"linear_cka"``.
-        hook: a hook name with ``{layer}`` (default ``blocks.{layer}.hook_resid_post``) or a
-            list of hook names; ``layers_a`` / ``layers_b`` pick layers (default: all).
+        hook: a hook name with ``{layer}`` or a list of hook names; ``layers_a`` / ``layers_b``
+            pick layers (default: all).
         positions: ``"pooled"`` (one row per input) or ``"response"`` (one per response token).
         n_permutations: B row permutations for the null (0: none).
         layer_chunk: hook points read per pass (bounds memory; see the module docstring).

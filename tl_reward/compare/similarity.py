@@ -5,17 +5,13 @@ inside). Every measure is the cosine ``<T(K), T(L)>_F / (||T(K)|| ||T(L)||)`` of
 ``n x n`` Gram matrices ``K = X X'`` and ``L = Y Y'``, so nothing of size ``p x q`` is ever
 formed and the cost is ``O(n^2 (p + q))``:
 
-* ``rv``: ``T(K) = H K H`` (``H = I - 11'/n``), i.e. the Gram of the **column-centred** data:
-  ``RV = tr(XX'YY') / sqrt(tr((XX')^2) tr((YY')^2))`` on centred X, Y.
-* ``linear_cka``: Kornblith et al.'s CKA with a linear kernel, HSIC with the centring matrix
-  applied to the uncentred Gram; it equals ``rv`` (an identity the tests check).
-* ``rv2`` (Smilde et al. 2009, the seeds' coefficient): ``T(K) = XX' - diag(XX')`` on
-  column-centred data; lies in [-1, 1]. hoggorm's ``RV2coeff`` does not centre, so compare with
-  it on centred data. RV2 is *not* unbiased: on independent Gaussian data it averages about 0.9
-  at n = 20, p = 4096 (see ``tests/compare/test_similarity.py``).
-* ``debiased_cka``: CKA from Song et al.'s unbiased HSIC estimator (Kornblith's
-  ``center_gram(unbiased=True)``, "U-centring"); about 0 for independent data at any n, p, and
-  may be slightly negative. U-centring removes column means, so centring does not change it.
+* ``rv``: ``T(K) = H K H`` (``H = I - 11'/n``), the Gram of the **column-centred** data.
+* ``linear_cka``: Kornblith et al.'s linear CKA (``H`` applied to the uncentred Gram); equals
+  ``rv``.
+* ``rv2`` (Smilde et al. 2009, the seeds' coefficient): ``T(K) = XX' - diag(XX')`` on centred
+  data (hoggorm's ``RV2coeff`` does not centre); biased upward when p >> n.
+* ``debiased_cka``: CKA from Song et al.'s unbiased HSIC (U-centring); about 0 for independent
+  data at any n, p.
 
 Set ``centre=False`` on ``rv`` / ``rv2`` to reproduce the uncentred coefficient (1.0 on data
 sharing a large mean offset, the trap residual streams fall into).

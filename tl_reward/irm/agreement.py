@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 from tl_reward.stats.agreement import RankAgreement, rank_agreement
 from tl_reward.stats.estimate import Estimate
+from tl_reward.stats.ranks import paired_arrays
 from tl_reward.stats.resampling import bootstrap_ci
 
 __all__ = ["PairAgreement", "RankAgreement", "pair_agreement", "rank_agreement"]
@@ -55,9 +55,7 @@ class PairAgreement(ShortRepr):
 def pair_agreement(chosen: np.ndarray, rejected: np.ndarray, n_bootstrap: int = 2000,
                    confidence: float = 0.95, seed: int = 0) -> PairAgreement:
     """Agreement of implicit rewards with pairs ordered by an explicit reward (chosen first)."""
-    c, r = np.asarray(chosen, dtype=np.float64), np.asarray(rejected, dtype=np.float64)
-    if c.shape != r.shape or c.ndim != 1 or c.size < 2:
-        raise TLRewardError("chosen and rejected must be 1-D arrays of the same length >= 2")
+    c, r = paired_arrays(chosen, rejected, 2, "reward")
     m = c - r
     score = np.where(m > 0, 1.0, np.where(m < 0, 0.0, 0.5))
     lo, hi = bootstrap_ci(score, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)

@@ -52,19 +52,14 @@ class ImplicitRewardResult(ShortRepr):
     def to_dataframe(self) -> pd.DataFrame:
         """One row per response token: item, position in the response, token, log-probs,
         contribution and the item's reward."""
-        rows = []
-        for i in range(len(self)):
-            contrib = self.contributions(i).cpu().tolist()
-            lp = self.policy_logprobs[i].cpu().tolist()
-            lr = self.reference_logprobs[i].cpu().tolist()
-            for t, tid in enumerate(self.response_ids[i]):
-                rows.append({
-                    "item": i, "position": t, "token_id": tid,
-                    "token": self.tokens[i][t] if self.tokens[i] else "",
-                    "policy_logprob": lp[t], "reference_logprob": lr[t],
-                    "contribution": contrib[t], "reward": float(self.rewards[i]),
-                })
-        return pd.DataFrame(rows)
+        return pd.concat([pd.DataFrame({
+            "item": i, "position": range(len(ids)), "token_id": ids,
+            "token": self.tokens[i] or [""] * len(ids),
+            "policy_logprob": self.policy_logprobs[i].cpu().tolist(),
+            "reference_logprob": self.reference_logprobs[i].cpu().tolist(),
+            "contribution": self.contributions(i).cpu().tolist(),
+            "reward": float(self.rewards[i])}) for i, ids in enumerate(self.response_ids)],
+            ignore_index=True)
 
     def plot(self, item: int = 0) -> Any:
         """Bar chart of one item's per-token contributions (plotly)."""
@@ -158,13 +153,8 @@ def _vocab(model: Any) -> int:
 
 
 def implicit_rewards(
-    policy: Any,
-    reference: Any,
-    inputs: Sequence[RewardInput | EncodedInput],
-    beta: float,
-    tokenizer: Any = None,
-    batch_size: int = 8,
-    padding_side: str = "right",
+    policy: Any, reference: Any, inputs: Sequence[RewardInput | EncodedInput], beta: float,
+    tokenizer: Any = None, batch_size: int = 8, padding_side: str = "right",
 ) -> ImplicitRewardResult:
     """Implicit rewards ``beta * sum_t [log pi - log pi_ref]`` over each input's response.
 

@@ -240,9 +240,7 @@ def lexicon_tokens(tokenizer: Any, lexicon: dict[str, float], vocab: int | None 
     n = min(len(tokenizer), vocab or len(tokenizer))
     ids, words, utils = [], [], []
     for i in range(n):
-        if i in special:
-            continue
-        w = token_word(tokenizer.decode([i]))
+        w = None if i in special else token_word(tokenizer.decode([i]))
         if w is not None and w in lexicon:
             ids.append(i)
             words.append(w)
@@ -251,20 +249,11 @@ def lexicon_tokens(tokenizer: Any, lexicon: dict[str, float], vocab: int | None 
 
 
 def run_seed_pipeline(
-    policy: Any,
-    reference: Any,
-    corpus: Sequence[EncodedInput],
-    lexicon: dict[str, float],
-    prompt: Prompt = "Describe how you feel in one word.",
-    n_layers: int = 2,
-    layer_change: LayerChange | None = None,
-    d_sae: int | None = None,
-    k: int = 32,
-    sae_epochs: float = 4.0,
-    batch_size_tokens: int = 1024,
-    n_folds: int = 5,
-    n_bootstrap: int = 1000,
-    seed: int = 0,
+    policy: Any, reference: Any, corpus: Sequence[EncodedInput], lexicon: dict[str, float],
+    prompt: Prompt = "Describe how you feel in one word.", n_layers: int = 2,
+    layer_change: LayerChange | None = None, d_sae: int | None = None, k: int = 32,
+    sae_epochs: float = 4.0, batch_size_tokens: int = 1024, n_folds: int = 5,
+    n_bootstrap: int = 1000, seed: int = 0,
 ) -> IrmPipelineResult:
     """Layers by parameter change, SAEs on both models there, ridge from features to utilities.
 

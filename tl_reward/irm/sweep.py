@@ -70,14 +70,12 @@ class IrmVocabSweep(ShortRepr):
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per (token, prompt): the two log-ratio terms and the reward."""
-        rows = []
         r = self.rewards
-        for p, lab in enumerate(self.labels):
-            rows.append(pd.DataFrame({
-                "token_id": self.token_ids.numpy(), "token": self.tokens, "prompt": lab,
-                "first_logratio": self.first[:, p].numpy(),
-                "suffix_logratio": self.suffix[:, p].numpy(), "reward": r[:, p].numpy()}))
-        return pd.concat(rows, ignore_index=True)
+        return pd.concat([pd.DataFrame({
+            "token_id": self.token_ids.numpy(), "token": self.tokens, "prompt": lab,
+            "first_logratio": self.first[:, p].numpy(),
+            "suffix_logratio": self.suffix[:, p].numpy(), "reward": r[:, p].numpy()})
+            for p, lab in enumerate(self.labels)], ignore_index=True)
 
     def plot(self, k: int = 15) -> Any:
         """Top and bottom ``k`` tokens of every prompt by implicit reward (plotly)."""
@@ -137,15 +135,9 @@ def _suffix_logprobs(runner: _PrefixRunner, cand: torch.Tensor, suffix: list[int
 
 
 def irm_vocab_sweep(
-    policy: Any,
-    reference: Any,
-    prompts: Prompt | Sequence[Prompt] | Mapping[str, Prompt],
-    beta: float,
-    tokenizer: Any = None,
-    ids: Sequence[int] | None = None,
-    include_special: bool = False,
-    batch_size: int = 128,
-    model_name: str = "irm",
+    policy: Any, reference: Any, prompts: Prompt | Sequence[Prompt] | Mapping[str, Prompt],
+    beta: float, tokenizer: Any = None, ids: Sequence[int] | None = None,
+    include_special: bool = False, batch_size: int = 128, model_name: str = "irm",
     progress: bool = True,
 ) -> IrmVocabSweep:
     """Implicit rewards of every candidate token as the whole response to each prompt.

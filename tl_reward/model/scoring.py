@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import UnknownObjectiveError
-from tl_reward.model.heads import ArmoRMHead
+from tl_reward.model.heads import ArmoRMHead, objective_slot
 from tl_reward.results import ShortRepr
 
 if TYPE_CHECKING:
@@ -43,6 +43,15 @@ class RewardResult(ShortRepr):
 
     def __len__(self) -> int:
         return self.rewards.shape[0]
+
+    def values(self, objective: int | str = "score") -> Float[torch.Tensor, " n"]:
+        """``[N]`` combined score (``"score"``) or one objective's rewards (name or index)."""
+        if objective != "score":
+            return self.rewards[:, objective_slot(self.objectives, objective)]
+        if self.score is None:
+            raise UnknownObjectiveError(f"this model has objectives {self.objectives} and no "
+                                        "combined score; pass objective=<name>")
+        return self.score
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per input: label, token count, score and each objective's reward."""
@@ -176,13 +185,5 @@ def score_pairs(
     """Score the chosen and rejected reply of each pair (``objective``: 'score' or a name)."""
     convs = [c for p in pairs for c in (p.chosen_conversation(), p.rejected_conversation())]
     res = score_inputs(model, convs, batch_size=batch_size, progress=progress)
-    if objective == "score":
-        if res.score is None:
-            raise UnknownObjectiveError(
-                f"this model has objectives {res.objectives} and no combined score; "
-                "pass objective=<name>"
-            )
-        vals = res.score
-    else:
-        vals = res.rewards[:, model.objective_index(objective)]
+    vals = res.values(objective)
     return PairScores(vals[0::2], vals[1::2], list(pairs))

@@ -31,11 +31,6 @@ def _clean(x: ArrayLike) -> np.ndarray:
     return arr[~np.isnan(arr)]
 
 
-def _tolerance(arr: np.ndarray) -> float:
-    # sums of the same magnitudes in another order differ by a few ulps of sum(|x|)
-    return 1e-9 * max(float(np.abs(arr).sum()), 1e-300)
-
-
 def sign_flip_null_sums(x: ArrayLike) -> np.ndarray:
     """All ``2^n`` sums ``sum_i s_i x_i`` over sign patterns ``s`` (n <= 26), by doubling."""
     arr = _clean(x)
@@ -74,7 +69,7 @@ def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_permutations:
     if n == 0:
         return SignFlipResult(float("nan"), "undefined", 0, 0)
     observed = abs(float(arr.sum()))
-    tol = _tolerance(arr)
+    tol = 1e-9 * max(float(np.abs(arr).sum()), 1e-300)  # reordered sums differ by a few ulps
     if n <= exact_max_n:
         null = np.abs(sign_flip_null_sums(arr))
         return SignFlipResult(float((null >= observed - tol).mean()), "exact", n, 2**n)

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from scipy import special, stats
 
+from tl_reward.errors import TLRewardError
+
 ArrayLike = np.ndarray | torch.Tensor | Sequence[float]
 
 
@@ -39,10 +41,19 @@ class RankCorrelation:
     n: int
 
 
-def _pair(a: ArrayLike, b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+def paired_arrays(a: ArrayLike, b: ArrayLike, min_n: int = 0, what: str = "value"
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``a`` and ``b`` as 1-D float64 arrays of equal length, at least ``min_n`` (else a
+    :class:`~tl_reward.errors.TLRewardError`, a ``ValueError``)."""
     x, y = as_array(a), as_array(b)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"need two 1-D arrays of equal length, got {x.shape} and {y.shape}")
+    if x.shape != y.shape or x.ndim != 1 or x.size < min_n:
+        raise TLRewardError(f"need two 1-D {what} arrays of equal length (at least {min_n}), got "
+                            f"{x.shape} and {y.shape}")
+    return x, y
+
+
+def _pair(a: ArrayLike, b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    x, y = paired_arrays(a, b)
     if np.isnan(x).any() or np.isnan(y).any():
         raise ValueError("rank statistics need finite values; drop NaNs first")
     return x, y
@@ -52,11 +63,6 @@ def average_ranks(x: ArrayLike) -> np.ndarray:
     """1-based ranks along the last axis, ties sharing their average rank:
     ``scipy.stats.rankdata(x, axis=-1)``, O(n log n) time and O(n) memory per row."""
     return stats.rankdata(as_array(x), axis=-1)
-
-
-def _tie_sizes(v: np.ndarray) -> np.ndarray:
-    _, counts = np.unique(v, return_counts=True)
-    return counts[counts > 1].astype(np.float64)
 
 
 def kendall_tau_b(a: ArrayLike, b: ArrayLike) -> RankCorrelation:
@@ -99,7 +105,8 @@ def spearman_rho(a: ArrayLike, b: ArrayLike) -> RankCorrelation:
         rho = math.copysign(1.0, rho)
         # rank vectors reached at |rho| = 1: rx itself, and its reflection if ry's ranks allow it
         ways = 1 + int(np.array_equal(np.sort(-rx), np.sort(rx)))
-        log_p = sum(math.lgamma(t + 1) for t in _tie_sizes(y)) - math.lgamma(n + 1)
+        ties = np.unique(y, return_counts=True)[1]  # lgamma(2) = 0: untied values add 0
+        log_p = sum(math.lgamma(t + 1) for t in ties) - math.lgamma(n + 1)
         return RankCorrelation(rho, float(min(1.0, ways * math.exp(log_p))), n)
     t = rho * math.sqrt(dof / ((1.0 - rho) * (1.0 + rho)))
     return RankCorrelation(rho, float(2 * special.stdtr(dof, -abs(t))), n)
@@ -129,8 +136,7 @@ def rank_biased_overlap(a: Sequence[Hashable] | np.ndarray, b: Sequence[Hashable
     overlap = np.cumsum(np.bincount(first, minlength=k)[:k])  # X_d for d = 1..k
     d = np.arange(1, k + 1, dtype=np.float64)
     agreement = overlap / d
-    weights = p ** d
-    return float(agreement[-1] * p**k + (1 - p) / p * (agreement * weights).sum())
+    return float(agreement[-1] * p**k + (1 - p) / p * (agreement * p**d).sum())
 
 
 def top_ranking(ids: Sequence[Hashable] | np.ndarray, values: ArrayLike,

@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.stats.estimate import Estimate
+from tl_reward.stats.paired import sign_flip_test
 from tl_reward.stats.ranks import ArrayLike, as_array, average_ranks
 
 
@@ -80,11 +81,8 @@ def percentile_ci(values: ArrayLike, confidence: float = 0.95, min_valid: int = 
 
 
 def bootstrap_ci(
-    x: ArrayLike,
-    statistic: Callable[[np.ndarray], np.ndarray] | None = None,
-    n_bootstrap: int = 10_000,
-    confidence: float = 0.95,
-    seed: int = 0,
+    x: ArrayLike, statistic: Callable[[np.ndarray], np.ndarray] | None = None,
+    n_bootstrap: int = 10_000, confidence: float = 0.95, seed: int = 0,
     units: ArrayLike | Sequence[Any] | None = None,
 ) -> tuple[float, float]:
     """Percentile bootstrap CI of ``statistic`` (default: the mean) over the values ``x``,
@@ -117,8 +115,6 @@ def summarise_mean(x: ArrayLike, n_bootstrap: int = 10_000, confidence: float = 
     arr = arr[~np.isnan(arr)]
     mean = float(arr.mean()) if arr.size else float("nan")
     lo, hi = bootstrap_ci(arr, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
-    from tl_reward.stats.paired import sign_flip_test
-
     return Estimate(mean, lo, hi, sign_flip_test(arr, n_permutations=n_permutations, seed=seed
                                                  ).p_value, int(arr.size),
                     "mean; percentile bootstrap; sign-flip test", confidence)
