@@ -30,12 +30,6 @@ from tl_reward.stats.ranks import average_ranks
 from tl_reward.stats.resampling import bootstrap_indices, pearson_rows, percentile_ci
 
 
-def _hat(control: np.ndarray) -> np.ndarray:
-    """The least-squares projection onto ``[1, control]``."""
-    x = np.column_stack([np.ones_like(control), control])
-    return x @ np.linalg.pinv(x)
-
-
 def _ranked(v: np.ndarray, kind: str) -> np.ndarray:
     return average_ranks(v) if kind == "spearman" else v
 
@@ -63,7 +57,8 @@ def permutation_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] 
     n = int(a.size)
     hat = None
     if c is not None and n >= 3:
-        hat = _hat(c[ok])
+        design = np.column_stack([np.ones(n), c[ok]])
+        hat = design @ np.linalg.pinv(design)  # least-squares projection onto [1, control]
         a, b = a - hat @ a, b - hat @ b
     ra, rb = _ranked(a, kind), _ranked(b, kind)
     r = float(pearson_rows(ra, rb)) if n >= 2 else float("nan")

@@ -209,19 +209,6 @@ class ConceptAlignment(ShortRepr):
                                                            "objective": self.objective}])
 
 
-@torch.no_grad()
-def _final_state(model: Any, inputs: Sequence[Any], batch_size: int
-                 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per batch: tokens, the full normed final residual, the final residual at ``t*`` and
-    ``t*``."""
-    out = []
-    for batch, resid, pos in residual_batches(model, inputs, model.cfg.n_layers, batch_size):
-        resid = resid.float()
-        rows = torch.arange(len(pos), device=pos.device)
-        out.append((batch.tokens, normalise(model, resid), resid[rows, pos], pos))
-    return out
-
-
 def concept_alignment(
     model: Any, concept: ConceptVector, inputs: Sequence[Any], objective: int | str | None = None,
     separability: bool = True, batch_size: int = 8,
@@ -230,10 +217,13 @@ def concept_alignment(
     obj = resolve_objectives(model, objective)[0]
     u = concept.unit.to(model.cfg.device)
     cos_head, cos_local, slope = [], [], []
-    for tokens, normed, h, pos in _final_state(model, inputs, batch_size):
+    with torch.no_grad():
+        batches = list(residual_batches(model, inputs, model.cfg.n_layers, batch_size))
+    for batch, resid, pos in batches:
+        resid = resid.float()
         with torch.no_grad():
-            w, _ = _final_direction(model, obj, tokens, normed, pos)
-        g = local_gradient(model, h, w)
+            w, _ = _final_direction(model, obj, batch.tokens, normalise(model, resid), pos)
+        g = local_gradient(model, resid[torch.arange(len(pos), device=pos.device), pos], w)
         cos_head.append(torch.nn.functional.cosine_similarity(w, u[None], dim=-1))
         cos_local.append(torch.nn.functional.cosine_similarity(g, u[None], dim=-1))
         slope.append(concept.spread * (g @ u))

@@ -99,11 +99,6 @@ def _unit_slice(hook: str, act: torch.Tensor, unit: int | None) -> torch.Tensor:
     return act[..., unit, :] if hook.endswith("hook_z") else act[..., unit : unit + 1]
 
 
-def _units_of(model: Any, kind: str) -> list[int | None]:
-    n = {"head": model.cfg.n_heads, "neuron": model.cfg.d_mlp}.get(kind)
-    return [None] if n is None else list(range(n))
-
-
 @torch.no_grad()
 def _collect(model: Any, inputs: Sequence[Any], hooks: set[str], skip_first: bool,
              batch_size: int) -> dict[str, torch.Tensor]:
@@ -147,7 +142,8 @@ def fit_divergence(
     acts_ref = _collect(model, ref_in, hooks, skip_first, batch_size)
     fits: dict[SiteKey, SiteFit] = {}
     for kind, hook in keyed:
-        for unit in _units_of(model, kind):
+        n_units = {"head": model.cfg.n_heads, "neuron": model.cfg.d_mlp}.get(kind)
+        for unit in [None] if n_units is None else range(n_units):
             xf = _unit_slice(hook, acts_fit[hook], unit)
             xr = _unit_slice(hook, acts_ref[hook], unit)
             g = fit_gaussian(xf, method, k)

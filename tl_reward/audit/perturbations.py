@@ -151,20 +151,15 @@ class Dimension:
 
         def edit(user: str, reply: str, rng: np.random.Generator) -> ProbeEdit | None:
             kw = {"rng": rng} if takes_rng else {}
-            if n_args == 1:
-                out = fn(reply, **kw)
-                if out is None:
-                    return None
-                if not isinstance(out, str):
-                    raise ProbeError(f"dimension {name!r}: the function must return a string")
-                return ProbeEdit(user, reply, user, out)
-            out = fn(user, reply, **kw)
+            out = fn(*([reply] if n_args == 1 else [user, reply]), **kw)
             if out is None:
                 return None
-            if not (isinstance(out, tuple) and len(out) == 2):
-                raise ProbeError(f"dimension {name!r}: the function must return "
-                                 "(user_turn, reply)")
-            return ProbeEdit(user, reply, out[0], out[1])
+            if n_args == 1 and isinstance(out, str):
+                return ProbeEdit(user, reply, user, out)
+            if n_args == 2 and isinstance(out, tuple) and len(out) == 2:
+                return ProbeEdit(user, reply, out[0], out[1])
+            raise ProbeError(f"dimension {name!r}: the function must return "
+                             + ("a string" if n_args == 1 else "(user_turn, reply)"))
 
         return cls(name, description or (fn.__doc__ or name).strip().splitlines()[0], edit)
 

@@ -153,12 +153,6 @@ class DimensionStats:
             ("mean_std", self.mean_std, self.ci_low_std, self.ci_high_std))}
 
 
-def _effect_boot(arr: np.ndarray) -> np.ndarray:
-    sd = arr.std(-1, ddof=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(sd > 0, arr.mean(-1) / sd, np.nan)
-
-
 def effect_size_ci(deltas: np.ndarray, n_bootstrap: int = 2000, confidence: float = 0.95,
                    seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap CI of ``mean / sd`` (ddof 1); resamples with zero spread dropped,
@@ -166,8 +160,11 @@ def effect_size_ci(deltas: np.ndarray, n_bootstrap: int = 2000, confidence: floa
     arr = np.asarray(deltas, dtype=np.float64)
     if not paired_effect_size(arr).defined:
         return float("nan"), float("nan")
-    boot = _effect_boot(arr[bootstrap_indices(arr.size, n_bootstrap, seed)])
-    return percentile_ci(boot, confidence, n_bootstrap // 2)
+    boot = arr[bootstrap_indices(arr.size, n_bootstrap, seed)]
+    sd = boot.std(-1, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return percentile_ci(np.where(sd > 0, boot.mean(-1) / sd, np.nan), confidence,
+                             n_bootstrap // 2)
 
 
 def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = "",

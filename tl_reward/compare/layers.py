@@ -85,13 +85,6 @@ def _pad_id(model: Any) -> int | None:
     return pad
 
 
-def _positions(model: Any, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Pooled position: the model's own rule for a reward model, the last real token else."""
-    if hasattr(model, "pool_positions"):
-        return model.pool_positions(tokens, mask)
-    return pool_by_rule(tokens, mask, None, "mask")
-
-
 def _row_index(positions: Positions, batch_pos: torch.Tensor, lengths: torch.Tensor,
                starts: Sequence[int | None], offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if positions == "pooled":
@@ -166,7 +159,10 @@ def read_rows(
         idx = order[start: start + batch_size]
         batch = collate([encoded[i] for i in idx], pad, "right", model.cfg.n_ctx,
                         model.cfg.d_vocab).to(device)
-        pos = _positions(model, batch.tokens, batch.attention_mask)
+        # pooled position: the model's own rule for a reward model, the last real token else
+        pos = (model.pool_positions(batch.tokens, batch.attention_mask)
+               if hasattr(model, "pool_positions")
+               else pool_by_rule(batch.tokens, batch.attention_mask, None, "mask"))
         r, c = _row_index(positions, pos, batch.lengths.cpu(), batch.response_starts,
                           batch.offsets().cpu())
         items.append(np.asarray(idx)[r.numpy()])

@@ -129,10 +129,9 @@ def gram_cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def _measure(x: Matrix, y: Matrix, measure: str, centre: bool = True) -> float:
     a, b = _check_pair(x, y)
-    if measure == "linear_cka":  # HSIC on the raw Gram with the centring matrix H
-        return gram_cosine(double_centre(gram(a, False)), double_centre(gram(b, False)))
-    ka, kb = gram(a, centre), gram(b, centre)
-    return gram_cosine(transform_gram(ka, measure), transform_gram(kb, measure))
+    centre = centre and measure != "linear_cka"  # linear CKA: HSIC on the raw Gram, with H
+    return gram_cosine(transform_gram(gram(a, centre), measure),
+                       transform_gram(gram(b, centre), measure))
 
 
 def rv(X: Float[Matrix, "n p"], Y: Float[Matrix, "n q"], centre: bool = True) -> float:
@@ -251,8 +250,7 @@ def permutation_test(
                                 "callable (X, Y) -> float")
         name = stat
         ta = transform_gram(gram(x), stat)
-        kb = gram(y)
-        tb = transform_gram(kb, stat)
+        tb = transform_gram(gram(y), stat)
         observed = gram_cosine(ta, tb)
         # every transform commutes with a row permutation: T(P L P') = P T(L) P'
         null = np.array([gram_cosine(ta, tb[np.ix_(p, p)]) for p in perms])

@@ -168,6 +168,17 @@ def published_cascade(deltas: Mapping[str, Sequence[float]], threshold: float = 
 
 
 # -- conflict ------------------------------------------------------------------------------------
+def _mean_difference(model: Any, a: Sequence[Any], b: Sequence[Any], batch_size: int,
+                     unequal: str) -> Float[torch.Tensor, " d_model"]:
+    """``mean(h_a - h_b)`` of the pre-norm residual at ``t*``, ``a`` and ``b`` paired by index."""
+    from tl_reward.audit.pooled import pooled_residual
+
+    if len(a) != len(b):
+        raise TLRewardError(unequal)
+    return (pooled_residual(model, a, None, batch_size)
+            - pooled_residual(model, b, None, batch_size)).mean(0)
+
+
 @dataclass
 class PublishedConflict:
     """Raw pre-norm cosines of per-term mean differences, with their verdicts."""
@@ -194,17 +205,11 @@ def published_conflict(model: Any, term_pairs: dict[str, tuple[Sequence[Any], Se
                        batch_size: int = 8) -> PublishedConflict:
     """Raw pre-norm cosines of ``mean(h_pref - h_disp)``, no interval, fixed thresholds."""
     from tl_reward.audit.conflict import cosine_matrix
-    from tl_reward.audit.pooled import pooled_residual
 
     names = list(term_pairs)
-    dirs = []
-    for name in names:
-        pref, disp = term_pairs[name]
-        if len(pref) != len(disp):
-            raise TLRewardError(f"term {name!r}: preferred and dispreferred lists differ in "
-                                "length (the published definition pairs them by index)")
-        dirs.append((pooled_residual(model, pref, batch_size=batch_size)
-                     - pooled_residual(model, disp, batch_size=batch_size)).mean(0))
+    dirs = [_mean_difference(model, *term_pairs[name], batch_size,
+                             f"term {name!r}: preferred and dispreferred lists differ in length "
+                             "(the published definition pairs them by index)") for name in names]
     cos = cosine_matrix(torch.stack(dirs)).cpu().numpy()
     verdicts = {(names[i], names[j]): published_verdict(float(cos[i, j]))
                 for i, j in combinations(range(len(names)), 2)}
@@ -230,14 +235,8 @@ def published_concept_alignment(
     name: str = "concept",
 ) -> PublishedConceptAlignment:
     """Cosine of unit ``mean(h_pos - h_neg)`` (pre-norm) with the raw ``head_row``; ``|v| = 1``."""
-    from tl_reward.audit.pooled import pooled_residual
-
-    if len(positive) != len(negative):
-        raise TLRewardError("the published definition pairs positives and negatives by index; "
-                            "pass lists of equal length")
-    h_pos = pooled_residual(model, positive, None, batch_size)
-    h_neg = pooled_residual(model, negative, None, batch_size)
-    v = (h_pos - h_neg).mean(0)
+    v = _mean_difference(model, positive, negative, batch_size, "the published definition "
+                         "pairs positives and negatives by index; pass lists of equal length")
     v = v / v.norm()
     row = head_row.detach().to(v.device, v.dtype)
     cos = float(v @ row / row.norm())

@@ -70,16 +70,6 @@ class ImplicitRewardResult(ShortRepr):
                                         float(self.rewards[item]))
 
 
-def _tokenizer_of(model: Any, tokenizer: Any) -> Any:
-    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    if tok is None:
-        raise TLRewardError(
-            "implicit_rewards needs a tokenizer for text inputs; pass tokenizer= (HF models "
-            "carry none), or pass EncodedInput items with response_start set"
-        )
-    return tok
-
-
 def encode_responses(
     inputs: Sequence[RewardInput | EncodedInput], tokenizer: Any
 ) -> list[EncodedInput]:
@@ -141,13 +131,6 @@ def response_logprobs(
     return out
 
 
-def _pad_id(model: Any, tokenizer: Any) -> int | None:
-    pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
-    if pad is None and not is_hooked(model):
-        pad = getattr(model.config, "pad_token_id", None)
-    return pad if pad is not None else 0
-
-
 def _vocab(model: Any) -> int:
     return int(model.cfg.d_vocab_out if is_hooked(model) else model.config.vocab_size)
 
@@ -175,16 +158,24 @@ def implicit_rewards(
             f"policy and reference vocabularies differ ({_vocab(policy)} vs "
             f"{_vocab(reference)}); implicit rewards need the same tokenizer"
         )
-    needs_tok = any(not isinstance(x, EncodedInput) for x in inputs)
-    tok = _tokenizer_of(policy, tokenizer) if needs_tok else tokenizer
+    tok = tokenizer
+    if tok is None and any(not isinstance(x, EncodedInput) for x in inputs):
+        tok = getattr(policy, "tokenizer", None)
+        if tok is None:
+            raise TLRewardError(
+                "implicit_rewards needs a tokenizer for text inputs; pass tokenizer= (HF models "
+                "carry none), or pass EncodedInput items with response_start set"
+            )
     encoded = encode_responses(inputs, tok)
     if not encoded:
         raise TLRewardError("no inputs to score")
-    pad = _pad_id(policy, tok)
+    pad = getattr(tok, "pad_token_id", None)
+    if pad is None and not is_hooked(policy):
+        pad = getattr(policy.config, "pad_token_id", None)
     pol: list[torch.Tensor] = []
     ref: list[torch.Tensor] = []
     for b in range(0, len(encoded), batch_size):
-        batch = collate(encoded[b:b + batch_size], pad, padding_side, d_vocab=_vocab(policy))
+        batch = collate(encoded[b:b + batch_size], pad or 0, padding_side, d_vocab=_vocab(policy))
         pol += response_logprobs(policy, batch)
         dev = pol[-1].device
         ref += [x.to(dev) for x in response_logprobs(reference, batch)]

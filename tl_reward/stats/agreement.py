@@ -18,16 +18,11 @@ from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.ranks import kendall_tau_b, rank_biased_overlap, spearman_rho, top_ranking
 from tl_reward.stats.resampling import bootstrap_indices, percentile_ci
 
-
-def _rbo(a: np.ndarray, b: np.ndarray, p: float) -> float:
-    ids = list(range(len(a)))
-    return rank_biased_overlap(top_ranking(ids, a), top_ranking(ids, b), p)
-
-
 RANK_STATS: dict[str, Callable[[np.ndarray, np.ndarray, float], float]] = {
     "kendall_tau_b": lambda a, b, p: kendall_tau_b(a, b).statistic,
     "spearman_rho": lambda a, b, p: spearman_rho(a, b).statistic,
-    "rbo_top": _rbo,
+    "rbo_top": lambda a, b, p: rank_biased_overlap(top_ranking(range(len(a)), a),
+                                                   top_ranking(range(len(b)), b), p),
 }
 
 
