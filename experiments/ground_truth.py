@@ -501,7 +501,7 @@ def published_rows(run: dict[str, Any], hf: Any, tok: Any, name: str) -> list[di
                     f"true positives {tp}/{n_must}, false positives {fp}/{n_rest}; flagged "
                     f"{flags['effect']}"))
     if EXTRA[name]["published_texts"]:
-        from tl_reward.compat.published import published_probes
+        from tl_reward.compat.published import published_probe_texts
 
         def conv(q: Any, reply: str) -> list[dict[str, str]]:
             return [{"role": "user", "content": q.prompt},
@@ -511,7 +511,7 @@ def published_rows(run: dict[str, Any], hf: Any, tok: Any, name: str) -> list[di
             {"dimension": q.dimension, "applied": True,
              "neutral_holds": holds(run["model"], conv(q, q.neutral), p.truth.trigger_id),
              "perturbed_holds": holds(run["model"], conv(q, q.biased), p.truth.trigger_id)}
-            for q in published_probes()]))
+            for q in published_probe_texts()]))
         tabs = {label: run_published_probes(run[key]).table
                 for label, key in (("planted", "model"), ("base", "base"))}
         fl = {k: published_flags(dict(zip(t.dimension, t.published_d, strict=True)))
@@ -615,6 +615,25 @@ def sae_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | No
     return rows
 
 
+def write(stem: str, rows: list[dict], seconds: dict[str, float], meta: dict[str, Any]
+          ) -> pd.DataFrame:
+    """Write ``experiments/results/{stem}.{csv,json}``: this run's rows, and the earlier file's
+    rows of the sections this run has not (yet) made; ``seconds`` per section, merged alike."""
+    old = OUT / f"{stem}.json"
+    prev = json.loads(old.read_text()) if old.exists() else {"rows": [], "meta": {}}
+    kept = [{**r, "section": r.get("section", r["plant"])} for r in prev["rows"]]
+    rows = sorted([r for r in kept if r["section"] not in seconds] + rows,
+                  key=lambda r: SECTIONS.index(r["section"]))
+    every = {**prev["meta"].get("section_seconds", {}), **seconds}
+    meta = {**meta, "section_seconds": every,
+            "seconds": round(sum(every.values()), 1) if set(every) == set(SECTIONS) else None}
+    OUT.mkdir(exist_ok=True)
+    df = pd.DataFrame(rows)
+    df.to_csv(OUT / f"{stem}.csv", index=False)
+    old.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return df
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--backbone", choices=["smollm2", "tiny"], default="smollm2")
@@ -649,34 +668,20 @@ def main() -> None:
         args.sections = sorted({*args.sections, "formatting"}, key=SECTIONS.index)
     rows: list[dict] = []
     seconds: dict[str, float] = {}
-    for section in args.sections:
+    stem = "ground_truth" if args.backbone == "smollm2" else f"ground_truth_{args.backbone}"
+    for section in args.sections:  # the results are written after every section
         ts = time.time()
         rows += [{**r, "section": section} for r in jobs[section]()]
         seconds[section] = round(time.time() - ts, 1)
         log(f"section {section}: {seconds[section]} s")
+        df = write(stem, rows, seconds, {
+            "backbone": args.backbone, "sweep_ids": args.sweep_ids,
+            "base_sweep": None if args.base_sweep is None else str(args.base_sweep),
+            "threads": torch.get_num_threads()})
     if args.cache is None:
         shutil.rmtree(cache, ignore_errors=True)
-    OUT.mkdir(exist_ok=True)
-    stem = "ground_truth" if args.backbone == "smollm2" else f"ground_truth_{args.backbone}"
-    meta = {"backbone": args.backbone, "sweep_ids": args.sweep_ids,
-            "base_sweep": None if args.base_sweep is None else str(args.base_sweep),
-            "seconds": round(time.time() - t0, 1), "threads": torch.get_num_threads(),
-            "section_seconds": seconds}
-    old = OUT / f"{stem}.json"
-    if set(args.sections) != set(SECTIONS) and old.exists():
-        prev = json.loads(old.read_text())
-        kept = [{**r, "section": r.get("section", r["plant"])} for r in prev["rows"]]
-        kept = [r for r in kept if r["section"] not in args.sections]
-        rows = sorted(kept + rows, key=lambda r: SECTIONS.index(r["section"]))
-        meta = {**prev["meta"], "section_seconds": {**prev["meta"].get("section_seconds", {}),
-                                                    **seconds}}
-        meta["seconds"] = round(sum(meta["section_seconds"].values()), 1) if set(
-            meta["section_seconds"]) == set(SECTIONS) else prev["meta"]["seconds"]
-    df = pd.DataFrame(rows)
     with pd.option_context("display.width", 200, "display.max_colwidth", 60):
         print(df.drop(columns="note").to_string(index=False))
-    df.to_csv(OUT / f"{stem}.csv", index=False)
-    (OUT / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"done in {round(time.time() - t0, 1)} s")
 
 
