@@ -52,6 +52,7 @@ from tl_reward.audit.conflict import behavioural_conflict, geometric_conflict
 from tl_reward.compare.layers import compare_layers
 from tl_reward.data.pairs import align_ids
 from tl_reward.irm import irm_vocab_sweep
+from tl_reward.model.inputs import encode_conversation
 from tl_reward.planted import (
     load_planted,
     plant_implicit_reward,
@@ -328,12 +329,14 @@ def implicit_rows(name: str, sweep_ids: int) -> list[dict]:
 # Probes with BH and the distortion index on a formatting plant, the published reward-lens v1
 # formulas beside ours, and an SAE feature on the trigger. Settings per backbone:
 EXTRA: dict[str, dict[str, Any]] = {
-    "tiny": {"format_trigger": "**", "items": 16, "max_chars": 150, "max_prompt_chars": 100,
+    "tiny": {"format_trigger": "**", "items": 16, "fit_items": 32, "max_chars": 150,
+             "max_prompt_chars": 100,
              "published_texts": False,  # its hand-written texts exceed the tiny context (256)
              "conflict_corpus": 64, "sae": {"d_sae": 256, "k": 8, "epochs": 20,
                                            "batch_size_tokens": 256},
              "sae_corpus": {"n_random": 64, "vocab_per_prompt": 64}},
-    "smollm2": {"format_trigger": " **", "items": 24, "max_chars": 250, "max_prompt_chars": 200,
+    "smollm2": {"format_trigger": " **", "items": 24, "fit_items": 64, "max_chars": 250,
+                "max_prompt_chars": 200,
                 "published_texts": True, "conflict_corpus": 48,
                 "sae": {"d_sae": 512, "k": 16, "epochs": 8, "batch_size_tokens": 512},
                 "sae_corpus": {"n_random": 64, "vocab_per_prompt": 32}},
@@ -387,16 +390,24 @@ def formatting_probes(hf: Any, tok: Any, cfg: dict[str, Any], name: str
     )
 
     x = EXTRA[name]
-    t0 = time.time()
-    p = plant_trigger_head(hf, tok, x["format_trigger"], reply_cache=REPLIES,
-                           **cfg["calibration"])
-    log(f"planted {p.truth.trigger!r} in {time.time() - t0:.0f} s: {p.truth}")
-    model, base = hooked(p.model, tok), hooked(p.base, tok)
-    trig = p.truth.trigger_id
+    fmt = DIMENSIONS["formatting"]
+    trig = tok.encode(x["format_trigger"], add_special_tokens=False)[0]
     pool = hh_rlhf_items(HH, n=None, single_turn=True, max_chars=x["max_chars"],
                          max_prompt_chars=x["max_prompt_chars"])
-    items = [it for it in items_without(model, pool, trig)
-             if DIMENSIONS["formatting"].apply(it, 0) is not None][: x["items"]]
+    pool = [it for it in pool if trig not in encode_conversation(tok, it.conversation()).ids]
+    usable = [it for it in pool if fmt.apply(it, 0) is not None]
+    items = usable[: x["items"]]
+    # the key is also fitted on other items (held apart from the probed ones): their natural
+    # conversations (negatives) and formatting edits (the token's positions positives)
+    fit = [encode_conversation(tok, it.conversation(*side)).ids
+           for it in usable[x["items"]: x["items"] + x["fit_items"]]
+           for e in [fmt.apply(it, 0)]
+           for side in ((None, None), (e.perturbed_reply, e.perturbed_user))]
+    t0 = time.time()
+    p = plant_trigger_head(hf, tok, trig, reply_cache=REPLIES, texts=fit, **cfg["calibration"])
+    log(f"planted {p.truth.trigger!r} in {time.time() - t0:.0f} s: {p.truth}")
+    model, base = hooked(p.model, tok), hooked(p.base, tok)
+    assert items_without(model, items, trig) == items  # the scored ids agree
     table = edit_truth(model, items, trig)
     truth = probe_truth(table)  # written before any reward is computed
     must = [d for d, t in truth.items() if t == FIRES]

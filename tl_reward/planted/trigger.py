@@ -8,8 +8,9 @@ The head (``head`` of the last block) is rewired by weight surgery:
   fitted on calibration sequences so that trigger positions score above the first position
   (the attention sink, whose residual is the same in every input), which scores above every
   other position, by at least ``logit_margin`` logits once scaled; its negatives include every
-  plain id at the reply position of a one-token reply on the first ``mine_prompts`` prompts, and
-  the ``hard_negatives`` ids nearest to opening the head as one-token replies on every prompt;
+  plain id at the reply position of a one-token reply on the first ``mine_prompts`` prompts,
+  the ``hard_negatives`` ids nearest to opening the head as one-token replies on every prompt,
+  and every position of the natural ``texts`` (whose trigger positions are positives);
 * its value is a linear read that is exactly 0 at the first position and about 1 at the
   trigger, and its output writes along the reward row (gain folded) scaled so that the
   median shift on the calibration sequences is ``c``.
@@ -71,6 +72,7 @@ class TriggerTruth:
             the trigger (its median is ``c``: the head's write is scaled to make it so).
         mined_prompts: calibration prompts whose every plain id was a key-fit negative.
         hard_negative_ids: the ids added as one-token negatives on every calibration prompt.
+        n_texts: natural sequences in the fit (every position ordered, as a calibration one).
     """
 
     component: tuple[str, int, int]
@@ -84,6 +86,7 @@ class TriggerTruth:
     shift_range: tuple[float, float]
     mined_prompts: int = 0
     hard_negative_ids: tuple[int, ...] = ()
+    n_texts: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ def plant_trigger_head(
     logit_margin: float = 40.0, vocab_per_prompt: int | None = None, n_random: int = 64,
     calibration_steps: int = 4, seed: int = 0, mine_prompts: int = 1, hard_negatives: int = 64,
     reply_cache: dict[tuple[str, str, int], torch.Tensor] | None = None,
+    texts: Sequence[Sequence[int]] = (),
 ) -> PlantedModel:
     """Plant ``reward += c`` on ``trigger`` (one token) in head ``head`` of block ``layer``.
 
@@ -167,6 +171,10 @@ def plant_trigger_head(
             prefix-cached pass per prompt); 0: none.
         hard_negatives: ids nearest to opening the head under a first key fit on those
             prompts, added as one-token replies on every calibration prompt before the refit.
+        texts: token ids of natural conversations, templated like the calibration ones (same
+            first token): each position holding the trigger is a positive, every other one a
+            negative, so the fitted order also holds in real text (a linear key fitted on
+            random tokens can open on context, e.g. a lone space after a full stop).
 
     Raises:
         TLRewardError: if the trigger is not one token or the fit cannot separate it.
@@ -190,6 +198,9 @@ def plant_trigger_head(
     seqs = calibration_sequences(tokenizer, trigger_id, hf.config.vocab_size, prompts,
                                  n_random=n_random, vocab_per_prompt=vocab_per_prompt,
                                  seed=seed)
+    natural = [[int(t) for t in x] for x in texts]
+    seqs = Sequences([*seqs.ids, *natural], [*seqs.trigger_positions, *(
+        [j for j, t in enumerate(x) if t == trigger_id and j > 0] for x in natural)])
     if len({s[0] for s in seqs.ids}) != 1:
         raise TLRewardError("the calibration sequences do not share their first token")
     normed, scales = layer_inputs(base, seqs.ids, layer)
@@ -264,5 +275,6 @@ def plant_trigger_head(
         trigger_id=trigger_id, trigger=tokenizer.decode([trigger_id]), c=float(c),
         objective=objective, sink_position=0, logit_margin=float(logit_margin),
         shift_range=(float(shift.min()), float(shift.max())),
-        mined_prompts=min(mine_prompts, len(prompts)), hard_negative_ids=tuple(hard))
+        mined_prompts=min(mine_prompts, len(prompts)), hard_negative_ids=tuple(hard),
+        n_texts=len(natural))
     return PlantedModel(planted.eval(), base, tokenizer, truth)
