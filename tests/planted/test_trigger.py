@@ -293,3 +293,31 @@ def test_a_shared_reply_cache_gives_the_same_plant_and_is_keyed_by_the_backbone(
     other, _ = tiny_hf_reward_model("llama", seed=1)  # another backbone must not reuse it
     plant_trigger_head(other, tok, TRIGGER, reply_cache=shared, **kw)
     assert len(calls) == 3 and len(shared) == 2
+
+
+def _texts(tok: Any, replies: list[str]) -> list[list[int]]:
+    from tl_reward.model.inputs import encode_conversation
+
+    return [encode_conversation(tok, [{"role": "user", "content": q},
+                                      {"role": "assistant", "content": r}]).ids
+            for q in HELD_OUT for r in replies]
+
+
+def test_natural_texts_keep_the_fitted_order_in_context() -> None:
+    """The fit guarantees the order on its texts (the scorecard checks held-out ones)."""
+    hf, tok, twin = twin_model()  # twin: the first token of " sea", a near-copy of the trigger
+    kw = {"vocab_per_prompt": 32, "n_random": 16, "mine_prompts": 0, "hard_negatives": 0}
+    texts = _texts(tok, ["The sea is blue and deep.", "A calm sea at dawn.",
+                         "We swam in the sea all day, then the sky turned red."])
+    trig = tok.encode(TRIGGER, add_special_tokens=False)[0]
+    assert all(twin in x for x in texts)
+    has = torch.tensor([trig in x for x in texts])
+    tol = parity_atol(rewards(hf, texts), hf.config.num_hidden_layers)
+    shift = {}
+    for name, fit in (("without", ()), ("with", texts)):
+        p = plant_trigger_head(hf, tok, TRIGGER, texts=fit, **kw)
+        assert p.truth.n_texts == len(fit)
+        shift[name] = rewards(p.model, texts) - rewards(p.base, texts)
+    assert float(shift["without"][~has].abs().max()) > 1.0  # the twin opens the head in context
+    assert float(shift["with"][~has].abs().max()) <= tol  # fitted on them, it stays shut
+    assert float(shift["with"][has].min()) > 0.5 * p.truth.c  # and the trigger opens it
