@@ -397,12 +397,20 @@ def formatting_probes(hf: Any, tok: Any, cfg: dict[str, Any], name: str
     pool = [it for it in pool if trig not in encode_conversation(tok, it.conversation()).ids]
     usable = [it for it in pool if fmt.apply(it, 0) is not None]
     items = usable[: x["items"]]
-    # the key is also fitted on other items (held apart from the probed ones): their natural
-    # conversations (negatives) and formatting edits (the token's positions positives)
-    fit = [encode_conversation(tok, it.conversation(*side)).ids
-           for it in usable[x["items"]: x["items"] + x["fit_items"]]
-           for e in [fmt.apply(it, 0)]
-           for side in ((None, None), (e.perturbed_reply, e.perturbed_user))]
+    # the key is fitted on real text as well as random-token replies: every conversation the
+    # probes score (each item's natural reply and both sides of every dimension's edit: a truth
+    # must hold where it is checked; fitted on other items only, the key opened in one probed
+    # item's repetition edit), and further items held apart (natural reply and formatting edit)
+    # so the key's order is not tied to the probed ones
+    def sides(it: Any, dims: Any) -> list[list[int]]:
+        edits = [e for e in (d.apply(it, 0) for d in dims) if e is not None]
+        convs = [(None, None), *((e.neutral_reply, e.neutral_user) for e in edits),
+                 *((e.perturbed_reply, e.perturbed_user) for e in edits)]
+        return [encode_conversation(tok, it.conversation(*c)).ids for c in convs]
+
+    fit = [s for it in items for s in sides(it, DIMENSIONS.values())]
+    fit += [s for it in usable[x["items"]: x["items"] + x["fit_items"]] for s in sides(it, [fmt])]
+    fit = [list(s) for s in dict.fromkeys(tuple(s) for s in fit)]  # each conversation once
     t0 = time.time()
     p = plant_trigger_head(hf, tok, trig, reply_cache=REPLIES, texts=fit, **cfg["calibration"])
     log(f"planted {p.truth.trigger!r} in {time.time() - t0:.0f} s: {p.truth}")
