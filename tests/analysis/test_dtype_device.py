@@ -114,11 +114,12 @@ def test_bf16_tolerance_can_fail() -> None:
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_fast_sweep_cache_in_bf16(arch: str) -> None:
     """The fast prefix cache (hook-free lean path) against the naive bf16 forward
-    (TransformerLens's own kernels), every objective: within one bf16 rounding of the reward
-    scale (2^-8 x max |reward|; equal bit for bit on the CPU this was written on, for every
-    architecture). Before the fix it summed the prefix and new parts of ``pattern @ v`` in bf16
-    (three roundings instead of TransformerLens's one) and differed by 0.023 on llama (scale
-    1.0)."""
+    (TransformerLens's own kernels), every objective: within three bf16 roundings of the reward
+    scale (3 x 2^-8 x max |reward|). The two paths multiply differently shaped batches, so a
+    CPU's bf16 kernels may round them differently: equal bit for bit on the Intel CPU this was
+    written on, one reward of 120 off by 1.8 roundings (gemma2) on an AMD EPYC. Before the fix
+    it summed the prefix and new parts of ``pattern @ v`` in bf16 (three roundings instead of
+    TransformerLens's one) and differed by 0.023 on llama (scale 1.0): 5.9 roundings."""
     from tl_reward.sweep.response_template import response_template
     from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, candidate_ids, score_vocabulary
 
@@ -132,8 +133,8 @@ def test_fast_sweep_cache_in_bf16(arch: str) -> None:
         naive = model(seqs, attention_mask=torch.ones_like(seqs), return_type="reward").float()
     fast = score_vocabulary(model, {"b": PAPER_PROMPTS["best"]}, ids, batch_size=64,
                             cache="fast", progress=False).rewards[:, 0].float()
-    atol = ULP * float(naive.abs().max())
-    assert naive.std(0).min() > 2 * atol  # the tokens matter more than the tolerance
+    atol = 3 * ULP * float(naive.abs().max())
+    assert naive.std(0).min() > atol  # the tokens matter more than the tolerance
     torch.testing.assert_close(fast, naive, atol=atol, rtol=0)
 
 
