@@ -637,15 +637,19 @@ def sae_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | No
 def write(stem: str, rows: list[dict], seconds: dict[str, float], meta: dict[str, Any]
           ) -> pd.DataFrame:
     """Write ``experiments/results/{stem}.{csv,json}``: this run's rows, and the earlier file's
-    rows of the sections this run has not (yet) made; ``seconds`` per section, merged alike."""
+    rows of the sections this run has not (yet) made; ``seconds`` per section and the settings
+    of the run that made it (``section_runs``), merged alike. ``seconds`` in all only when one
+    run made every section (a section run alone may repeat work a full run shares)."""
     old = OUT / f"{stem}.json"
     prev = json.loads(old.read_text()) if old.exists() else {"rows": [], "meta": {}}
     kept = [{**r, "section": r.get("section", r["plant"])} for r in prev["rows"]]
     rows = sorted([r for r in kept if r["section"] not in seconds] + rows,
                   key=lambda r: SECTIONS.index(r["section"]))
     every = {**prev["meta"].get("section_seconds", {}), **seconds}
-    meta = {**meta, "section_seconds": every,
-            "seconds": round(sum(every.values()), 1) if set(every) == set(SECTIONS) else None}
+    runs = {**prev["meta"].get("section_runs", {}), **{k: meta for k in seconds}}
+    meta = {**meta, "section_seconds": every, "section_runs": runs,
+            "seconds": round(sum(seconds.values()), 1) if set(seconds) == set(SECTIONS)
+            else None}
     OUT.mkdir(exist_ok=True)
     df = pd.DataFrame(rows)
     df.to_csv(OUT / f"{stem}.csv", index=False)
@@ -696,7 +700,8 @@ def main() -> None:
         df = write(stem, rows, seconds, {
             "backbone": args.backbone, "sweep_ids": args.sweep_ids,
             "base_sweep": None if args.base_sweep is None else str(args.base_sweep),
-            "threads": torch.get_num_threads()})
+            "threads": torch.get_num_threads(), "started": time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))})
     if args.cache is None:
         shutil.rmtree(cache, ignore_errors=True)
     with pd.option_context("display.width", 200, "display.max_colwidth", 60):
