@@ -379,7 +379,7 @@ def formatting_probes(hf: Any, tok: Any, cfg: dict[str, Any], name: str
     the token ids; run the library's probes (BH) on the planted and the base model and on the
     plant's own effect (planted minus base). Returns the rows and the runs for later sections."""
     from tl_reward.audit.perturbations import DIMENSIONS, hh_rlhf_items
-    from tl_reward.audit.probes import run_probes
+    from tl_reward.audit.probes import chunk_rows, run_probes
     from tl_reward.planted.probe_truth import (
         FIRES,
         UNTOUCHED,
@@ -398,19 +398,20 @@ def formatting_probes(hf: Any, tok: Any, cfg: dict[str, Any], name: str
     usable = [it for it in pool if fmt.apply(it, 0) is not None]
     items = usable[: x["items"]]
     # the key is fitted on real text as well as random-token replies: every conversation the
-    # probes score (each item's natural reply and both sides of every dimension's edit: a truth
-    # must hold where it is checked; fitted on other items only, the key opened in one probed
-    # item's repetition edit), and further items held apart (natural reply and formatting edit)
-    # so the key's order is not tied to the probed ones
-    def sides(it: Any, dims: Any) -> list[list[int]]:
-        edits = [e for e in (d.apply(it, 0) for d in dims) if e is not None]
-        convs = [(None, None), *((e.neutral_reply, e.neutral_user) for e in edits),
-                 *((e.perturbed_reply, e.perturbed_user) for e in edits)]
-        return [encode_conversation(tok, it.conversation(*c)).ids for c in convs]
+    # probes score (each item's natural reply and both sides of every built-in edit, from the
+    # probes' own rows: a truth must hold where it is checked; fitted on other items only, the
+    # key opened in one probed item's repetition edit), and further items held apart (natural
+    # reply and formatting edit) so the key's order is not tied to the probed ones
+    def scored(its: list[Any], dims: list[Any]) -> list[tuple[int, ...]]:
+        by_id = {it.item_id: it for it in its}
+        return [tuple(encode_conversation(tok, by_id[r["item_id"]].conversation(
+                    r[f"{side}_reply"], r[f"{side}_user"])).ids)
+                for r in chunk_rows(its, dims, 0) if r["applied"]
+                for side in ("neutral", "perturbed")]
 
-    fit = [s for it in items for s in sides(it, DIMENSIONS.values())]
-    fit += [s for it in usable[x["items"]: x["items"] + x["fit_items"]] for s in sides(it, [fmt])]
-    fit = [list(s) for s in dict.fromkeys(tuple(s) for s in fit)]  # each conversation once
+    held = usable[x["items"]: x["items"] + x["fit_items"]]
+    fit = [list(s) for s in dict.fromkeys([*scored(items, list(DIMENSIONS.values())),
+                                           *scored(held, [fmt])])]  # each conversation once
     t0 = time.time()
     p = plant_trigger_head(hf, tok, trig, reply_cache=REPLIES, texts=fit, **cfg["calibration"])
     log(f"planted {p.truth.trigger!r} in {time.time() - t0:.0f} s: {p.truth}")
