@@ -78,7 +78,7 @@ def main() -> None:
     from tl_reward.analysis.direct_path import direct_path_patching
     from tl_reward.analysis.faithfulness import pair_scores
     from tl_reward.analysis.patching import patch_components
-    from tl_reward.analysis.readout import resolve_objectives
+    from tl_reward.model.readout import resolve_objectives
 
     model = HookedRewardModel.from_pretrained("tl-reward/smollm2-135m-hh", device="cpu")
     pairs = pick_pairs(model, args.n_pairs, args.max_tokens)

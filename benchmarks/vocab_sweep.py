@@ -213,7 +213,7 @@ def _sync(device: str) -> None:
 def roofline(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     from tl_reward import tl_backend
-    from tl_reward.sweep.response_template import ResponseTemplate
+    from tl_reward.model.response_template import ResponseTemplate
     from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, candidate_ids, score_candidates
 
     dtype = getattr(torch, args.dtype)
@@ -229,7 +229,7 @@ def roofline(args: argparse.Namespace) -> None:
         name = f"{args.shape} (seeded random weights)"
     else:
         from tl_reward import HookedRewardModel
-        from tl_reward.sweep.response_template import response_template
+        from tl_reward.model.response_template import response_template
 
         model = HookedRewardModel.from_pretrained(args.model, device=args.device, dtype=dtype)
         template = response_template(model.tokenizer, PAPER_PROMPTS["best"])

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from tl_reward import HookedRewardModel
-from tl_reward.analysis.readout import normalise
+from tl_reward.model.readout import normalise
 from tl_reward.audit.concepts import concept_from_activations, concept_separability, local_gradient
 from tl_reward.audit.conflict import (
     ConflictResult,

@@ -42,7 +42,7 @@ def test_results_print_short(tiny) -> None:  # noqa: ANN001
 
 def test_rewards_sweeps_and_reports_print_short(tiny) -> None:  # noqa: ANN001
     """The rest of the result classes: rewards, sweeps, implicit rewards, readouts."""
-    from tl_reward.analysis.readout import reward_readout
+    from tl_reward.model.readout import reward_readout
     from tl_reward.sweep.vocab_sweep import score_vocabulary
 
     model = tiny("llama", 1)[0]

@@ -15,6 +15,10 @@ class MissingPadTokenError(TLRewardError):
     """A batch of several sequences needs a pad token the model does not define."""
 
 
+class AmbiguousPaddingError(TLRewardError):
+    """Padding cannot be inferred from the tokens (the pad id is also the BOS): pass a mask."""
+
+
 class ContextLengthError(TLRewardError):
     """An input is longer than the model's context window."""
 

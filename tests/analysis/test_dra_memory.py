@@ -18,9 +18,9 @@ from tl_reward.analysis.components import (
     neuron_projections,
     pooled_run,
 )
-from tl_reward.analysis.readout import reward_readout
 from tl_reward.data import PreferencePair
 from tl_reward.data.pairs import tokenize_pair
+from tl_reward.model.readout import reward_readout
 
 INPUTS = [("Is the sky blue?", "Yes, the sky is blue on a clear day."), ("hi", "No.")]
 PAIR = PreferencePair.from_prompt("Is the sky blue?", "Yes, the sky is blue.", "No, it is red.")

@@ -120,7 +120,7 @@ def test_fast_sweep_cache_in_bf16(arch: str) -> None:
     written on, one reward of 120 off by 1.8 roundings (gemma2) on an AMD EPYC. Before the fix
     it summed the prefix and new parts of ``pattern @ v`` in bf16 (three roundings instead of
     TransformerLens's one) and differed by 0.023 on llama (scale 1.0): 5.9 roundings."""
-    from tl_reward.sweep.response_template import response_template
+    from tl_reward.model.response_template import response_template
     from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, candidate_ids, score_vocabulary
 
     hf, tok = tiny_hf_reward_model(arch, 3 if arch == "armorm" else 1)
@@ -144,7 +144,7 @@ def test_identities_on_device(device: str) -> None:
     patch gives the source reward, attribution patching of the final residual at the pooled
     token is exact (the reward is linear in it up to the frozen scale: checked by finite
     difference), and the fast sweep cache equals the naive forward."""
-    from tl_reward.sweep.response_template import response_template
+    from tl_reward.model.response_template import response_template
     from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, candidate_ids, score_vocabulary
 
     hf, tok = tiny_hf_reward_model("llama")

@@ -62,7 +62,7 @@ def test_attribution_patching_converges_to_finite_differences() -> None:
 
 
 def test_vocabulary_sweep_reads_the_exact_head(tiny) -> None:
-    from tl_reward.sweep.response_template import response_template
+    from tl_reward.model.response_template import response_template
     from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, candidate_ids, score_vocabulary
 
     model, _, tok = tiny("inform", 1)

@@ -20,7 +20,7 @@ from tl_reward.irm.pipeline import (
     run_seed_pipeline,
 )
 from tl_reward.model.inputs import encode
-from tl_reward.sweep.response_template import response_template
+from tl_reward.model.response_template import response_template
 from tl_reward.testing.causal import tiny_causal_lm, tiny_causal_lm_pair
 
 

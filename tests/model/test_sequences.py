@@ -16,8 +16,8 @@ import torch
 from helpers import CONVERSATIONS, parity_atol
 
 from tl_reward import HookedRewardModel
-from tl_reward.analysis.readout import default_objectives
 from tl_reward.errors import TLRewardError
+from tl_reward.model.readout import default_objectives
 from tl_reward.testing import save_tiny_reward_model, tiny_hf_reward_model
 from tl_reward.testing.tiny import ARCHITECTURES, CHAT_TEMPLATE, tiny_tokenizer
 

@@ -68,7 +68,7 @@ def test_lean_path_with_short_rotary_buffers_equals_naive(tiny) -> None:
     """End to end: a layer whose rotary buffers end inside the new positions takes the
     fallback (no tables, ``apply_rotary`` extends the buffers) and scores equal naive ones."""
     from tl_reward import tl_backend
-    from tl_reward.sweep.response_template import response_template
+    from tl_reward.model.response_template import response_template
     from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, candidate_ids, score_candidates
 
     model, _, tok = tiny("llama")

@@ -8,7 +8,7 @@ from transformer_lens import utilities as utils
 
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.model.inputs import encode
-from tl_reward.sweep.response_template import response_template
+from tl_reward.model.response_template import response_template
 from tl_reward.sweep.vocab_sweep import (
     PAPER_PROMPTS,
     candidate_ids,

@@ -33,9 +33,9 @@ from tl_reward.analysis.components import (
     pooled_run,
     stack_components,
 )
-from tl_reward.analysis.readout import ObjectiveSpec, reward_readout
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, reward_readout
 from tl_reward.results import ShortRepr
 
 
@@ -192,9 +192,9 @@ def direct_reward_attribution(
         per_position: also split every head over source positions (token maps).
         batch_size: inputs per forward pass.
     """
-    from tl_reward.model.hooked_reward_model import _is_single
+    from tl_reward.model.inputs import as_items
 
-    items = [inputs] if _is_single(inputs) else list(inputs)
+    items = as_items(inputs)
     encoded = [model.encode(x) for x in items]
     parts: list[dict[str, Any]] = []
     starts = range(0, len(encoded), batch_size)
@@ -206,21 +206,23 @@ def direct_reward_attribution(
         part["lengths"] = batch.lengths.tolist()
         parts.append(part)
 
+    acc = accumulation_dtype(model)
+
     def cat(key: str) -> torch.Tensor:
-        return torch.cat([p[key].float().cpu() for p in parts])
+        return torch.cat([p[key].to(acc).cpu() for p in parts])
 
     tokens = [model.tokenizer.convert_ids_to_tokens(e.ids) if model.tokenizer is not None
               else [str(t) for t in e.ids] for e in encoded]
     head_positions = None
     if per_position:
-        head_positions = [p["head_positions"][i, :, :, :n].float().cpu()
+        head_positions = [p["head_positions"][i, :, :, :n].to(acc).cpu()
                           for p in parts for i, n in enumerate(p["lengths"])]
     ro = parts[0]["readout"]
     return DirectAttribution(
         objectives=ro.objectives,
         embed=cat("embed"), heads=cat("heads"), attn_bias=cat("attn_bias"), mlp=cat("mlp"),
-        bias=torch.cat([p["readout"].bias.float().cpu() for p in parts]),
-        reward=torch.cat([p["readout"].reward.float().cpu() for p in parts]),
+        bias=torch.cat([p["readout"].bias.to(acc).cpu() for p in parts]),
+        reward=torch.cat([p["readout"].reward.to(acc).cpu() for p in parts]),
         positions=torch.cat([p["readout"].positions.cpu() for p in parts]),
         tokens=tokens, embed_names=parts[0]["embed_names"],
         neurons=cat("neurons") if neurons else None,

@@ -24,13 +24,13 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from tl_reward.analysis.readout import (
+from tl_reward.data.pairs import as_tokenized_pair
+from tl_reward.model.readout import (
     accumulation_dtype,
     normalised_effect,
     objective_at_pooled,
     resolve_objectives,
 )
-from tl_reward.data.pairs import as_tokenized_pair
 from tl_reward.results import ShortRepr
 
 

@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import ActivationCache
 
-from tl_reward.analysis.readout import accumulation_dtype
+from tl_reward.model.readout import accumulation_dtype
 from tl_reward.results import ShortRepr
 
 SUBLAYER_LEVELS = ("sublayer", "head", "neuron")

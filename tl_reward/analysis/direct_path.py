@@ -23,14 +23,14 @@ import pandas as pd
 import torch
 
 from tl_reward.analysis.components import final_components, pooled_run
-from tl_reward.analysis.readout import (
+from tl_reward.data.pairs import as_tokenized_pair
+from tl_reward.errors import TLRewardError
+from tl_reward.model.readout import (
     norm_scale,
     normalised_effect,
     resolve_objectives,
     reward_readout,
 )
-from tl_reward.data.pairs import as_tokenized_pair
-from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 
 

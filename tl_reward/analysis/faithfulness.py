@@ -39,9 +39,9 @@ from tl_reward.analysis.attribution import differential_attribution
 from tl_reward.analysis.attribution_patching import attribution_patching
 from tl_reward.analysis.direct_path import direct_path_patching
 from tl_reward.analysis.patching import patch_components
-from tl_reward.analysis.readout import resolve_objectives
 from tl_reward.data.pairs import TokenizedPair
 from tl_reward.errors import TLRewardError
+from tl_reward.model.readout import resolve_objectives
 from tl_reward.results import ShortRepr
 from tl_reward.stats.resampling import spearman, summarise_mean
 from tl_reward.store import RunIdentity, entry_key

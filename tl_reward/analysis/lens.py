@@ -35,9 +35,9 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
-from tl_reward.analysis.readout import ObjectiveSpec, normalise, reward_readout
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, normalise, reward_readout
 from tl_reward.results import ShortRepr
 
 CONVENTIONS = ("frozen", "recompute")
@@ -67,9 +67,9 @@ def pooled_residuals(
     progress: bool | None = None,
 ) -> PooledResiduals:
     """Collect :class:`PooledResiduals` for ``inputs`` (anything ``model.make_batch`` takes)."""
-    from tl_reward.model.hooked_reward_model import _is_single
+    from tl_reward.model.inputs import as_items
 
-    items = [inputs] if _is_single(inputs) else list(inputs)
+    items = as_items(inputs)
     encoded = [model.encode(x) for x in items]
     n_layers = model.cfg.n_layers
     names = [f"blocks.{i}.hook_resid_pre" for i in range(n_layers)]
@@ -87,12 +87,11 @@ def pooled_residuals(
         rows = torch.arange(batch.tokens.shape[0], device=batch.tokens.device)
         resid = torch.stack([cache[n][rows, ro.positions] for n in names], 1)
         parts.append((resid, ro))
+    acc = accumulation_dtype(model)
     return PooledResiduals(
-        torch.cat([p[0].float().cpu() for p in parts]),
-        torch.cat([p[1].scale.float().cpu() for p in parts]),
-        torch.cat([p[1].directions.float().cpu() for p in parts]),
-        torch.cat([p[1].bias.float().cpu() for p in parts]),
-        torch.cat([p[1].reward.float().cpu() for p in parts]),
+        torch.cat([p[0].to(acc).cpu() for p in parts]),
+        *(torch.cat([getattr(p[1], k).to(acc).cpu() for p in parts])
+          for k in ("scale", "directions", "bias", "reward")),
         parts[0][1].objectives,
     )
 

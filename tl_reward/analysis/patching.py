@@ -19,7 +19,7 @@ tokens of the longer reply keep their own activations, and the result says how m
 Zero and mean ablations with ``positions="all"`` replace every position of both runs.
 
 Every value is read at the pooled token ``t*`` of the model's pooling rule through the shared
-readout (:mod:`tl_reward.analysis.readout`), in float32 whatever the weights' dtype, as
+readout (:mod:`tl_reward.model.readout`), in float32 whatever the weights' dtype, as
 ``model.rewards`` and DRA read it. A patch that writes only after ``t*`` cannot change the reward
 (causal attention): it is not run and its effect is exactly 0. When the clean margin is exactly
 0 (e.g. a pooling rule that reads inside the shared prompt) normalised effects are NaN, with a
@@ -40,14 +40,14 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
-from tl_reward.analysis.readout import (
+from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
+from tl_reward.errors import TLRewardError
+from tl_reward.model.readout import (
     accumulation_dtype,
     normalised_effect,
     objective_at_pooled,
     resolve_objectives,
 )
-from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
-from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 from tl_reward.tl_backend import cache_keys, frozen_kv_cache
 

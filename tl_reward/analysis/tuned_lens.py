@@ -23,9 +23,9 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.analysis.lens import lens_from_residuals, pooled_residuals
-from tl_reward.analysis.readout import ObjectiveSpec, normalise
 from tl_reward.errors import TLRewardError
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.readout import ObjectiveSpec, normalise
 from tl_reward.results import ShortRepr
 
 ALPHAS = tuple(float(a) for a in np.logspace(-3, 4, 15))

@@ -35,9 +35,9 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from tl_reward.analysis.readout import is_layernorm, normalise, resolve_objectives
 from tl_reward.audit.pooled import pooled_residual, resid_hook, residual_batches
 from tl_reward.errors import TLRewardError
+from tl_reward.model.readout import is_layernorm, normalise, resolve_objectives
 from tl_reward.results import ShortRepr
 from tl_reward.stats.resampling import bootstrap_ci
 

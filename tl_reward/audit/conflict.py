@@ -37,11 +37,11 @@ import torch
 from jaxtyping import Float
 from scipy.stats import hypergeom
 
-from tl_reward.analysis.readout import is_layernorm, resolve_objectives
 from tl_reward.audit.pooled import pooled_residual, resid_hook
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.heads import LinearRewardHead
+from tl_reward.model.readout import is_layernorm, resolve_objectives
 from tl_reward.results import ShortRepr
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import benjamini_hochberg

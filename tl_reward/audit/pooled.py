@@ -14,8 +14,8 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.analysis.patching import site_hook
-from tl_reward.analysis.readout import normalise
 from tl_reward.errors import TLRewardError
+from tl_reward.model.readout import normalise
 
 
 def resid_hook(model: Any, layer: int) -> str:

@@ -60,8 +60,8 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
 
     from tl_reward.analysis.attribution import differential_attribution
     from tl_reward.analysis.lens import differential_lens
-    from tl_reward.analysis.readout import resolve_objectives
     from tl_reward.data.pairs import tokenize_pair
+    from tl_reward.model.readout import resolve_objectives
     from tl_reward.viz.attribution import component_bar, head_heatmap
     from tl_reward.viz.tokens import attribution_token_map, head_attention_view
 

@@ -35,8 +35,8 @@ from tl_reward import tl_backend
 from tl_reward.errors import TLRewardError
 from tl_reward.irm.layers import LayerChange, parameter_change
 from tl_reward.model.inputs import EncodedInput, collate
+from tl_reward.model.response_template import Prompt, response_template
 from tl_reward.stats.agreement import RankAgreement, rank_agreement
-from tl_reward.sweep.response_template import Prompt, response_template
 
 
 def mlp_hook(layer: int) -> str:

@@ -26,8 +26,8 @@ from tqdm.auto import tqdm
 from tl_reward import tl_backend
 from tl_reward.errors import TLRewardError
 from tl_reward.irm.models import hooked_logits, is_hooked, model_device
+from tl_reward.model.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.results import ShortRepr
-from tl_reward.sweep.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.sweep.vocab_sweep import VocabSweep, special_token_ids
 
 

@@ -23,23 +23,16 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.model.heads import LinearRewardHead, Objective, RewardHead
-from tl_reward.model.inputs import EncodedInput, RewardBatch, RewardInput, collate, encode
+from tl_reward.model.inputs import (
+    EncodedInput,
+    RewardBatch,
+    RewardInput,
+    as_items,
+    collate,
+    encode,
+    is_single,
+)
 from tl_reward.model.pooling import check_rule, implied_mask, pool_positions
-
-
-def _has_hooks(module: torch.nn.Module) -> bool:
-    """Whether any forward hook is attached to ``module`` or a submodule."""
-    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
-
-
-def _is_single(inputs: Any) -> bool:
-    if isinstance(inputs, (str, torch.Tensor)):
-        return isinstance(inputs, str) or inputs.ndim == 1
-    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], str):
-        return True
-    if isinstance(inputs, Sequence) and inputs and isinstance(inputs[0], dict):
-        return True
-    return isinstance(inputs, Sequence) and bool(inputs) and isinstance(inputs[0], int)
 
 
 class HookedRewardModel(HookedTransformer):
@@ -152,7 +145,7 @@ class HookedRewardModel(HookedTransformer):
     ) -> RewardBatch:
         """The scored sequences of ``inputs``: ids (:meth:`encode`), mask, response starts and
         the pooled positions, padded on the model's device. Every analysis builds here."""
-        items = [inputs] if _is_single(inputs) else list(inputs)  # type: ignore[arg-type]
+        items = as_items(inputs)
         return self.collate([self.encode(x) for x in items], padding_side)
 
     make_batch = build
@@ -168,8 +161,8 @@ class HookedRewardModel(HookedTransformer):
     def response_template(self, prompt: Any) -> Any:
         """``prefix + [v] + suffix`` around a one-token reply to ``prompt``, as :meth:`encode`
         builds it (one BOS, :attr:`suffix_ids` closing the suffix); see
-        :mod:`tl_reward.sweep.response_template`."""
-        from tl_reward.sweep.response_template import response_template
+        :mod:`tl_reward.model.response_template`."""
+        from tl_reward.model.response_template import response_template
 
         return response_template(self.tokenizer, prompt, self.suffix_ids)
 
@@ -185,7 +178,17 @@ class HookedRewardModel(HookedTransformer):
         pooling: str | None = None,
     ) -> Int[torch.Tensor, " batch"]:
         """Position of the token each reward is read at (see :mod:`tl_reward.model.pooling`)."""
-        return pool_positions(tokens, attention_mask, self.pad_token_id, pooling or self.pooling)
+        return pool_positions(tokens, attention_mask, self.pad_token_id, pooling or self.pooling,
+                              self.bos_pad)
+
+    @property
+    def bos_pad(self) -> bool:
+        """Whether the pad id is also the BOS the tokenizer puts first, so that a leading pad
+        cannot be told from the BOS without an attention mask."""
+        tok = self.tokenizer
+        return (tok is not None and self.pad_token_id is not None
+                and bool(self.cfg.default_prepend_bos)
+                and getattr(tok, "bos_token_id", None) == self.pad_token_id)
 
     # -- TransformerLens habits on a reward model -------------------------------------------------
     def to_tokens(  # type: ignore[override]
@@ -214,9 +217,9 @@ class HookedRewardModel(HookedTransformer):
         """Each token of an input (text, pair, conversation or ids) as its decoded string."""
         if isinstance(input, torch.Tensor) and input.ndim == 2:
             input = input[0] if input.shape[0] == 1 else list(input)
-        items = [input] if _is_single(input) else list(input)
+        items = as_items(input)
         out = [[self.tokenizer.decode([t]) for t in self.encode(x).ids] for x in items]
-        return out[0] if _is_single(input) else out
+        return out[0] if is_single(input) else out
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """A reward model has no language-model head, so it cannot generate: raises."""
@@ -264,7 +267,9 @@ class HookedRewardModel(HookedTransformer):
         The padding rule, in one place: text, pairs and conversations are built by
         :meth:`build` (chat template as ids) and left-padded, so ``logits[:, -1]`` is the pooled
         token under the default rule; a token batch without ``attention_mask`` whose rows start
-        with pad tokens is taken as left-padded and masked so; right padding needs no mask.
+        with pad tokens is taken as left-padded and masked so (refused where the pad id is also
+        the BOS and a row starts with two of them: pass the mask); right padding needs no mask
+        except under ``pooling="mask"``, which reads it. ``pooling`` overrides the model's rule.
         """
         if return_type in ("loss", "both"):
             raise TLRewardError(
@@ -276,14 +281,15 @@ class HookedRewardModel(HookedTransformer):
         if not isinstance(input, torch.Tensor):  # text, pairs, conversations: one builder
             batch = self.build(input, padding_side="left")
             input, attention_mask = batch.tokens, batch.attention_mask
-            pool_positions = batch.pooled if pool_positions is None else pool_positions
+            if pool_positions is None and pooling is None:
+                pool_positions = batch.pooled
         if start_at_layer is None and input.ndim == 1:
             input = input[None]
         if tokens is None and start_at_layer is None:
             tokens = input
         if (attention_mask is None and tokens is not None and self.pad_token_id is not None
                 and bool((tokens[:, 0] == self.pad_token_id).any())):
-            attention_mask = implied_mask(tokens, self.pad_token_id)  # left padding, no mask
+            attention_mask = implied_mask(tokens, self.pad_token_id, self.bos_pad)
         if tokens is not None and attention_mask is not None:
             attention_mask = attention_mask.to(tokens.device)
         if stop_at_layer is not None:
@@ -302,13 +308,13 @@ class HookedRewardModel(HookedTransformer):
             raise TLRewardError("pooled rewards need tokens=...: pass them with start_at_layer")
         if pool_positions is None:
             pool_positions = self.pool_positions(tokens, attention_mask, pooling)
-        from tl_reward.analysis.readout import read_rewards
+        from tl_reward.model.readout import read_rewards, readout_attachment
 
-        # read afresh from the residual (float32), as model.rewards and every analysis do,
-        # unless a hook on the final norm or the head must shape the result
-        hooked = _has_hooks(self.ln_final) or _has_hooks(self.reward_head)
+        # the module outputs when anything is attached to the norm or head, else the same
+        # values afresh in float32 (read_rewards decides; here the forward's own normed is reused)
+        attached = readout_attachment(self) is not None
         rewards, score = read_rewards(self, resid, tokens, pool_positions,
-                                      normed if hooked else None)
+                                      normed if attached else None)
         if return_type == "reward":
             return rewards
         if score is None:

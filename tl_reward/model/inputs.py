@@ -35,6 +35,22 @@ RewardInput = (
 )
 
 
+def is_single(inputs: Any) -> bool:
+    """Whether ``inputs`` is one input (text, ids, a pair or a conversation), not a list of them."""
+    if isinstance(inputs, (str, torch.Tensor)):
+        return isinstance(inputs, str) or inputs.ndim == 1
+    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], str):
+        return True
+    if isinstance(inputs, Sequence) and inputs and isinstance(inputs[0], dict):
+        return True
+    return isinstance(inputs, Sequence) and bool(inputs) and isinstance(inputs[0], int)
+
+
+def as_items(inputs: Any) -> list[Any]:
+    """``inputs`` as a list of single inputs (see :func:`is_single`)."""
+    return [inputs] if is_single(inputs) else list(inputs)
+
+
 @dataclass(frozen=True)
 class EncodedInput:
     """Token ids of one input and, when known, where the final response starts."""

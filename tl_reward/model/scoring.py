@@ -84,8 +84,8 @@ def score_batch(
     pooling: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """``(rewards [b, K], score [b] or None, gating [b, K] or None)`` for one padded batch, read
-    in float32 (float64 for a float64 model) by :func:`~tl_reward.analysis.readout.read_rewards`."""
-    from tl_reward.analysis.readout import normalise, read_rewards
+    in float32 (float64 for a float64 model) by :func:`~tl_reward.model.readout.read_rewards`."""
+    from tl_reward.model.readout import normalise, read_rewards
 
     resid = model(tokens, attention_mask=attention_mask, stop_at_layer=model.cfg.n_layers)
     pos = model.pool_positions(tokens, attention_mask, pooling)
@@ -108,14 +108,15 @@ def score_inputs(
     labels: Sequence[str] | None = None,
 ) -> RewardResult:
     """Score any inputs (see :mod:`tl_reward.model.inputs`) in length-sorted batches."""
-    from tl_reward.model.hooked_reward_model import _is_single
+    from tl_reward.model.inputs import as_items
+    from tl_reward.model.readout import accumulation_dtype
 
-    items = [inputs] if _is_single(inputs) else list(inputs)  # type: ignore[arg-type]
+    items = as_items(inputs)
     encoded = [model.encode(x) for x in items]
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))
-    k = model.cfg.d_vocab_out
-    rewards = torch.zeros(len(encoded), k)
-    scores: torch.Tensor | None = torch.zeros(len(encoded))
+    k, acc = model.cfg.d_vocab_out, accumulation_dtype(model)
+    rewards = torch.zeros(len(encoded), k, dtype=acc)
+    scores: torch.Tensor | None = torch.zeros(len(encoded), dtype=acc)
     gating: torch.Tensor | None = None
     show = progress if progress is not None else len(encoded) > 4 * batch_size
     for start in tqdm(range(0, len(order), batch_size), disable=not show, desc="scoring",
@@ -123,14 +124,14 @@ def score_inputs(
         idx = order[start : start + batch_size]
         batch = model.collate([encoded[i] for i in idx], padding_side)
         r, s, g = score_batch(model, batch.tokens, batch.attention_mask, pooling)
-        rewards[idx] = r.float().cpu()
+        rewards[idx] = r.to(acc).cpu()
         if s is None:
             scores = None
         elif scores is not None:
-            scores[idx] = s.float().cpu()
+            scores[idx] = s.to(acc).cpu()
         if g is not None:
-            gating = torch.zeros(len(encoded), k) if gating is None else gating
-            gating[idx] = g.float().cpu()
+            gating = torch.zeros(len(encoded), k, dtype=acc) if gating is None else gating
+            gating[idx] = g.to(acc).cpu()
     n_tokens = torch.tensor([len(e.ids) for e in encoded])
     return RewardResult(rewards, list(model.objectives), scores, gating, n_tokens,
                         list(labels) if labels is not None else None)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from tl_reward.model.inputs import EncodedInput, collate
-from tl_reward.sweep.response_template import Prompt, ResponseTemplate, response_template
+from tl_reward.model.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.sweep.vocab_sweep import special_token_ids
 
 #: Prompts used when none are given (short, no trigger words).

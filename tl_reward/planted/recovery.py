@@ -11,8 +11,8 @@ import torch
 
 from tl_reward.data.pairs import TokenizedPair, align_ids
 from tl_reward.errors import TLRewardError
+from tl_reward.model.response_template import Prompt
 from tl_reward.planted.calibration import DEFAULT_PROMPTS, plain_ids, with_reply
-from tl_reward.sweep.response_template import Prompt
 from tl_reward.sweep.vocab_sweep import VocabSweep
 
 _HEAD = re.compile(r"^L\d+\.H\d+$")

@@ -35,6 +35,7 @@ import torch
 
 from tl_reward.errors import TLRewardError
 from tl_reward.model.fingerprint import weights_digest
+from tl_reward.model.response_template import Prompt, response_template
 from tl_reward.planted.calibration import (
     DEFAULT_PROMPTS,
     Sequences,
@@ -52,7 +53,6 @@ from tl_reward.planted.surgery import (
     head_rows,
     silence_heads,
 )
-from tl_reward.sweep.response_template import Prompt, response_template
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from jaxtyping import Float
 from scipy import stats
 from tqdm.auto import tqdm
 
-from tl_reward.analysis.readout import resolve_objectives
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.errors import TLRewardError
+from tl_reward.model.readout import resolve_objectives
 from tl_reward.results import ShortRepr
 from tl_reward.sae.attribution import differential_sae_attribution, sae_attribution
 from tl_reward.sae.splice import (
@@ -207,10 +207,10 @@ def ablation_check(
         method: the attribution checked (``"gradient"``, or ``"exact"`` at the final residual,
             where the actual change also moves the norm scale).
     """
-    from tl_reward.model.hooked_reward_model import _is_single
+    from tl_reward.model.inputs import as_items
 
     model = as_sae_model(model)
-    items = [inputs] if _is_single(inputs) else list(inputs)
+    items = as_items(inputs)
     attr = sae_attribution(model, sae, items, objectives=resolve_objectives(model, objective)[:1],
                            method=method, progress=progress)
     j = 0

@@ -36,9 +36,9 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from tl_reward.analysis.readout import ObjectiveSpec, resolve_objectives, reward_readout
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.readout import ObjectiveSpec, resolve_objectives, reward_readout
 from tl_reward.results import ShortRepr
 from tl_reward.sae.splice import (
     SAEError,
@@ -333,13 +333,13 @@ def sae_attribution(
             ``"gradient"``.
         batch_size: inputs per forward pass.
     """
-    from tl_reward.model.hooked_reward_model import _is_single
+    from tl_reward.model.inputs import as_items
 
     model = as_sae_model(model)
     check_sae(model, sae)
     check_affine_sae(sae)
     method = resolve_method(model, sae, method)
-    items = [inputs] if _is_single(inputs) else list(inputs)
+    items = as_items(inputs)
     if not items:
         raise SAEError("no inputs to attribute")
     encoded = [model.encode(x) for x in items]

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from tl_reward.analysis.readout import ObjectiveSpec, resolve_objectives, reward_readout
+from tl_reward.model.readout import ObjectiveSpec, resolve_objectives, reward_readout
 from tl_reward.results import ShortRepr
 from tl_reward.sae.ablation import ablate_rows
 from tl_reward.sae.attribution import PairSAEAttribution, differential_sae_attribution
@@ -203,7 +203,7 @@ def feature_views(
         n_examples: top-activating tokens kept per feature; ``context``: tokens either side.
         ablate_items: ablate each feature in up to this many items where it fires most.
     """
-    from tl_reward.model.hooked_reward_model import _is_single
+    from tl_reward.model.inputs import as_items
 
     model = as_sae_model(model)
     hook = check_sae(model, sae)
@@ -212,7 +212,7 @@ def feature_views(
     if not feats or max(feats) >= sae.cfg.d_sae or min(feats) < 0:
         raise SAEError(f"features must be ids in [0, {sae.cfg.d_sae}), got {feats}")
     name = resolve_objectives(model, objective)[0]
-    items = [corpus] if _is_single(corpus) else list(corpus)
+    items = as_items(corpus)
     if not items:
         raise SAEError("the corpus is empty")
     encoded = [model.encode(x) for x in items]

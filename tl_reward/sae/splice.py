@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
-from tl_reward.analysis.readout import objective_at_pooled
 from tl_reward.errors import SAEError
+from tl_reward.model.readout import objective_at_pooled
 
 
 def final_hook(model: Any) -> str:

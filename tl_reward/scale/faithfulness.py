@@ -29,8 +29,8 @@ from tl_reward.store import EntryCache
 def plan_pairs(worker: Worker, spec: Spec, pairs: Sequence[Any], level: str,
                objective: int | str | None) -> tuple[str, list[str]]:
     """The resolved objective and every pair's cache key (run on a worker)."""
-    from tl_reward.analysis.readout import resolve_objectives
     from tl_reward.data.pairs import as_pair_batch
+    from tl_reward.model.readout import resolve_objectives
 
     model = worker.model(spec)
     obj = resolve_objectives(model, objective)[0]

@@ -1,7 +1,6 @@
 """Optimal and pessimal tokens: the exhaustive vocabulary sweep and the paper's analyses of it.
 
 * :mod:`~tl_reward.sweep.vocab_sweep`: score every vocabulary token as the whole response.
-* :mod:`~tl_reward.sweep.response_template`: the chat template around a response, as ids.
 * :mod:`~tl_reward.sweep.roundtrip`: how many tokens survive the published text round trip.
 * :mod:`~tl_reward.sweep.store`: the resumable, shardable parquet store.
 * analyses of a sweep: :mod:`~tl_reward.sweep.extremes`, :mod:`~tl_reward.sweep.distribution`,

@@ -33,8 +33,8 @@ from tqdm.auto import tqdm
 
 from tl_reward.data.conversation import Conversation, Message
 from tl_reward.errors import TLRewardError
+from tl_reward.model.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.results import ShortRepr
-from tl_reward.sweep.response_template import Prompt, ResponseTemplate, response_template
 
 if TYPE_CHECKING:
     from tl_reward.model.hooked_reward_model import HookedRewardModel

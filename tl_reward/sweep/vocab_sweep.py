@@ -1,7 +1,7 @@
 """Optimal and pessimal tokens: score every vocabulary token as the whole assistant response.
 
 For each prompt, token ``v`` is scored on ``prefix + [v] + suffix`` (ids from the chat template,
-see :mod:`tl_reward.sweep.response_template`), never on a decoded-and-re-tokenised string.
+see :mod:`tl_reward.model.response_template`), never on a decoded-and-re-tokenised string.
 The prefix runs once; batches of candidates then run only their few new positions against its
 key/value cache (:func:`tl_reward.tl_backend.run_after_prefix`), which equals naive
 full-sequence scoring to float precision and is an order of magnitude faster on ChatML prompts.
@@ -26,17 +26,17 @@ from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
 from tl_reward import tl_backend
-from tl_reward.analysis.readout import read_rewards
 from tl_reward.data.conversation import Conversation, is_conversation
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.model.fingerprint import model_fingerprint, tokenizer_fingerprint
 from tl_reward.model.heads import objective_slot
-from tl_reward.results import ShortRepr
-from tl_reward.sweep.response_template import (
+from tl_reward.model.readout import read_rewards
+from tl_reward.model.response_template import (
     Prompt,
     ResponseTemplate,
     prompt_conversation,
 )
+from tl_reward.results import ShortRepr
 from tl_reward.sweep.store import (
     SweepSpec,
     SweepWriter,

@@ -15,6 +15,7 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformerConfig
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+from transformer_lens.hook_points import HookPoint
 
 
 @dataclass
@@ -197,14 +198,23 @@ def expand_stock_cache(cache: TransformerLensKeyValueCache, batch: int
 
 
 def nonstock_module(model: Any) -> str | None:
-    """Why the hand-written continuation cannot stand in for this model's forward: the first
-    body module whose class is not TransformerLens's own (an attached SAE, a replaced MLP, a
-    wrapped hook point), or ``None`` for a stock module tree. The reward head is not checked:
-    it is read by the library's readout, never by the continuation."""
+    """Why the hand-written continuation cannot stand in for this model's forward: a global
+    torch module hook, or the first body module whose class is not TransformerLens's own (an
+    attached SAE, a replaced MLP, a wrapped hook point) or that carries a torch forward or
+    pre-forward hook (the continuation calls hook points, never the modules around them), or
+    ``None`` for a stock module tree. The final norm and reward head are read by
+    :func:`~tl_reward.model.readout.read_rewards`, which runs them when anything is attached."""
+    from torch.nn.modules import module as nn_module
+
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return "a global torch module hook is registered"
     for name, mod in model.named_modules():
-        if not name or name == "reward_head" or name.startswith("reward_head."):
+        if not name or name.split(".")[0] in ("reward_head", "ln_final", "unembed"):
             continue
         cls = type(mod)
+        hooked = (mod._forward_hooks or mod._forward_pre_hooks) and not isinstance(mod, HookPoint)
+        if hooked:
+            return f"{name} carries a torch forward hook"
         if cls.__module__.startswith("transformer_lens.") or cls is torch.nn.ModuleList:
             continue
         what = ("an attached SAE" if cls.__module__.startswith("sae_lens")

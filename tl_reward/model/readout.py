@@ -13,6 +13,11 @@ direct-path, SAE splices): the pooled position comes from the model's pooling ru
 (:meth:`HookedRewardModel.pool_positions`), never from "the last position", and everything is
 computed in float32 (float64 for a float64 model) whatever the weights' dtype, as
 TransformerLens computes its norm scales.
+
+The reward is what the model's own ``ln_final`` and head record. Applying the norm afresh is a
+shortcut taken only while nothing is attached to them (:func:`readout_attachment`); with a hook
+or a replaced module there, :func:`read_rewards` runs the modules themselves, and the
+decompositions (:func:`reward_readout`), whose frozen-scale identity no longer holds, refuse.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 
-from tl_reward.errors import UnknownObjectiveError
+from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.results import ShortRepr
 
 ObjectiveSpec = int | str | Sequence[int | str] | None
@@ -35,6 +40,28 @@ def accumulation_dtype(model: object) -> torch.dtype:
     model, float32 otherwise (bfloat16 keeps ~3 significant digits: 2^-8 relative per rounding)."""
     dtype = model.cfg.dtype  # type: ignore[attr-defined]
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def readout_attachment(model: object) -> str | None:
+    """What makes the model's final norm or head differ from the afresh readout: the first
+    hook (TransformerLens hook point or torch forward/pre hook, global ones included) or
+    replaced module in ``ln_final``, ``unembed`` or ``reward_head``; ``None`` when stock."""
+    from torch.nn.modules import module as nn_module
+
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return "a global torch module hook"
+    for root in ("ln_final", "unembed", "reward_head"):
+        top = getattr(model, root, None)
+        if not isinstance(top, torch.nn.Module):
+            continue
+        for name, mod in top.named_modules():
+            where = f"{root}.{name}" if name else root
+            if mod._forward_hooks or mod._forward_pre_hooks:
+                return f"a hook on {where}"
+            home = type(mod).__module__
+            if not home.startswith(("transformer_lens.", "tl_reward.", "torch.nn.")):
+                return f"{where} replaced by a {home}.{type(mod).__qualname__}"
+    return None
 
 
 def is_layernorm(model: object) -> bool:
@@ -120,6 +147,13 @@ def reward_readout(
     """The :class:`Readout` of a batch from its final residual stream (``hook_resid_post`` of
     the last block), at the pooled token of the model's rule; differentiable in
     ``resid_final`` (the norm scale and, for ArmoRM, the gate included)."""
+    attached = readout_attachment(model)
+    if attached is not None:
+        raise TLRewardError(
+            f"{attached} changes how this model reads its reward, so the frozen-scale "
+            "decomposition of the reward (direct attribution, lens, direct-path and SAE "
+            "attribution) no longer adds up to it; remove it (model.reset_hooks()) or use "
+            "activation patching, which reads the reward through the hooked forward")
     names = resolve_objectives(model, objectives)
     if positions is None:
         positions = model.pool_positions(tokens, attention_mask)  # type: ignore[attr-defined]
@@ -147,13 +181,14 @@ def read_rewards(
     positions: Int[torch.Tensor, " batch"],
     normed: Float[torch.Tensor, "batch pos d_model"] | None = None,
 ) -> tuple[Float[torch.Tensor, "batch K"], Float[torch.Tensor, " batch"] | None]:
-    """``(rewards [batch, K], score [batch] or None)`` at ``positions``, accumulated in float32
-    (float64 for a float64 model) whatever the weights' dtype.
+    """``(rewards [batch, K], score [batch] or None)`` at ``positions``: what the model's own
+    ``ln_final`` and head record, accumulated in float32 (float64 for a float64 model).
 
-    By default the final norm is applied afresh to ``resid_final`` (as every analysis reads the
-    reward) and an MLP head is read through its exact linearisation there. ``normed`` (the
-    model's own, possibly hooked, ``ln_final`` output) is read instead when given, and an MLP
-    head then runs its own hooked forward: what ``model(..., return_type="reward")`` does.
+    While nothing is attached to the norm or head (:func:`readout_attachment`), the norm is
+    applied afresh in float32 (no rounding to the weights' dtype) and an MLP head is read
+    through its exact linearisation. Otherwise ``normed`` (the forward's own ``ln_final``
+    output, computed here when not given) is read through the head's hooked modules
+    (``unembed``, or the MLP head's ``hook_pre``/``hook_post``), as the forward does.
     ``resid_final`` may hold only the pooled rows (``[batch, 1, d_model]``, ``positions`` 0)
     unless the head's combination reads the states (ArmoRM's gate).
     """
@@ -161,15 +196,24 @@ def read_rewards(
     head = model.reward_head  # type: ignore[attr-defined]
     rows = torch.arange(resid_final.shape[0], device=resid_final.device)
     positions = positions.to(resid_final.device)
-    x = (normalise(model, resid_final[rows, positions].to(acc)) if normed is None
-         else normed[rows, positions].to(acc))
-    if head.nonlinear and normed is not None:
-        rewards = head.outputs(normed[rows, positions]).to(acc)
-    elif head.nonlinear:
-        w, b = head.linearise(x)
-        rewards = torch.einsum("bkd,bd->bk", w.to(acc), x) + b.to(acc)
+    if normed is None and readout_attachment(model) is not None:
+        normed = model.ln_final(resid_final)  # type: ignore[attr-defined]
+    if normed is None:
+        x = normalise(model, resid_final[rows, positions].to(acc))
+        if head.nonlinear:
+            w, b = head.linearise(x)
+            rewards = torch.einsum("bkd,bd->bk", w.to(acc), x) + b.to(acc)
+        else:
+            rewards = x @ model.W_U.to(acc) + model.b_U.to(acc)  # type: ignore[attr-defined]
     else:
-        rewards = x @ model.W_U.to(acc) + model.b_U.to(acc)  # type: ignore[attr-defined]
+        x = normed[rows, positions].to(acc)
+        unembed = model.unembed  # type: ignore[attr-defined]
+        if head.nonlinear:
+            rewards = head.outputs(normed[rows, positions]).to(acc)
+        elif any(m._forward_hooks or m._forward_pre_hooks for m in unembed.modules()):
+            rewards = unembed(normed[rows, positions][:, None])[:, 0].to(acc)
+        else:  # the same product in float32
+            rewards = x @ unembed.W_U.to(acc) + unembed.b_U.to(acc)
     if not head.has_score:
         return rewards, None
     if not head.reads_states:
@@ -187,9 +231,13 @@ def objective_at_pooled(
     attention_mask: Int[torch.Tensor, "batch pos"] | None,
     objectives: ObjectiveSpec,
 ) -> Float[torch.Tensor, "batch n_obj"]:
-    """The objectives of each row read from its final residual at the pooled token (the reward
-    of :func:`reward_readout`; differentiable)."""
-    return reward_readout(model, resid_final, tokens, attention_mask, objectives).reward
+    """The objectives of each row at the pooled token, as :func:`read_rewards` reads them
+    (the model's own hooked norm and head when anything is attached; differentiable)."""
+    names = resolve_objectives(model, objectives)
+    positions = model.pool_positions(tokens, attention_mask)  # type: ignore[attr-defined]
+    rewards, score = read_rewards(model, resid_final, tokens, positions)
+    return torch.stack([score if n == "score" else rewards[:, model.objective_index(n)]  # type: ignore[attr-defined]
+                        for n in names], 1)
 
 
 def normalised_effect(
