@@ -46,9 +46,13 @@ def test_rules_match_brute_force(rule: str, side: str) -> None:
     got = pool_positions(tokens, mask, PAD, rule)
     assert got.tolist() == brute(tokens, mask, rule)
     # without a mask, leading pads are left padding and trailing pads are never read (the
-    # rows above never start with a pad inside the text)
-    assert pool_positions(tokens, None, PAD, rule).tolist() == (
-        got.tolist() if rule != "mask" else [10] * 16)
+    # rows above never start with a pad inside the text); the mask rule reads the mask, so it
+    # refuses padded tokens without one (it read a trailing pad: position 10 on every row)
+    if rule == "mask":
+        with pytest.raises(TLRewardError, match="pass attention_mask"):
+            pool_positions(tokens, None, PAD, rule)
+    else:
+        assert pool_positions(tokens, None, PAD, rule).tolist() == got.tolist()
 
 
 def test_hf_rule_left_padding_reads_last_position() -> None:

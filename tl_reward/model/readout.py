@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 
+from tl_reward import tl_backend
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.results import ShortRepr
 
@@ -44,24 +45,10 @@ def accumulation_dtype(model: object) -> torch.dtype:
 
 def readout_attachment(model: object) -> str | None:
     """What makes the model's final norm or head differ from the afresh readout: the first
-    hook (TransformerLens hook point or torch forward/pre hook, global ones included) or
-    replaced module in ``ln_final``, ``unembed`` or ``reward_head``; ``None`` when stock."""
-    from torch.nn.modules import module as nn_module
-
-    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
-        return "a global torch module hook"
-    for root in ("ln_final", "unembed", "reward_head"):
-        top = getattr(model, root, None)
-        if not isinstance(top, torch.nn.Module):
-            continue
-        for name, mod in top.named_modules():
-            where = f"{root}.{name}" if name else root
-            if mod._forward_hooks or mod._forward_pre_hooks:
-                return f"a hook on {where}"
-            home = type(mod).__module__
-            if not home.startswith(("transformer_lens.", "tl_reward.", "torch.nn.")):
-                return f"{where} replaced by a {home}.{type(mod).__qualname__}"
-    return None
+    hook or replaced module in ``ln_final``, ``unembed`` or ``reward_head``, or a global
+    module hook (:func:`~tl_reward.tl_backend.attachments`); ``None`` when stock."""
+    found = tl_backend.attachments(model, only=("ln_final", "unembed", "reward_head"))
+    return found[0] if found else None
 
 
 def is_layernorm(model: object) -> bool:

@@ -11,6 +11,7 @@ from tl_reward.tl_backend.continuation import final_residual_at, run_after_prefi
 from tl_reward.tl_backend.prefix_cache import (
     FusedQKV,
     PrefixCache,
+    attachments,
     build_prefix_cache,
     cache_keys,
     continuation_method,
@@ -32,7 +33,7 @@ from tl_reward.tl_backend.weights import (
 )
 
 __all__ = [
-    "PROCESSING", "FusedQKV", "PrefixCache", "build_prefix_cache", "cache_keys",
+    "PROCESSING", "FusedQKV", "PrefixCache", "attachments", "build_prefix_cache", "cache_keys",
     "continuation_method", "nonstock_module",
     "convert_state_dict", "cpu_config", "expand_stock_cache", "fast_cache_unsupported",
     "final_residual_at", "frozen_kv_cache", "fuse_qkv", "hooks_active", "make_config",

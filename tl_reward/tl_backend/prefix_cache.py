@@ -197,30 +197,39 @@ def expand_stock_cache(cache: TransformerLensKeyValueCache, batch: int
                            cache.previous_attention_mask.expand(batch, -1))
 
 
-def nonstock_module(model: Any) -> str | None:
-    """Why the hand-written continuation cannot stand in for this model's forward: a global
-    torch module hook, or the first body module whose class is not TransformerLens's own (an
-    attached SAE, a replaced MLP, a wrapped hook point) or that carries a torch forward or
-    pre-forward hook (the continuation calls hook points, never the modules around them), or
-    ``None`` for a stock module tree. The final norm and reward head are read by
-    :func:`~tl_reward.model.readout.read_rewards`, which runs them when anything is attached."""
+def attachments(model: Any, only: tuple[str, ...] = (), skip: tuple[str, ...] = (),
+                hook_points: bool = True) -> list[str]:
+    """Everything attached to ``model`` beyond its stock forward, one description each: global
+    torch module hooks, forward or pre-forward hooks on any submodule (on hook points too unless
+    ``hook_points=False``), and modules that are neither TransformerLens's, torch's nor the
+    library's own (an attached SAE, a replaced MLP, a wrapped hook point). ``only`` / ``skip``
+    restrict to / leave out submodules under these top-level names. Empty for a stock model."""
     from torch.nn.modules import module as nn_module
 
+    out = []
     if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
-        return "a global torch module hook is registered"
+        out.append("a global torch module hook")
     for name, mod in model.named_modules():
-        if not name or name.split(".")[0] in ("reward_head", "ln_final", "unembed"):
+        top = name.split(".")[0]
+        if not name or (only and top not in only) or top in skip:
             continue
+        n_hooks = len(mod._forward_hooks) + len(mod._forward_pre_hooks)
+        if n_hooks and (hook_points or not isinstance(mod, HookPoint)):
+            out.append(f"a hook on {name}")
         cls = type(mod)
-        hooked = (mod._forward_hooks or mod._forward_pre_hooks) and not isinstance(mod, HookPoint)
-        if hooked:
-            return f"{name} carries a torch forward hook"
-        if cls.__module__.startswith("transformer_lens.") or cls is torch.nn.ModuleList:
-            continue
-        what = ("an attached SAE" if cls.__module__.startswith("sae_lens")
-                else "not TransformerLens's own module")
-        return f"{name} is a {cls.__module__}.{cls.__qualname__} ({what})"
-    return None
+        if not cls.__module__.startswith(("transformer_lens.", "torch.nn.", "tl_reward.")):
+            what = " (an attached SAE)" if cls.__module__.startswith("sae_lens") else ""
+            out.append(f"{name} is a {cls.__module__}.{cls.__qualname__}{what}")
+    return out
+
+
+def nonstock_module(model: Any) -> str | None:
+    """Why the hand-written continuation cannot stand in for this model's forward (it calls
+    hook points, never the modules around them): the first of :func:`attachments` in the body
+    other than hooks on hook points, or ``None``. The final norm and head are read by
+    :func:`~tl_reward.model.readout.read_rewards`, which runs them when anything is attached."""
+    found = attachments(model, skip=("reward_head", "ln_final", "unembed"), hook_points=False)
+    return found[0] if found else None
 
 
 def continuation_method(model: Any, requested: str = "auto") -> str:
@@ -249,9 +258,5 @@ def continuation_method(model: Any, requested: str = "auto") -> str:
 
 
 def hooks_active(model: Any) -> bool:
-    """Whether any forward hook is attached to the model's hook points (or globally)."""
-    from torch.nn.modules import module as nn_module
-
-    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
-        return True
-    return any(hp._forward_hooks or hp._forward_pre_hooks for hp in model.hook_dict.values())
+    """Whether anything is attached to the model (:func:`attachments`): the lean path is off."""
+    return bool(attachments(model))
