@@ -66,7 +66,7 @@ def test_torch_hook_on_a_submodule_reaches_every_reward(tiny: Any) -> None:
     with torch_hook(model.blocks[0].mlp, _zero), torch_hook(hf.model.layers[0].mlp, _zero):
         ref = _hf(hf, model, CONVERSATIONS)
         sweep_ref = _sweep_reference(model, hf)
-        with pytest.warns(RuntimeWarning, match="blocks.0.mlp carries a torch forward hook"):
+        with pytest.warns(RuntimeWarning, match="a hook on blocks.0.mlp"):
             model.__dict__.pop("_tl_reward_fast_path_refused", None)
             swept = _sweep(model, "auto")
         got = {
