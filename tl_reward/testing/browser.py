@@ -102,18 +102,6 @@ def embedded_libraries(source: str) -> list[tuple[str, str]]:
             for m in re.finditer(r'tlr\.load\("(\w+)", "([^"]*)"\)', source)]
 
 
-def unreachable_columns(page: RenderedPage) -> list[str]:
-    """Each table column whose header lies right of what the window shows while its table
-    gives no sideways scrollbar on screen (none, or one below a box taller than the window)."""
-    lay, out = page.layout, []
-    for i, t in enumerate(lay.get("tables", [])):
-        _, right, h = t["box"]
-        cut = [c for c, _, r in t["columns"] if r > min(right, lay["width"]) + 1]
-        if cut and not (t["scrolls"] and h <= lay["height"]):
-            out.append(f"table {i}: columns {cut} out of reach")
-    return out
-
-
 class _Outline(HTMLParser):
     """Headings' text, plot and circuitsvis containers, and how much each holds."""
 
@@ -171,7 +159,7 @@ def source_outline(source: str) -> _Outline:
 def page_problems(page: RenderedPage) -> list[str]:
     """What a reader would miss: each heading or container of the source absent from the
     rendered page, each container left empty, each console message, each table column out of
-    reach (:func:`unreachable_columns`), each external address."""
+    reach (right of the window, with no sideways scrollbar on screen), each external address."""
     want, got = source_outline(page.source), outline(page.dom)
     problems = [f"heading missing: {h!r}" for h in want.headings if h not in got.headings]
     for cid in want.containers:
@@ -179,7 +167,12 @@ def page_problems(page: RenderedPage) -> list[str]:
             problems.append(f"container missing: {cid}")
         elif got.containers[cid] == 0:
             problems.append(f"container empty (not rendered): {cid}")
-    problems += [f"console: {m}" for m in page.console] + unreachable_columns(page)
+    problems += [f"console: {m}" for m in page.console]
+    lay = page.layout
+    for i, t in enumerate(lay.get("tables", [])):  # a scrollbar below a tall box is off screen
+        cut = [c for c, _, r in t["columns"] if r > min(t["box"][1], lay["width"]) + 1]
+        if cut and not (t["scrolls"] and t["box"][2] <= lay["height"]):
+            problems.append(f"table {i}: columns {cut} out of reach")
     scripts_out = re.sub(r"<script\b[^>]*>.*?</script>", "<script></script>", page.dom,
                          flags=re.S | re.I)
     problems += [f"external address: ...{scripts_out[max(0, m.start() - 60):m.end() + 40]}..."

@@ -41,23 +41,15 @@ def closed_view(view: Any) -> Any:
     return RenderedHTML(close_divs(view.local_src), close_divs(view.cdn_src))
 
 
-#: defines ``tlr.load`` (unzip a library embedded as base64 gzip, run it) and ``tlr.when``
-#: (run a function once that library is loaded): each library is stored once, compressed
-_LOADER = """<script>window.PlotlyConfig = {MathJaxConfig: "local"};
-var tlr = {ready: {}, queue: {}};
-tlr.when = function (lib, fn) {
-  if (tlr.ready[lib]) { fn(); } else { (tlr.queue[lib] = tlr.queue[lib] || []).push(fn); }
-};
+#: ``tlr.load(lib, b64)`` unzips and runs a library stored as base64 gzip; ``tlr.when(lib, fn)``
+#: runs ``fn`` once it has loaded
+_LOADER = """<script>window.PlotlyConfig = {MathJaxConfig: "local"}; var tlr = {ready: {}, q: {}};
+tlr.when = function (lib, fn) { tlr.ready[lib] ? fn() : (tlr.q[lib] = tlr.q[lib] || []).push(fn); };
 tlr.load = async function (lib, b64) {
-  var bytes = Uint8Array.from(atob(b64), function (c) { return c.charCodeAt(0); });
-  var unzip = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
-  var s = document.createElement("script");
-  s.text = await new Response(unzip).text();
-  document.head.appendChild(s);
-  tlr.ready[lib] = true;
-  (tlr.queue[lib] || []).forEach(function (fn) { fn(); });
-};
-</script>"""
+  var zip = Uint8Array.from(atob(b64), function (c) { return c.charCodeAt(0); }), s = document.createElement("script");
+  s.text = await new Response(new Blob([zip]).stream().pipeThrough(new DecompressionStream("gzip"))).text();
+  document.head.appendChild(s); tlr.ready[lib] = true; (tlr.q[lib] || []).forEach(function (fn) { fn(); });
+};</script>"""  # noqa: E501
 
 
 def embedded_library(name: str, js: str) -> str:
