@@ -12,6 +12,7 @@ from tl_reward import HookedRewardModel
 from tl_reward.cli import main
 from tl_reward.cli.compare import read_compare_input
 from tl_reward.testing import save_tiny_reward_model
+from tl_reward.testing.browser import embedded_libraries
 
 WORDS = ["Is the sky blue?", "Yes, on a clear day.", "No.", "I cannot help with that.",
          "Love. Friendship. Music.", "Drink water and sleep well.", "Hate. War.", "Sure!",
@@ -34,7 +35,8 @@ def test_compare_command_writes_one_offline_report(tmp_path, capsys):
                "--output", str(out)])
     assert rc == 0 and "wrote" in capsys.readouterr().out
     text = out.read_text()
-    assert "plotly.js v" in text and 'src="https://cdn.plot.ly' not in text  # inlined
+    assert [n for n, _ in embedded_libraries(text)] == ["Plotly"]  # inlined, once
+    assert 'src="https://cdn.plot.ly' not in text
     assert "preference_agreement" in text and "Layer x layer" in text
     # the report's Kendall tau equals scipy's on the two models' own rewards
     ra = HookedRewardModel.from_pretrained(str(a), device="cpu").rewards(corpus).score.numpy()

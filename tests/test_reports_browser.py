@@ -14,9 +14,10 @@ from pathlib import Path
 import circuitsvis as cv
 import plotly.express as px
 import pytest
+from plotly.offline import get_plotlyjs
 
 from tl_reward.cli import main
-from tl_reward.testing import save_tiny_reward_model
+from tl_reward.testing import browser, save_tiny_reward_model
 from tl_reward.testing.browser import chromium_path, outline, page_problems, render_page
 from tl_reward.viz.html import save_html
 
@@ -34,11 +35,11 @@ def test_views_are_closed_and_share_one_bundle(tmp_path: Path) -> None:
     text = _views_page(tmp_path / "p.html").read_text()
     assert not re.search(r"<div[^>]*/>", text)  # a self-closing div swallows the rest
     assert len(re.findall(r'<div id="circuits-vis-[^"]+"[^>]*></div>', text)) == 2
-    assert text.count("var CircuitsVis=") == 1  # the 1.3 MB bundle, once per page
+    assert [n for n, _ in browser.embedded_libraries(text)] == ["Plotly", "CircuitsVis"]
     assert "https://unpkg.com" not in text
     cdn = save_html(tmp_path / "c.html", cv.tokens.colored_tokens(["a"], [1.0]), "<h2>x</h2>",
                     offline=False).read_text()
-    assert not re.search(r"<div[^>]*/>", cdn) and "var CircuitsVis=" not in cdn
+    assert not re.search(r"<div[^>]*/>", cdn) and "tlr.load" not in cdn
 
 
 def test_token_labels_are_readable_text() -> None:
@@ -97,8 +98,24 @@ def test_explain_report_renders_completely(tmp_path: Path) -> None:
     heads = outline(page.dom).headings
     assert "Rejected" in heads and any(h.startswith("Attention patterns") for h in heads)
     assert "Patching: direct path against whole-sublayer noising" in heads
-    assert out.read_text().count("var CircuitsVis=") == 1
     assert "\u0120" not in _rendered_text(page.dom)  # no 'Ġ' on the page
+    # plotly.js (4.8 MB) and circuitsvis (1.3 MB) once each, compressed: 6.3 MB before
+    libs = browser.embedded_libraries(page.source)
+    assert [n for n, _ in libs] == ["Plotly", "CircuitsVis"] and out.stat().st_size < 3.5e6
+    assert libs[0][1] == get_plotlyjs()
+    # the head heatmap has a tick per layer, none between (it had 0.5, 1.5, ...)
+    assert _ticks(page.dom, "Per-head contribution", "y") == ["0", "1", "2"]
+    assert _ticks(page.dom, "Per-head contribution", "x") == ["0", "1", "2", "3"]
+    # each token map says what its colours mean
+    bars = re.findall(r'<div class="colorbar".*?</div>', page.dom, re.S)
+    assert len(bars) == 2 and all("red lowers the reward, blue raises it" in b for b in bars)
+
+
+def _ticks(dom: str, title: str, axis: str) -> list[str]:
+    """The tick labels drawn on ``axis`` of the plot titled ``title...``."""
+    plot = next(p for p in dom.split('class="plotly-graph-div')
+                if re.search(f'class="gtitle"[^>]*>{re.escape(title)}', p))
+    return re.findall(f'class="{axis}tick"[^>]*>.*?<text[^>]*>([^<]*)</text>', plot)
 
 
 def _rendered_text(dom: str) -> str:
@@ -151,7 +168,12 @@ def test_audit_report_renders_completely(tmp_path: Path) -> None:
                  "--no-published", "--output", str(out)]) == 0
     shot = Path(os.environ.get("TL_REWARD_SCREENSHOTS", tmp_path)) / "audit_report.png"
     page = render_page(out, screenshot=shot, height=2600)
-    assert page_problems(page) == []  # no 'Invalid color specifier' warnings either
+    # no 'Invalid color specifier' warnings; every column of the 200-row evidence table within
+    # reach (its sideways scrollbar was 3000 px down the page)
+    assert page_problems(page) == []
+    probes = page.layout["tables"][0]  # every column in sight at 1280 px, no scrolling
+    assert [c for c, _, right in probes["columns"] if right > probes["box"][1]] == []
+    assert {"p_adjusted", "published_d", "effect_reason"} <= {c for c, *_ in probes["columns"]}
     assert {"Probes", "Distortion", "Cascade"} <= set(outline(page.dom).headings)
     text = _rendered_text(page.dom)
     assert "light 0." in text and "\\n-" not in text  # the reply's newline is not a literal \n
@@ -174,3 +196,22 @@ def test_compare_report_renders_completely(tmp_path: Path) -> None:
     page = render_page(out)
     assert page_problems(page) == []
     assert len(outline(page.dom).headings) >= 2
+    assert out.stat().st_size < 2.5e6  # 4.8 MB with plotly.js uncompressed
+
+
+def test_compare_legend_sits_beside_the_plot_it_names() -> None:
+    """Plotly draws the legend right of the figure: the traces it lists (the model pairs' bars)
+    belong in the rightmost subplot, not the scatter of rewards."""
+    import numpy as np
+    import pandas as pd
+
+    from tl_reward.viz.compare import plot_behaviour
+
+    table = pd.DataFrame({"model_a": ["a", "a"], "model_b": ["b", "a"],
+                          "measure": ["kendall_tau_b", "readability_r2"], "value": [0.2, 0.9],
+                          "ci_low": [0.0, np.nan], "ci_high": [0.4, np.nan]})
+    fig = plot_behaviour(table, {"a": np.arange(4.0), "b": np.arange(4.0) ** 2})
+    right = max(("x", "x2"), key=lambda ax: fig.layout[ax.replace("x", "xaxis")].domain[1])
+    listed = [t for t in fig.data if t.showlegend is not False]
+    assert [t.name for t in listed] == ["a / b", "a / a"]
+    assert {t.xaxis for t in listed} == {right}

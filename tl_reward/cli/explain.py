@@ -131,7 +131,8 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
                   "output comes from the rejected run (only on its direct path to the head, or "
                   "through everything downstream).</p>",
                   px.bar(table, x="component", y=["direct_path", "noising"], barmode="group",
-                         title="Noising effects per sublayer")]
+                         title="Noising effects per sublayer",
+                         labels={"value": "fraction of the margin", "variable": "patching"})]
     return parts
 
 

@@ -10,9 +10,14 @@ is ``None`` without one.
 
 from __future__ import annotations
 
+import base64
+import gzip
+import html
+import json
 import re
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -35,31 +40,66 @@ def chromium_path() -> str | None:
 
 @dataclass
 class RenderedPage:
-    """A page as Chromium left it: the source, the DOM after scripts ran, console messages."""
+    """A page as Chromium left it: the source, the DOM after scripts ran, console messages,
+    and its tables' layout on a laptop screen: ``{"width", "height", "tables": [{"box":
+    [left, right, height], "scrolls": sideways, "columns": [[header, left, right], ...]}]}``
+    (pixels in the window)."""
 
     source: str
     dom: str
     console: list[str] = field(default_factory=list)
+    layout: dict = field(default_factory=dict)
 
 
-def render_page(path: str | Path, screenshot: str | Path | None = None, width: int = 1400,
-                height: int = 3000, budget_ms: int = 10_000, timeout: float = 180.0
-                ) -> RenderedPage:
-    """Render ``path`` offline; ``screenshot`` also writes a ``width`` x ``height`` PNG."""
+#: appended to the page: writes the tables' layout into ``<pre id="tlr-layout">`` after load
+_MEASURE = """<script>addEventListener("load", function () { setTimeout(function () {
+  var out = {width: innerWidth, height: innerHeight, tables: []};
+  document.querySelectorAll("table").forEach(function (t) {
+    var box = t.closest(".table-wrap") || t, b = box.getBoundingClientRect();
+    out.tables.push({box: [b.left, b.right, b.height],
+      scrolls: box.scrollWidth > box.clientWidth && getComputedStyle(box).overflowX != "visible",
+      columns: Array.from(t.querySelectorAll("th"), function (h) {
+        var r = h.getBoundingClientRect(); return [h.textContent, r.left, r.right]; })});
+  });
+  var pre = document.createElement("pre"); pre.id = "tlr-layout";
+  pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+}, 0); });</script>"""
+
+
+def render_page(path: str | Path, screenshot: str | Path | None = None, width: int = 1280,
+                height: int = 3000, screen_height: int = 800, budget_ms: int = 10_000,
+                timeout: float = 180.0) -> RenderedPage:
+    """Render ``path`` offline in a ``width`` x ``screen_height`` window (a laptop screen);
+    ``screenshot`` also writes a ``width`` x ``height`` PNG."""
     exe = chromium_path()
     if exe is None:
         raise RuntimeError("no chromium: apt-get install -y chromium")
     path = Path(path).resolve()
+    source = path.read_text(encoding="utf-8")
     base = [exe, "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
             *OFFLINE_FLAGS, "--enable-logging=stderr", "--v=0",
-            f"--virtual-time-budget={budget_ms}", f"--window-size={width},{height}"]
-    run = subprocess.run([*base, "--dump-dom", path.as_uri()], capture_output=True, text=True,
-                         timeout=timeout, check=True)
+            f"--virtual-time-budget={budget_ms}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        measured = Path(tmp) / path.name
+        end = source.rfind("</body>") % (len(source) + 1)  # the end when there is none
+        measured.write_text(source[:end] + _MEASURE + source[end:], encoding="utf-8")
+        run = subprocess.run([*base, f"--window-size={width},{screen_height}", "--dump-dom",
+                              measured.as_uri()], capture_output=True, text=True,
+                             timeout=timeout, check=True)
     if screenshot is not None:
-        subprocess.run([*base, f"--screenshot={Path(screenshot).resolve()}", path.as_uri()],
+        subprocess.run([*base, f"--window-size={width},{height}",
+                        f"--screenshot={Path(screenshot).resolve()}", path.as_uri()],
                        capture_output=True, text=True, timeout=timeout, check=True)
-    return RenderedPage(path.read_text(encoding="utf-8"), run.stdout,
-                        _CONSOLE.findall(run.stderr))
+    m = re.search(r'<pre id="tlr-layout">(.*?)</pre>', run.stdout, re.S)
+    return RenderedPage(source, run.stdout, _CONSOLE.findall(run.stderr),
+                        json.loads(html.unescape(m[1])) if m else {})
+
+
+def embedded_libraries(source: str) -> list[tuple[str, str]]:
+    """The libraries a page embeds with ``tlr.load`` (:func:`tl_reward.viz.html.save_html`):
+    ``(name, JavaScript)`` in page order."""
+    return [(m[1], gzip.decompress(base64.b64decode(m[2])).decode("utf-8"))
+            for m in re.finditer(r'tlr\.load\("(\w+)", "([^"]*)"\)', source)]
 
 
 class _Outline(HTMLParser):
@@ -118,7 +158,8 @@ def source_outline(source: str) -> _Outline:
 
 def page_problems(page: RenderedPage) -> list[str]:
     """What a reader would miss: each heading or container of the source absent from the
-    rendered page, each container left empty, each console message, each external address."""
+    rendered page, each container left empty, each console message, each table column out of
+    reach (right of the window, with no sideways scrollbar on screen), each external address."""
     want, got = source_outline(page.source), outline(page.dom)
     problems = [f"heading missing: {h!r}" for h in want.headings if h not in got.headings]
     for cid in want.containers:
@@ -127,6 +168,11 @@ def page_problems(page: RenderedPage) -> list[str]:
         elif got.containers[cid] == 0:
             problems.append(f"container empty (not rendered): {cid}")
     problems += [f"console: {m}" for m in page.console]
+    lay = page.layout
+    for i, t in enumerate(lay.get("tables", [])):  # a scrollbar below a tall box is off screen
+        cut = [c for c, _, r in t["columns"] if r > min(t["box"][1], lay["width"]) + 1]
+        if cut and not (t["scrolls"] and t["box"][2] <= lay["height"]):
+            problems.append(f"table {i}: columns {cut} out of reach")
     scripts_out = re.sub(r"<script\b[^>]*>.*?</script>", "<script></script>", page.dom,
                          flags=re.S | re.I)
     problems += [f"external address: ...{scripts_out[max(0, m.start() - 60):m.end() + 40]}..."

@@ -10,14 +10,10 @@ import torch
 
 def head_heatmap(values: torch.Tensor, title: str = "Per-head contribution",
                  zlabel: str = "reward") -> Any:
-    """A ``[layer, head]`` heatmap on a diverging scale centred at 0."""
-    import plotly.express as px
+    """A ``[layer, head]`` heatmap on a diverging scale centred at 0, a tick per layer."""
+    from tl_reward.viz.patching import heatmap
 
-    lim = float(values.abs().max()) or 1.0
-    fig = px.imshow(values.detach().float().numpy(), color_continuous_scale="RdBu",
-                    zmin=-lim, zmax=lim, labels={"x": "head", "y": "layer", "color": zlabel},
-                    aspect="auto", origin="lower", title=title)
-    return fig
+    return heatmap(values, "head", "layer", title, zlabel=zlabel)
 
 
 def component_bar(table: pd.DataFrame, title: str = "Top components",

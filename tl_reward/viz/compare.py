@@ -37,32 +37,33 @@ def plot_layer_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequ
                         hovertemplate=f"{row_title} %{{y}}<br>{col_title} %{{x}}<br>"
                                       f"{name} %{{z:.3f}}<extra></extra>",
                         row=1, col=i + 1)
-        fig.update_xaxes(title_text=col_title, row=1, col=i + 1)
-        fig.update_yaxes(title_text=row_title, row=1, col=i + 1)
+        fig.update_xaxes(title_text=col_title, type="category", row=1, col=i + 1)  # whole layers
+        fig.update_yaxes(title_text=row_title, type="category", row=1, col=i + 1)
     fig.update_layout(title=title, height=450, width=max(500, 420 * len(names)))
     return fig
 
 
 def plot_behaviour(table: Any, rewards: dict[str, np.ndarray]) -> Any:
-    """Agreement measures per model pair with CIs (left) and the first two models' rewards
-    against each other (right)."""
+    """The first two models' rewards against each other (left) and agreement measures per model
+    pair with CIs (right, beside the legend of model pairs)."""
     from plotly.subplots import make_subplots
 
     names = list(rewards)
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4],
-                        subplot_titles=["Agreement between models",
-                                        f"Rewards: {names[0]} vs {names[1]}"
-                                        if len(names) > 1 else "Rewards"])
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.4, 0.6],
+                        subplot_titles=[f"Rewards: {names[0]} vs {names[1]}"
+                                        if len(names) > 1 else "Rewards",
+                                        "Agreement between models"])
     if len(table):
         for (a, b), part in table.groupby(["model_a", "model_b"], sort=False):
             lo = (part["value"] - part["ci_low"]).fillna(0).clip(lower=0)
             hi = (part["ci_high"] - part["value"]).fillna(0).clip(lower=0)
             fig.add_bar(x=part["measure"], y=part["value"], name=f"{a} / {b}",
-                        error_y={"type": "data", "array": hi, "arrayminus": lo}, row=1, col=1)
+                        error_y={"type": "data", "array": hi, "arrayminus": lo}, row=1, col=2)
     if len(names) > 1:
         fig.add_scatter(x=rewards[names[0]], y=rewards[names[1]], mode="markers",
-                        name="corpus items", showlegend=False, row=1, col=2)
-        fig.update_xaxes(title_text=names[0], row=1, col=2)
-        fig.update_yaxes(title_text=names[1], row=1, col=2)
-    fig.update_layout(title="Behavioural agreement", height=480, width=1100, barmode="group")
+                        name="corpus items", showlegend=False, row=1, col=1)
+        fig.update_xaxes(title_text=names[0], row=1, col=1)
+        fig.update_yaxes(title_text=names[1], row=1, col=1)
+    fig.update_layout(title="Behavioural agreement", height=480, width=1100, barmode="group",
+                      legend_title_text="model pair")
     return fig

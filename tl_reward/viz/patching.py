@@ -13,16 +13,21 @@ PUBLISHED = {"Skywork-Reward-Llama-3.1-8B-v0.2": -0.256, "ArmoRM": -0.027}
 
 
 def heatmap(values: torch.Tensor, x_name: str, y_name: str, title: str,
-            x_labels: Sequence[str] | None = None, y_labels: Sequence[str] | None = None) -> Any:
-    """A 2-D heatmap on a diverging scale centred at 0."""
+            x_labels: Sequence[Any] | None = None, y_labels: Sequence[Any] | None = None,
+            zlabel: str = "effect") -> Any:
+    """A 2-D heatmap on a diverging scale centred at 0; both axes categorical (a tick per row or
+    column index, never a half layer), labelled ``0..n-1`` where no labels are given."""
     import plotly.express as px
 
     vals = values.detach().float().numpy()
     lim = float(abs(vals).max()) or 1.0
+    xs, ys = ([str(v) for v in (labels if labels is not None else range(n))]
+              for labels, n in ((x_labels, vals.shape[1]), (y_labels, vals.shape[0])))
     fig = px.imshow(vals, color_continuous_scale="RdBu", zmin=-lim, zmax=lim, aspect="auto",
-                    origin="lower", labels={"x": x_name, "y": y_name, "color": "effect"},
-                    x=list(x_labels) if x_labels is not None else None,
-                    y=list(y_labels) if y_labels is not None else None, title=title)
+                    origin="lower", labels={"x": x_name, "y": y_name, "color": zlabel},
+                    x=xs, y=ys, title=title)
+    fig.update_xaxes(type="category" if len(set(xs)) == len(xs) else "-")
+    fig.update_yaxes(type="category" if len(set(ys)) == len(ys) else "-")
     return fig
 
 

@@ -1,13 +1,15 @@
-"""circuitsvis views: per-token reward maps and attention patterns of chosen heads.
+"""Per-token reward maps (HTML with a colour bar) and circuitsvis attention patterns of heads.
 
-Views are ``circuitsvis`` ``RenderedHTML`` objects: they display in notebooks and save to
-standalone HTML with :func:`tl_reward.viz.html.save_html`.
+Both display in notebooks and save to standalone HTML with
+:func:`tl_reward.viz.html.save_html`.
 """
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -66,14 +68,52 @@ def token_labels(tokens: Sequence[str], tokenizer: Any = None) -> list[str]:
 clean_token = token_label  # the name earlier views used
 
 
-def token_reward_map(tokens: Sequence[str], values: torch.Tensor | Sequence[float]) -> Any:
-    """Tokens coloured by their contribution, on a scale symmetric around 0."""
-    import circuitsvis as cv
+#: the ends of the diverging scale (plotly's RdBu, as in the head heatmaps) and its middle
+_NEG, _MID, _POS = (178, 24, 43), (247, 247, 247), (33, 102, 172)
 
-    vals = torch.as_tensor(values, dtype=torch.float32)
-    lim = float(vals.abs().max()) or 1.0
-    return closed_view(cv.tokens.colored_tokens(token_labels(tokens), vals.tolist(),
-                                                min_value=-lim, max_value=lim))
+
+def _rgb(t: float) -> str:
+    """The colour of ``t`` in [-1, 1]: red below 0, blue above, near-white at 0."""
+    end = _POS if t > 0 else _NEG
+    return "rgb({},{},{})".format(*(round(m + abs(t) * (e - m)) for m, e in zip(_MID, end,
+                                                                              strict=True)))
+
+
+@dataclass
+class TokenMap:
+    """Tokens coloured by their contribution on a scale symmetric around 0, with a colour bar
+    that says what the colours mean; shows in a notebook and in :func:`save_html`."""
+
+    labels: list[str]
+    values: list[float]
+    meaning: str = "direct contribution to the reward (reward units)"
+
+    @property
+    def limit(self) -> float:
+        """The scale's end: the largest absolute value (1 when all are 0)."""
+        return max(map(abs, self.values), default=0.0) or 1.0
+
+    def __str__(self) -> str:
+        lim = self.limit
+        toks = "".join(
+            f'<span title="{html.escape(t)}: {v:+.4g}" style="display:inline-block;'
+            f"background:{_rgb(v / lim)};color:{'#fff' if abs(v) > 0.6 * lim else '#000'};"
+            f'padding:1px 1px;margin:1px 0">{html.escape(t)}</span>'
+            for t, v in zip(self.labels, self.values, strict=True))
+        bar = (f'<div class="colorbar" style="display:flex;align-items:center;gap:.5em;'
+               f'font-size:.85em;margin:.3em 0 1em"><span>{-lim:+.3g}</span><span style="'
+               f"width:12em;height:.9em;background:linear-gradient(to right,{_rgb(-1)},"
+               f'{_rgb(0)},{_rgb(1)})"></span><span>{lim:+.3g}</span><span>colour = '
+               f"{html.escape(self.meaning)}: red lowers the reward, blue raises it; hover a "
+               "token for its value</span></div>")
+        return f'<div class="token-map"><div>{toks}</div>{bar}</div>'
+
+    _repr_html_ = __str__
+
+
+def token_reward_map(tokens: Sequence[str], values: torch.Tensor | Sequence[float]) -> TokenMap:
+    """Tokens (tokenizer symbols) coloured by their contribution, with a colour bar."""
+    return TokenMap(token_labels(tokens), torch.as_tensor(values, dtype=torch.float32).tolist())
 
 
 def attribution_token_map(dra: Any, index: int = 0, objective: int | str = 0,
