@@ -48,7 +48,7 @@ from tl_reward.audit.pooled import pooled_residual
 from tl_reward.compat.published import published_verdict
 from tl_reward.data.hh_rlhf import load_hh_rlhf
 from tl_reward.model.demo import cache_dir, load_multi_head, smollm2_local_dir
-from tl_reward.stats.resampling import bootstrap_ci
+from tl_reward.stats.paired import sign_flip_test
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
@@ -165,7 +165,8 @@ def main() -> None:
                 wk = w_u[:, k]
                 g = local_gradient(model, h_final, wk.expand_as(h_final)).double()
                 slope = (cv.spread * (g @ u)).numpy()
-                lo, hi = bootstrap_ci(slope)
+                t = sign_flip_test(slope)
+                lo, hi = t.ci_low, t.ci_high
                 row = {"concept": name, "layer": layer, "objective": obj,
                        "n_pos": int(pm.sum()), "n_neg": int(nm.sum()),
                        "cosine_head": float(wk @ u / wk.norm()),

@@ -32,7 +32,7 @@ def test_faithfulness_command_equals_the_report_and_resumes(tmp_path, pairs_file
     rm = save_tiny_reward_model(tmp_path / "rm", "llama", seed=0)
     out, cache = tmp_path / "f.html", tmp_path / "cache"
     args = ["faithfulness", "--model", str(rm), "--input", str(pairs_file), "--device", "cpu",
-            "--cache-dir", str(cache), "--bootstrap", "200", "--output", str(out)]
+            "--cache-dir", str(cache), "--permutations", "200", "--output", str(out)]
     assert main(args) == 0
     first = capsys.readouterr().out
     text = out.read_text()

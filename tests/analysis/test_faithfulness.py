@@ -47,11 +47,14 @@ def test_report_scores_rhos_and_cache(tiny, tmp_path, monkeypatch: pytest.Monkey
             stats.spearmanr(a, b).statistic, abs=1e-9)
         assert rho.iloc[i]["dra_diff|noising|abs"] == pytest.approx(
             stats.spearmanr(np.abs(a), np.abs(b)).statistic, abs=1e-9)
-    summ = rep.summary(n_bootstrap=500)
+    summ = rep.summary(n_permutations=500)
     row = summ[(summ.observational == "dra_diff") & (summ.causal == "noising")
                & (summ.kind == "signed")].iloc[0]
     assert row.mean_rho == pytest.approx(rho["dra_diff|noising|signed"].mean())
-    assert row.ci_low <= row.mean_rho <= row.ci_high and summ.published_anchor.sum() == 1
+    assert summ.published_anchor.sum() == 1
+    # 3 pairs: the sign-flip test cannot reach p < 0.05 (its smallest p is 0.25), so no interval
+    assert np.isnan(summ.ci_low).all() and np.isnan(summ.ci_high).all()
+    assert (summ.p_value >= 0.25).all()
     # resuming from the cache recomputes nothing and gives the same report
     monkeypatch.setattr(faith, "pair_scores", lambda *a, **k: pytest.fail("recomputed"))
     again = faith.faithfulness_report(model, PAIRS, level="sublayer", cache_dir=tmp_path,
@@ -137,3 +140,36 @@ def test_cache_sees_a_buffer_changed_after_a_first_call(tmp_path) -> None:
     torch.testing.assert_close(again.deltas, fresh.deltas, rtol=0, atol=0)  # same code path
     torch.testing.assert_close(again.scores["noising"], fresh.scores["noising"], rtol=0, atol=0)
     assert again.pair_ids != first.pair_ids  # new keys: the stale entries are not read
+
+
+def test_summary_interval_agrees_with_its_test() -> None:
+    """Issue 28: on 6 pairs the summary showed an interval excluding 0 beside p = 0.0625 (a
+    percentile bootstrap beside a sign-flip test). Now the interval inverts the same test: it
+    excludes 0 exactly when p < 0.05, on the issue's case (rho 1 on five pairs, 0 on one) and
+    on random reports of 6 to 12 pairs."""
+    names = ["c0", "c1", "c2", "c3"]
+
+    def report(scores: dict[str, torch.Tensor]) -> faith.FaithfulnessReport:
+        n = len(next(iter(scores.values())))
+        return faith.FaithfulnessReport("sublayer", "score", names, scores, torch.ones(n),
+                                        [f"p{i}" for i in range(n)])
+
+    base = torch.arange(1.0, 5.0).repeat(6, 1)
+    noising = base.clone()
+    noising[5] = torch.tensor([2.0, 4.0, 1.0, 3.0])  # Spearman rho 0 with 1, 2, 3, 4
+    scores = {k: base for k in faith.OBSERVATIONAL + faith.CAUSAL} | {"noising": noising}
+    row = report(scores).summary().set_index(["observational", "causal", "kind"]).loc[
+        ("dra_diff", "noising", "signed")]
+    assert row.mean_rho == pytest.approx(5 / 6) and row.p_value == pytest.approx(4 / 64)
+    assert row.ci_low <= 0 <= row.ci_high  # the old interval was [0.5, 1]
+    gen = torch.Generator().manual_seed(0)
+    called = 0
+    for n in (6, 7, 8, 12):
+        for _ in range(5):
+            shared = torch.randn(n, 4, generator=gen, dtype=torch.float64)
+            summ = report({k: shared + torch.randn(n, 4, generator=gen, dtype=torch.float64)
+                           for k in faith.OBSERVATIONAL + faith.CAUSAL}).summary()
+            excludes = (summ.ci_low > 0) | (summ.ci_high < 0)
+            assert (excludes == (summ.p_value < 0.05)).all()
+            called += int(excludes.sum())
+    assert called > 0  # both outcomes occur

@@ -213,7 +213,7 @@ def test_behavioural_conflict_on_model(tiny):
 def test_gradient_cosine_against_hf_autograd(tiny):
     model, hf, _ = tiny("llama", 2)
     items = CORPUS[:3]
-    res = gradient_conflict(model, items, n_bootstrap=50)
+    res = gradient_conflict(model, items, n_permutations=50)
     per_item = res.meta["gradient_cosines"][:, 0, 1]
     for k, item in enumerate(items):
         ids = torch.tensor([model.encode(item).ids])

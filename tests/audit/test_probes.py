@@ -306,3 +306,33 @@ def test_standardised_ci_coverage_by_simulation() -> None:
         old.append(s.ci_low / np.std(nat, ddof=1) <= 1.0 <= s.ci_high / np.std(nat, ddof=1))
     assert np.mean(joint) >= 0.82, np.mean(joint)  # binomial sd 0.019
     assert np.mean(old) <= 0.5, np.mean(old)
+
+
+def test_copies_of_one_item_are_one_item(model) -> None:  # noqa: ANN001
+    """Issue 28: twelve copies of one item (ids differ, so each copy got its own seeded edit)
+    made every dimension "significant". n counts distinct items: the copies are one item, and
+    the report equals a run on that item alone (the reference), n = 1, p = 1, no interval."""
+    item = ("Why is the sky blue?", "Sunlight scatters off air. Blue light scatters most.")
+    with pytest.warns(UserWarning, match="11 items repeat an earlier item"):
+        rep = run_probes(model, [item] * 12, DIMS, n_bootstrap=100)
+    one = run_probes(model, [item], DIMS, n_bootstrap=100)
+    pd.testing.assert_frame_equal(rep.to_dataframe(), one.to_dataframe())
+    for s in rep.stats:
+        assert s.n == 1 and s.p_value == 1.0 and s.p_adjusted == 1.0
+        assert np.isnan(s.ci_low) and np.isnan(s.ci_high) and np.isnan(s.effect_size)
+
+
+def test_effect_size_ci_drops_one_value_resamples() -> None:
+    """Issue 28: a resample of one repeated value has a rounding sd (1.5e-17 for 0.1), so
+    mean / sd was 6.6e15 and the CI reached it. Such resamples have no effect size: the CI is
+    the percentile interval of the other resamples (brute force with the same draws)."""
+    from tl_reward.audit.probes import effect_size_ci
+    from tl_reward.stats.resampling import bootstrap_indices
+
+    d = np.array([0.1] * 5 + [0.6])
+    lo, hi = effect_size_ci(d, n_bootstrap=2000, seed=3)
+    boot = d[bootstrap_indices(6, 2000, 3)]
+    varied = boot.max(1) > boot.min(1)  # exact: at least two distinct values
+    ref = np.quantile(boot[varied].mean(1) / boot[varied].std(1, ddof=1), [0.025, 0.975])
+    assert (lo, hi) == pytest.approx(tuple(ref), rel=1e-12)
+    assert hi < 10

@@ -15,6 +15,7 @@ from tl_reward.stats.paired import (
     paired_effect_size,
     sign_flip_null_sums,
     sign_flip_test,
+    summarise_mean,
 )
 
 
@@ -65,6 +66,37 @@ def test_monte_carlo_counts_the_observed_pattern() -> None:
     x = np.full(40, 1.0) + np.linspace(0, 0.01, 40)
     res = sign_flip_test(x, n_permutations=999)
     assert res.p_value == pytest.approx(1 / 1000)
+
+
+@pytest.mark.parametrize(("n", "exact_max_n"), [(6, 20), (9, 20), (14, 20), (25, 20), (9, 4)])
+def test_mean_interval_is_the_inverted_sign_flip_test(n: int, exact_max_n: int) -> None:
+    """The interval is every mu the same test of ``mean = mu`` keeps (p >= 0.05): brute force
+    over a grid of mu, each a fresh ``sign_flip_test(x - mu)`` with the same patterns (exact, or
+    the same Monte Carlo seed), so the interval excludes 0 exactly when p < 0.05."""
+    x = np.random.default_rng(n).standard_t(3, n) + 0.6
+    t = sign_flip_test(x, exact_max_n, n_permutations=999, seed=4)
+    assert t.ci_reason is None and t.ci_low < t.mean < t.ci_high
+    assert t.mean == pytest.approx(x.mean())
+    width = t.ci_high - t.ci_low
+    for mu in np.linspace(t.ci_low - width, t.ci_high + width, 301):
+        kept = sign_flip_test(x - mu, exact_max_n, n_permutations=999, seed=4).p_value >= 0.05
+        if min(abs(mu - t.ci_low), abs(mu - t.ci_high)) > 1e-9 * width:
+            assert kept == (t.ci_low <= mu <= t.ci_high), mu
+    assert (t.ci_low > 0 or t.ci_high < 0) == (t.p_value < 0.05)
+
+
+def test_mean_interval_at_its_smallest_n() -> None:
+    """At n = 6 the 95 % set is [min, max] (only the all-same-sign patterns reach p = 2/64);
+    at n = 5 the smallest p is 2/32 > 0.05, so there is no interval, and the reason says so."""
+    x = np.array([0.3, -0.2, 0.5, 0.1, 0.9, 0.4])
+    s = summarise_mean(np.append(x, np.nan))
+    # (widened by the test's own tie tolerance, 1e-9 of sum |x|)
+    assert (s.ci_low, s.ci_high, s.n) == pytest.approx((-0.2, 0.9, 6), abs=1e-8)
+    assert s.value == pytest.approx(x.mean()) and s.p_value == sign_flip_test(x).p_value
+    five = summarise_mean(x[:5])
+    assert np.isnan(five.ci_low) and np.isnan(five.ci_high) and "smallest p 0.0625" in five.method
+    assert summarise_mean(np.abs(x)).p_value == pytest.approx(2 / 64) and summarise_mean(
+        np.abs(x)).ci_low == pytest.approx(0.1)
 
 
 def test_effect_size_ddof1_and_undefined_cases() -> None:

@@ -11,8 +11,9 @@ the pair's clean margin ``Delta``:
   and ``denoising`` (whole-component patching on the aligned positions: total effects).
 
 Per pair, Spearman's rho across components for every (observational, causal) pairing, on signed
-scores and on absolute values; then the mean over pairs with a percentile bootstrap CI and a
-sign-flip p-value. The published reward-lens anchor (mean rho -0.256 on
+scores and on absolute values; then the mean over pairs with a two-sided sign-flip p-value and
+the interval that inverts the same test (so it excludes 0 exactly when p < 0.05; none below 6
+pairs). The published reward-lens anchor (mean rho -0.256 on
 Skywork-Reward-Llama-3.1-8B-v0.2, -0.027 on ArmoRM) compares ``|DRA|`` with ``|whole-sublayer
 noising|``: a direct effect against a total effect. Here that is the ``abs`` pairing of
 ``dra_chosen`` (or ``dra_diff``) with ``noising`` at ``level="sublayer"``; ``direct_path`` is
@@ -43,7 +44,8 @@ from tl_reward.data.pairs import TokenizedPair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import resolve_objectives
 from tl_reward.results import ShortRepr
-from tl_reward.stats.resampling import spearman, summarise_mean
+from tl_reward.stats.paired import summarise_mean
+from tl_reward.stats.resampling import spearman
 from tl_reward.store import RunIdentity, entry_key
 
 OBSERVATIONAL = ("dra_diff", "dra_chosen", "attr_patch_denoising", "attr_patch_noising")
@@ -129,14 +131,15 @@ class FaithfulnessReport(ShortRepr):
                 cols[f"{obs}|{cau}|abs"] = spearman(a.abs(), b.abs()).tolist()
         return pd.DataFrame(cols, index=self.pair_ids)
 
-    def summary(self, n_bootstrap: int = 10_000, confidence: float = 0.95, seed: int = 0
+    def summary(self, n_permutations: int = 9_999, confidence: float = 0.95, seed: int = 0
                 ) -> pd.DataFrame:
-        """Mean rho per pairing with a percentile bootstrap CI over pairs, sign-flip p and the
-        number of pairs."""
+        """Mean rho per pairing with its two-sided sign-flip p over pairs and the interval that
+        inverts it (:func:`~tl_reward.stats.paired.summarise_mean`; ``n_permutations`` random
+        sign patterns beyond 20 pairs), and the number of pairs."""
         rows = []
         for col, vals in self.rho().items():
             obs, cau, kind = col.split("|")
-            s = summarise_mean(vals.to_numpy(), n_bootstrap, confidence, seed)
+            s = summarise_mean(vals.to_numpy(), confidence, seed, n_permutations)
             rows.append({"observational": obs, "causal": cau, "kind": kind, "mean_rho": s.value,
                          "ci_low": s.ci_low, "ci_high": s.ci_high, "p_value": s.p_value,
                          "n_pairs": s.n, "published_anchor": (obs, cau, kind) == ANCHOR})

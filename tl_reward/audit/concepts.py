@@ -39,7 +39,7 @@ from tl_reward.audit.pooled import pooled_residual, resid_hook, residual_batches
 from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import is_layernorm, normalise, resolve_objectives
 from tl_reward.results import ShortRepr
-from tl_reward.stats.resampling import bootstrap_ci
+from tl_reward.stats.paired import share_interval, sign_flip_test
 
 
 @dataclass(repr=False)
@@ -120,10 +120,10 @@ class Separability:
 
 
 def concept_separability(concept: ConceptVector, folds: int = 5, c: float = 1.0,
-                         seed: int = 0, n_bootstrap: int = 2000) -> Separability:
+                         seed: int = 0) -> Separability:
     """Out-of-fold accuracy of a standardised logistic-regression probe (scikit-learn,
-    stratified ``folds``-fold CV; every item is predicted by a probe that never saw it) with a
-    percentile bootstrap CI over items."""
+    stratified ``folds``-fold CV; every item is predicted by a probe that never saw it) with its
+    exact binomial interval (:func:`~tl_reward.stats.paired.share_interval`)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold, cross_val_predict
     from sklearn.pipeline import make_pipeline
@@ -137,7 +137,7 @@ def concept_separability(concept: ConceptVector, folds: int = 5, c: float = 1.0,
     probe = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000))
     pred = cross_val_predict(probe, x, y, cv=StratifiedKFold(k, shuffle=True, random_state=seed))
     correct = (pred == y).astype(np.float64)
-    lo, hi = bootstrap_ci(correct, n_bootstrap=n_bootstrap, seed=seed)
+    lo, hi = share_interval(int(correct.sum()), 0, correct.size)
     chance = max(y.mean(), 1 - y.mean())
     return Separability(float(correct.mean()), lo, hi, len(y), k, float(chance))
 
@@ -181,11 +181,11 @@ class ConceptAlignment(ShortRepr):
     meta: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, float]:
-        """Means over inputs, with a bootstrap CI of the mean slope."""
-        lo, hi = bootstrap_ci(self.slope.numpy())
+        """Means over inputs, with the mean slope's interval (the inverted sign-flip test)."""
+        t = sign_flip_test(self.slope.numpy())
         out = {"cosine_head": float(self.cosine_head.mean()),
                "cosine_local": float(self.cosine_local.mean()),
-               "slope": float(self.slope.mean()), "slope_ci_low": lo, "slope_ci_high": hi,
+               "slope": t.mean, "slope_ci_low": t.ci_low, "slope_ci_high": t.ci_high,
                "spread": self.spread}
         if self.separability is not None:
             out |= {"separability": self.separability.accuracy,

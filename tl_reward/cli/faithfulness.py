@@ -2,9 +2,9 @@
 
 For every pair and component (sublayers or heads) it scores direct reward attribution,
 direct-path patching, noising, denoising and attribution patching, and reports Spearman's rho
-of each observational score against each causal one (mean over pairs, bootstrap CI, sign-flip
-p), the published pairing marked. Finished pairs are cached in ``--cache-dir``: rerun the same
-command after an interruption to resume.
+of each observational score against each causal one (mean over pairs, sign-flip p and the
+interval that inverts it), the published pairing marked. Finished pairs are cached in
+``--cache-dir``: rerun the same command after an interruption to resume.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--objective", default=None, help="objective name or 'score'")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="one file per finished pair; rerun to resume (default: no cache)")
-    p.add_argument("--bootstrap", type=int, default=10_000, help="bootstrap resamples for CIs")
+    p.add_argument("--permutations", type=int, default=9_999,
+                   help="random sign patterns of the test and its interval beyond 20 pairs")
     p.add_argument("--cdn", action="store_true",
                    help="load plotly from a CDN (smaller file, needs a network to view)")
     p.add_argument("--output", type=Path, default=Path("faithfulness.html"),
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     rep = faithfulness_report(model, pairs, level=args.level, objective=args.objective,
                               cache_dir=args.cache_dir, progress=True)
-    table = rep.summary(n_bootstrap=args.bootstrap)
+    table = rep.summary(n_permutations=args.permutations)
     skipped = rep.meta.get("skipped", [])
     parts = [f"<p>{args.model}: {len(rep)} pairs scored, {len(skipped)} skipped (zero margin), "
              f"{len(rep.names)} {args.level} components, objective {rep.objective}.</p>",

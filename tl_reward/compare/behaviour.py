@@ -35,8 +35,8 @@ from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 from tl_reward.stats.agreement import RankAgreement, rank_agreement
 from tl_reward.stats.estimate import Estimate
+from tl_reward.stats.paired import share_interval
 from tl_reward.stats.ranks import paired_arrays
-from tl_reward.stats.resampling import bootstrap_ci
 
 DEFAULT_ALPHAS: tuple[float, ...] = tuple(float(a) for a in np.logspace(-3, 5, 17))
 
@@ -71,14 +71,15 @@ class Readability:
 
 
 def preference_agreement(margin_a: np.ndarray, margin_b: np.ndarray,
-                         names: tuple[str, str] = ("a", "b"), n_bootstrap: int = 2000,
-                         confidence: float = 0.95, seed: int = 0) -> PreferenceAgreement:
-    """Share of pairs with ``sign(margin_a) == sign(margin_b)``, bootstrap CI over pairs."""
+                         names: tuple[str, str] = ("a", "b"), confidence: float = 0.95
+                         ) -> PreferenceAgreement:
+    """Share of pairs with ``sign(margin_a) == sign(margin_b)``, with its exact binomial
+    (Clopper-Pearson) interval."""
     ma, mb = paired_arrays(margin_a, margin_b, 2, "margin")
     same = (np.sign(ma) == np.sign(mb)).astype(np.float64)
-    lo, hi = bootstrap_ci(same, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
+    lo, hi = share_interval(int(same.sum()), 0, len(same), confidence)
     return PreferenceAgreement(names[0], names[1], Estimate(
-        float(same.mean()), lo, hi, n=len(same), method="percentile bootstrap over pairs",
+        float(same.mean()), lo, hi, n=len(same), method="exact binomial (Clopper-Pearson)",
         confidence=confidence), float((ma > 0).mean()), float((mb > 0).mean()))
 
 
@@ -248,7 +249,7 @@ def compare_features(
     if all(f.margins is not None for f in features.values()):
         for a, b in combinations(names, 2):
             pref.append(preference_agreement(features[a].margins, features[b].margins, (a, b),
-                                             n_bootstrap, confidence, seed))
+                                             confidence))
     vocabulary = None
     if sweeps is not None:
         from tl_reward.sweep.agreement import model_agreement

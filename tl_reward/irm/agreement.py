@@ -12,8 +12,8 @@ import pandas as pd
 from tl_reward.results import ShortRepr
 from tl_reward.stats.agreement import RankAgreement, rank_agreement
 from tl_reward.stats.estimate import Estimate
+from tl_reward.stats.paired import share_interval
 from tl_reward.stats.ranks import paired_arrays
-from tl_reward.stats.resampling import bootstrap_ci
 
 __all__ = ["PairAgreement", "RankAgreement", "pair_agreement", "rank_agreement"]
 
@@ -52,13 +52,15 @@ class PairAgreement(ShortRepr):
                             labels={"x": "r_imp(chosen) - r_imp(rejected)"})
 
 
-def pair_agreement(chosen: np.ndarray, rejected: np.ndarray, n_bootstrap: int = 2000,
-                   confidence: float = 0.95, seed: int = 0) -> PairAgreement:
-    """Agreement of implicit rewards with pairs ordered by an explicit reward (chosen first)."""
+def pair_agreement(chosen: np.ndarray, rejected: np.ndarray, confidence: float = 0.95
+                   ) -> PairAgreement:
+    """Agreement of implicit rewards with pairs ordered by an explicit reward (chosen first):
+    the share of pairs ordered the same way (ties count half) with its exact binomial interval
+    (:func:`~tl_reward.stats.paired.share_interval`)."""
     c, r = paired_arrays(chosen, rejected, 2, "reward")
     m = c - r
     score = np.where(m > 0, 1.0, np.where(m < 0, 0.0, 0.5))
-    lo, hi = bootstrap_ci(score, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
+    lo, hi = share_interval(int((m > 0).sum()), int((m == 0).sum()), int(m.size), confidence)
     return PairAgreement(Estimate(float(score.mean()), lo, hi, n=int(m.size),
-                                  method="percentile bootstrap over pairs",
+                                  method="exact binomial (Clopper-Pearson), ties half",
                                   confidence=confidence), m)

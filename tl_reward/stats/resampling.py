@@ -1,15 +1,11 @@
-"""Resampling statistics: the one bootstrap (items or whole units), the mean with its CI and
-sign-flip p, and the Spearman rank correlation the faithfulness report averages.
-
-Example:
-    >>> x = np.array([0.2, 0.5, -0.1, 0.4])
-    >>> bootstrap_ci(x)                  # (low, high) of the mean, 95 %
-    >>> summarise_mean(x)                # Estimate: mean, CI, sign-flip p
+"""Resampling statistics: the one bootstrap (items or whole units) with its percentile
+interval, and the Spearman rank correlation the faithfulness report averages. A mean's interval
+is not a bootstrap one: it inverts the sign-flip test (:mod:`tl_reward.stats.paired`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,8 +13,6 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from tl_reward.stats.estimate import Estimate
-from tl_reward.stats.paired import sign_flip_test
 from tl_reward.stats.ranks import ArrayLike, as_array, average_ranks
 
 
@@ -78,43 +72,3 @@ def percentile_ci(values: ArrayLike, confidence: float = 0.95, min_valid: int = 
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(v, [alpha, 1 - alpha])
     return float(lo), float(hi)
-
-
-def bootstrap_ci(
-    x: ArrayLike, statistic: Callable[[np.ndarray], np.ndarray] | None = None,
-    n_bootstrap: int = 10_000, confidence: float = 0.95, seed: int = 0,
-    units: ArrayLike | Sequence[Any] | None = None,
-) -> tuple[float, float]:
-    """Percentile bootstrap CI of ``statistic`` (default: the mean) over the values ``x``,
-    resampling items, or whole ``units`` (see :func:`bootstrap_indices`).
-
-    ``statistic`` maps ``[n_bootstrap, n]`` to ``[n_bootstrap]`` (vectorised). NaNs are dropped
-    (with their unit labels).
-    """
-    arr = as_array(x)
-    labels = None if units is None else np.asarray(units)
-    if labels is not None and labels.shape != arr.shape:
-        raise ValueError(f"units must give one label per item ({arr.shape}), got "
-                         f"shape {labels.shape}")
-    keep = ~np.isnan(arr)
-    arr = arr[keep]
-    if arr.size < 2:
-        return float("nan"), float("nan")
-    stat = statistic or (lambda a: a.mean(-1))
-    idx = bootstrap_indices(arr.size, n_bootstrap, seed, None if labels is None else labels[keep])
-    boot = (stat(arr[idx]) if isinstance(idx, np.ndarray)
-            else np.array([stat(arr[i][None])[0] for i in idx]))
-    return percentile_ci(boot, confidence)
-
-
-def summarise_mean(x: ArrayLike, n_bootstrap: int = 10_000, confidence: float = 0.95,
-                   seed: int = 0, n_permutations: int = 9_999) -> Estimate:
-    """The mean of the non-NaN values of ``x`` as an :class:`Estimate`: percentile bootstrap CI
-    and two-sided sign-flip p-value (exact up to 20 values, else ``n_permutations`` flips)."""
-    arr = as_array(x)
-    arr = arr[~np.isnan(arr)]
-    mean = float(arr.mean()) if arr.size else float("nan")
-    lo, hi = bootstrap_ci(arr, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
-    return Estimate(mean, lo, hi, sign_flip_test(arr, n_permutations=n_permutations, seed=seed
-                                                 ).p_value, int(arr.size),
-                    "mean; percentile bootstrap; sign-flip test", confidence)
