@@ -12,6 +12,7 @@ _EXPORTS = {
     "DEMO_MODEL_NAME": "tl_reward.model.demo",
     "Architecture": "tl_reward.architectures",
     "HookedRewardModel": "tl_reward.model.hooked_reward_model",
+    "BridgeRewardModel": "tl_reward.model.bridge_reward_model",
     "Message": "tl_reward.data.conversation",
     "PreferencePair": "tl_reward.data.preference",
     "RewardResult": "tl_reward.model.scoring",

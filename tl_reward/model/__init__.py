@@ -4,6 +4,7 @@ from tl_reward._lazy import lazy_exports
 
 _EXPORTS = {
     "ArmoRMHead": "tl_reward.model.heads",
+    "BridgeRewardModel": "tl_reward.model.bridge_reward_model",
     "EncodedInput": "tl_reward.model.inputs",
     "HookedRewardModel": "tl_reward.model.hooked_reward_model",
     "HookedSAERewardModel": "tl_reward.model.hooked_sae_reward_model",

@@ -22,20 +22,16 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
-from tl_reward.model.heads import LinearRewardHead, Objective, RewardHead
+from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, Objective, RewardHead
 from tl_reward.model.inputs import (
-    EncodedInput,
-    RewardBatch,
-    RewardInput,
     as_items,
-    collate,
-    encode,
     is_single,
 )
-from tl_reward.model.pooling import check_rule, implied_mask, pool_positions
+from tl_reward.model.pooling import check_rule, implied_mask
+from tl_reward.model.protocol import RewardModelMixin
 
 
-class HookedRewardModel(HookedTransformer):
+class HookedRewardModel(RewardModelMixin, HookedTransformer):
     """A reward model inside TransformerLens. Build it with :meth:`from_pretrained`.
 
     Attributes:
@@ -43,11 +39,6 @@ class HookedRewardModel(HookedTransformer):
         pooling: default pooling rule (``"hf"``, ``"legacy"`` or ``"mask"``).
         pad_token_id: the id the pooling rules treat as padding (the HF config's).
     """
-
-    reward_head: RewardHead
-    #: ids appended after every text or conversation input (InternLM2's reward token); token-id
-    #: inputs are taken as given.
-    suffix_ids: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -123,72 +114,6 @@ class HookedRewardModel(HookedTransformer):
         adds_bos = len(tokenizer.encode("")) > 0
         self.cfg.tokenizer_prepends_bos = adds_bos
         self.cfg.default_prepend_bos = adds_bos
-
-    # -- objectives ------------------------------------------------------------------------
-    @property
-    def objectives(self) -> list[str]:
-        """Names of the K objectives (columns of ``W_U``)."""
-        return self.reward_head.objectives
-
-    def objective_index(self, objective: int | str) -> int:
-        """Column of ``W_U`` for an objective name or index."""
-        return self.reward_head.objective_index(objective)
-
-    # -- inputs ------------------------------------------------------------------------------
-    def encode(self, item: RewardInput) -> EncodedInput:
-        """Token ids of one input (string, conversation, (prompt, response) or ids): the chat
-        template as ids with one BOS, then :attr:`suffix_ids`; token ids are taken as given."""
-        return encode(self.tokenizer, item, self.suffix_ids)
-
-    def build(
-        self, inputs: RewardInput | Sequence[RewardInput], padding_side: str = "right"
-    ) -> RewardBatch:
-        """The scored sequences of ``inputs``: ids (:meth:`encode`), mask, response starts and
-        the pooled positions, padded on the model's device. Every analysis builds here."""
-        items = as_items(inputs)
-        return self.collate([self.encode(x) for x in items], padding_side)
-
-    make_batch = build
-
-    def collate(self, encoded: Sequence[EncodedInput], padding_side: str = "right") -> RewardBatch:
-        """Pad already-encoded inputs (checking context length and vocabulary) and find each
-        row's pooled position under the model's pooling rule."""
-        batch = collate(encoded, self.pad_token_id, padding_side, self.cfg.n_ctx, self.cfg.d_vocab)
-        batch = batch.to(self.cfg.device)
-        batch.pooled = self.pool_positions(batch.tokens, batch.attention_mask)
-        return batch
-
-    def response_template(self, prompt: Any) -> Any:
-        """``prefix + [v] + suffix`` around a one-token reply to ``prompt``, as :meth:`encode`
-        builds it (one BOS, :attr:`suffix_ids` closing the suffix); see
-        :mod:`tl_reward.model.response_template`."""
-        from tl_reward.model.response_template import response_template
-
-        return response_template(self.tokenizer, prompt, self.suffix_ids)
-
-    @property
-    def has_score(self) -> bool:
-        """Whether the head combines its objectives into one score."""
-        return self.reward_head.has_score
-
-    def pool_positions(
-        self,
-        tokens: Int[torch.Tensor, "batch pos"],
-        attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
-        pooling: str | None = None,
-    ) -> Int[torch.Tensor, " batch"]:
-        """Position of the token each reward is read at (see :mod:`tl_reward.model.pooling`)."""
-        return pool_positions(tokens, attention_mask, self.pad_token_id, pooling or self.pooling,
-                              self.bos_pad)
-
-    @property
-    def bos_pad(self) -> bool:
-        """Whether the pad id is also the BOS the tokenizer puts first, so that a leading pad
-        cannot be told from the BOS without an attention mask."""
-        tok = self.tokenizer
-        return (tok is not None and self.pad_token_id is not None
-                and bool(self.cfg.default_prepend_bos)
-                and getattr(tok, "bos_token_id", None) == self.pad_token_id)
 
     # -- TransformerLens habits on a reward model -------------------------------------------------
     def to_tokens(  # type: ignore[override]
@@ -323,6 +248,25 @@ class HookedRewardModel(HookedTransformer):
                 "return_type='reward'")
         return score
 
+    @torch.no_grad()
+    def pooled_outputs(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor, pooling: str | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``(rewards [b, K], score [b] or None, gating [b, K] or None)`` of one padded batch,
+        read by :func:`~tl_reward.model.readout.read_rewards` (float32; float64 for a float64
+        model): what every scoring path of this backend calls."""
+        from tl_reward.model.readout import normalise, read_rewards
+
+        resid = self(tokens, attention_mask=attention_mask, stop_at_layer=self.cfg.n_layers)
+        pos = self.pool_positions(tokens, attention_mask, pooling)
+        rewards, score = read_rewards(self, resid, tokens, pos)
+        gating = None
+        if isinstance(self.reward_head, ArmoRMHead):
+            rows = torch.arange(tokens.shape[0], device=tokens.device)
+            gpos = self.reward_head.gating_positions(tokens)
+            gating = self.reward_head.gate(normalise(self, resid[rows, gpos]))
+        return rewards, score, gating
+
     def head_outputs(
         self, normed: Float[torch.Tensor, "... d_model"]
     ) -> Float[torch.Tensor, "... K"]:
@@ -370,18 +314,3 @@ class HookedRewardModel(HookedTransformer):
             normed = torch.zeros(*tokens.shape, self.cfg.d_model, device=device, dtype=acc)
         c = head.objective_weights(objective, normed, tokens).to(acc)
         return c @ self.W_U.to(acc).T, c @ self.b_U.to(acc)
-
-    def rewards(
-        self,
-        inputs: RewardInput | Sequence[RewardInput],
-        batch_size: int = 8,
-        padding_side: str = "right",
-        pooling: str | None = None,
-        progress: bool | None = None,
-        labels: Sequence[str] | None = None,
-    ) -> Any:
-        """Score inputs in length-sorted batches; returns a :class:`RewardResult`."""
-        from tl_reward.model.scoring import score_inputs
-
-        return score_inputs(self, inputs, batch_size=batch_size, padding_side=padding_side,
-                            pooling=pooling, progress=progress, labels=labels)

@@ -13,11 +13,11 @@ from tqdm.auto import tqdm
 
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import UnknownObjectiveError
-from tl_reward.model.heads import ArmoRMHead, objective_slot
+from tl_reward.model.heads import objective_slot
 from tl_reward.results import ShortRepr
 
 if TYPE_CHECKING:
-    from tl_reward.model.hooked_reward_model import HookedRewardModel
+    from tl_reward.model.protocol import RewardModelMixin
     from tl_reward.model.inputs import RewardInput
 
 
@@ -78,28 +78,8 @@ class RewardResult(ShortRepr):
         return px.bar(df, x=x, y=self.objectives, barmode="group", title="Rewards per objective")
 
 
-@torch.no_grad()
-def score_batch(
-    model: HookedRewardModel, tokens: torch.Tensor, attention_mask: torch.Tensor,
-    pooling: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """``(rewards [b, K], score [b] or None, gating [b, K] or None)`` for one padded batch, read
-    in float32 (float64 for a float64 model) by :func:`~tl_reward.model.readout.read_rewards`."""
-    from tl_reward.model.readout import normalise, read_rewards
-
-    resid = model(tokens, attention_mask=attention_mask, stop_at_layer=model.cfg.n_layers)
-    pos = model.pool_positions(tokens, attention_mask, pooling)
-    rewards, score = read_rewards(model, resid, tokens, pos)
-    gating = None
-    if isinstance(model.reward_head, ArmoRMHead):
-        rows = torch.arange(tokens.shape[0], device=tokens.device)
-        gpos = model.reward_head.gating_positions(tokens)
-        gating = model.reward_head.gate(normalise(model, resid[rows, gpos]))
-    return rewards, score, gating
-
-
 def score_inputs(
-    model: HookedRewardModel,
+    model: RewardModelMixin,
     inputs: RewardInput | Sequence[RewardInput],
     batch_size: int = 8,
     padding_side: str = "right",
@@ -123,7 +103,7 @@ def score_inputs(
                       unit="batch"):
         idx = order[start : start + batch_size]
         batch = model.collate([encoded[i] for i in idx], padding_side)
-        r, s, g = score_batch(model, batch.tokens, batch.attention_mask, pooling)
+        r, s, g = model.pooled_outputs(batch.tokens, batch.attention_mask, pooling)
         rewards[idx] = r.to(acc).cpu()
         if s is None:
             scores = None
@@ -180,7 +160,7 @@ class PairScores(ShortRepr):
 
 
 def score_pairs(
-    model: HookedRewardModel, pairs: Sequence[PreferencePair], objective: str = "score",
+    model: RewardModelMixin, pairs: Sequence[PreferencePair], objective: str = "score",
     batch_size: int = 8, progress: bool | None = None,
 ) -> PairScores:
     """Score the chosen and rejected reply of each pair (``objective``: 'score' or a name)."""

@@ -201,7 +201,6 @@ def score_text_path(
     """Rewards and scores of the text path's sequences (full forward, padded batches), each
     closed by the model's :attr:`~HookedRewardModel.suffix_ids` as :meth:`encode` closes text."""
     from tl_reward.model.inputs import EncodedInput
-    from tl_reward.model.scoring import score_batch
 
     seqs = [[*text_path_ids(model.tokenizer, template.conversation, int(v), path),
              *model.suffix_ids] for v in ids.tolist()]
@@ -209,7 +208,7 @@ def score_text_path(
     rewards, scores = [], []
     for i in range(0, len(seqs), step):
         batch = model.collate([EncodedInput(s) for s in seqs[i: i + step]])
-        r, s, _ = score_batch(model, batch.tokens, batch.attention_mask)
+        r, s, _ = model.pooled_outputs(batch.tokens, batch.attention_mask)
         rewards.append(r.float().cpu())
         scores.append(None if s is None else s.float().cpu())
     score = None if scores[0] is None else torch.cat(scores)  # type: ignore[arg-type]

@@ -290,9 +290,8 @@ def score_candidates(
     new = torch.cat([ids[:, None], suffix.expand(b, -1)], 1)
     tokens = torch.cat([prefix.expand(b, -1), new], 1)
     if cache is None:
-        from tl_reward.model.scoring import score_batch
 
-        rewards, score, _ = score_batch(model, tokens, torch.ones_like(tokens))
+        rewards, score, _ = model.pooled_outputs(tokens, torch.ones_like(tokens))
         return rewards, score
     past = cache.length
     pos = model.pool_positions(tokens, torch.ones_like(tokens))

@@ -1,0 +1,106 @@
+"""``BridgeRewardModel``: a reward model on TransformerLens's ``TransformerBridge``.
+
+The bridge runs HF's own forward (its numerics, any architecture TransformerLens has an adapter
+for), with the reward head as its unembed (:mod:`tl_reward.tl_backend.bridge`). Sequences are
+built, pooled and scored by the same methods as :class:`HookedRewardModel`
+(:class:`~tl_reward.model.protocol.RewardModelMixin`); the reward is ``unembed.hook_out`` at the
+pooled token, as the forward records it, read in float32.
+
+Example:
+    >>> model = BridgeRewardModel.from_pretrained("Skywork/Skywork-Reward-V2-Llama-3.1-8B")
+    >>> model.rewards([("Is the sky blue?", "Yes, on a clear day.")]).score
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tl_reward.errors import UnsupportedArchitectureError
+from tl_reward.model.heads import LinearRewardHead
+from tl_reward.model.pooling import check_rule
+from tl_reward.model.protocol import RewardModelMixin
+from tl_reward.model.readout import accumulation_dtype
+from tl_reward.tl_backend.bridge import REWARD_ADAPTERS, RewardBridge, build_reward_bridge
+
+
+class BridgeRewardModel(RewardModelMixin, RewardBridge):
+    """A :class:`~tl_reward.tl_backend.bridge.RewardBridge` with the reward-model methods.
+    Build it with :meth:`from_pretrained`."""
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | None = None,
+        hf_model: Any = None,
+        tokenizer: Any = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        pooling: str = "hf",
+        objective_names: Sequence[str] | None = None,
+        **hf_kwargs: Any,
+    ) -> BridgeRewardModel:
+        """Wrap an HF sequence-classification reward model (a hub name, a local directory or
+        an in-memory ``hf_model``) without converting its weights. ``device`` and ``dtype``
+        move and cast the HF model first; the bridge itself never does."""
+        import transformers
+
+        if hf_model is None:
+            if name_or_path is None:
+                raise ValueError("pass name_or_path or hf_model")
+            hf_model = transformers.AutoModelForSequenceClassification.from_pretrained(
+                name_or_path, **hf_kwargs)
+        if tokenizer is None:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(
+                name_or_path or hf_model.config._name_or_path)
+        arch = type(hf_model).__name__
+        if arch not in REWARD_ADAPTERS:
+            raise UnsupportedArchitectureError(
+                f"no reward bridge for {arch}; supported: {sorted(REWARD_ADAPTERS)}. Load it "
+                "with HookedRewardModel.from_pretrained, or register a reward adapter "
+                "(tl_reward.tl_backend.bridge.reward_adapter) under this class name")
+        hf_model = hf_model.to(device=device, dtype=dtype).eval()
+        model = build_reward_bridge(hf_model, arch)
+        model.__class__ = cls
+        k = int(hf_model.config.num_labels)
+        names = list(objective_names) if objective_names is not None else (
+            ["reward"] if k == 1 else [f"objective_{i}" for i in range(k)])
+        model.reward_head = LinearRewardHead(names)
+        model.pooling = check_rule(pooling)
+        pad = hf_model.config.pad_token_id
+        model.pad_token_id = tokenizer.pad_token_id if pad is None else pad
+        model.tokenizer = tokenizer
+        adds_bos = len(tokenizer.encode("")) > 0
+        model.cfg.tokenizer_prepends_bos = model.cfg.default_prepend_bos = adds_bos
+        return model  # type: ignore[return-value]
+
+    @property
+    def bos_pad(self) -> bool:
+        """Whether the pad id is also the BOS the tokenizer puts first."""
+        tok = self.tokenizer
+        return (self.pad_token_id is not None and bool(self.cfg.default_prepend_bos)
+                and getattr(tok, "bos_token_id", None) == self.pad_token_id)
+
+    @torch.no_grad()
+    def pooled_outputs(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor, pooling: str | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        """``(rewards [b, K], score [b] or None, None)``: ``unembed.hook_out`` of the forward at
+        the pooled token, in float32 (float64 for a float64 model)."""
+        seen: dict[str, torch.Tensor] = {}
+
+        def grab(act: torch.Tensor, hook: Any) -> None:
+            seen["out"] = act
+
+        device = self.cfg.device
+        tokens, attention_mask = tokens.to(device), attention_mask.to(device)
+        self.run_with_hooks(tokens, attention_mask=attention_mask, return_type=None,
+                            fwd_hooks=[("unembed.hook_out", grab)])
+        pos = self.pool_positions(tokens, attention_mask, pooling).to(device)
+        rows = torch.arange(tokens.shape[0], device=device)
+        rewards = seen["out"][rows, pos].to(accumulation_dtype(self))
+        c = self.reward_head.combination(rewards[:, None], tokens)
+        return rewards, None if c is None else (rewards * c.to(rewards.dtype)).sum(-1), None

@@ -1,0 +1,122 @@
+"""What every reward-model backend shares: objectives, sequence building, pooling, scoring.
+
+:class:`RewardModelMixin` holds the reward-model methods that read only the model's tokenizer,
+config (``n_ctx``, ``d_vocab``, ``device``), ``reward_head``, ``pooling``, ``pad_token_id`` and
+``suffix_ids``; :class:`~tl_reward.model.hooked_reward_model.HookedRewardModel` (TransformerLens's
+``HookedTransformer``) and :class:`~tl_reward.model.bridge_reward_model.BridgeRewardModel`
+(its ``TransformerBridge``) each add :meth:`pooled_outputs`, the one place a backend reads its
+rewards from its own forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Int
+
+from tl_reward.model.heads import RewardHead
+from tl_reward.model.inputs import (
+    EncodedInput,
+    RewardBatch,
+    RewardInput,
+    as_items,
+    collate,
+    encode,
+)
+from tl_reward.model.pooling import pool_positions
+
+
+class RewardModelMixin:
+    """The reward-model half of a backend (see the module docstring)."""
+
+    reward_head: RewardHead
+    pooling: str
+    pad_token_id: int | None
+    tokenizer: Any
+    cfg: Any
+    #: ids appended after every text or conversation input (InternLM2's reward token); token-id
+    #: inputs are taken as given.
+    suffix_ids: tuple[int, ...] = ()
+
+    # -- objectives ------------------------------------------------------------------------
+    @property
+    def objectives(self) -> list[str]:
+        """Names of the K objectives (columns of ``W_U``)."""
+        return self.reward_head.objectives
+
+    def objective_index(self, objective: int | str) -> int:
+        """Column of ``W_U`` for an objective name or index."""
+        return self.reward_head.objective_index(objective)
+
+    # -- inputs ------------------------------------------------------------------------------
+    def encode(self, item: RewardInput) -> EncodedInput:
+        """Token ids of one input (string, conversation, (prompt, response) or ids): the chat
+        template as ids with one BOS, then :attr:`suffix_ids`; token ids are taken as given."""
+        return encode(self.tokenizer, item, self.suffix_ids)
+
+    def build(
+        self, inputs: RewardInput | Sequence[RewardInput], padding_side: str = "right"
+    ) -> RewardBatch:
+        """The scored sequences of ``inputs``: ids (:meth:`encode`), mask, response starts and
+        the pooled positions, padded on the model's device. Every analysis builds here."""
+        items = as_items(inputs)
+        return self.collate([self.encode(x) for x in items], padding_side)
+
+    make_batch = build
+
+    def collate(self, encoded: Sequence[EncodedInput], padding_side: str = "right") -> RewardBatch:
+        """Pad already-encoded inputs (checking context length and vocabulary) and find each
+        row's pooled position under the model's pooling rule."""
+        batch = collate(encoded, self.pad_token_id, padding_side, self.cfg.n_ctx, self.cfg.d_vocab)
+        batch = batch.to(self.cfg.device)
+        batch.pooled = self.pool_positions(batch.tokens, batch.attention_mask)
+        return batch
+
+    def response_template(self, prompt: Any) -> Any:
+        """``prefix + [v] + suffix`` around a one-token reply to ``prompt``, as :meth:`encode`
+        builds it (one BOS, :attr:`suffix_ids` closing the suffix); see
+        :mod:`tl_reward.model.response_template`."""
+        from tl_reward.model.response_template import response_template
+
+        return response_template(self.tokenizer, prompt, self.suffix_ids)
+
+    @property
+    def has_score(self) -> bool:
+        """Whether the head combines its objectives into one score."""
+        return self.reward_head.has_score
+
+    def pool_positions(
+        self,
+        tokens: Int[torch.Tensor, "batch pos"],
+        attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+        pooling: str | None = None,
+    ) -> Int[torch.Tensor, " batch"]:
+        """Position of the token each reward is read at (see :mod:`tl_reward.model.pooling`)."""
+        return pool_positions(tokens, attention_mask, self.pad_token_id, pooling or self.pooling,
+                              self.bos_pad)
+
+    @property
+    def bos_pad(self) -> bool:
+        """Whether the pad id is also the BOS the tokenizer puts first, so that a leading pad
+        cannot be told from the BOS without an attention mask."""
+        tok = self.tokenizer
+        return (tok is not None and self.pad_token_id is not None
+                and bool(self.cfg.default_prepend_bos)
+                and getattr(tok, "bos_token_id", None) == self.pad_token_id)
+
+    def rewards(
+        self,
+        inputs: RewardInput | Sequence[RewardInput],
+        batch_size: int = 8,
+        padding_side: str = "right",
+        pooling: str | None = None,
+        progress: bool | None = None,
+        labels: Sequence[str] | None = None,
+    ) -> Any:
+        """Score inputs in length-sorted batches; returns a :class:`RewardResult`."""
+        from tl_reward.model.scoring import score_inputs
+
+        return score_inputs(self, inputs, batch_size=batch_size, padding_side=padding_side,
+                            pooling=pooling, progress=progress, labels=labels)

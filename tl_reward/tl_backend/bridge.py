@@ -1,0 +1,106 @@
+"""Reward models on TransformerLens's ``TransformerBridge``: the reward head is its unembed.
+
+The bridge wraps the HF module itself and runs HF's own forward, so a reward bridge computes the
+reward exactly as HF does; ``unembed.hook_out`` holds the head's output at every position
+(``[batch, pos, K]``) and the reward is read there at the pooled token. Each family's adapter is
+TransformerLens's own with two changes: ``unembed`` maps to the head (``score``), and
+``prepare_model`` sets ``d_vocab_out`` to the number of objectives and turns off the logit soft
+cap (Gemma-2's ``final_logit_softcapping``, which HF's sequence classifier never applies to the
+score). They are registered under the HF class names through the
+``transformer_lens.architectures`` entry point (and :func:`register_reward_adapters` where entry
+points are not read), and the bridge is built with ``build_bridge_from_module``, which consults
+that registry (``TransformerBridge.boot_transformers`` maps ``model_type`` to the causal LM).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
+from transformer_lens.model_bridge import TransformerBridge
+from transformer_lens.model_bridge.generalized_components import UnembeddingBridge
+from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+from transformer_lens.model_bridge.supported_architectures import (
+    Gemma2ArchitectureAdapter,
+    GPT2ArchitectureAdapter,
+    LlamaArchitectureAdapter,
+    MistralArchitectureAdapter,
+    Qwen2ArchitectureAdapter,
+    Qwen3ArchitectureAdapter,
+)
+
+
+def reward_adapter(base: type, head: str = "score") -> type:
+    """A subclass of TransformerLens adapter ``base`` whose unembed is the HF module ``head``."""
+
+    class RewardAdapter(base):  # type: ignore[valid-type, misc]
+        supports_generation = False
+        supports_causal_loss = False
+
+        def __init__(self, cfg: Any) -> None:
+            super().__init__(cfg)
+            self.component_mapping["unembed"] = UnembeddingBridge(name=head, config=self.cfg)
+
+        def prepare_model(self, model: Any) -> None:
+            super().prepare_model(model)
+            self.cfg.d_vocab_out = int(model.config.num_labels)
+            self.cfg.output_logits_soft_cap = -1.0  # HF's classifier never caps the score
+
+    RewardAdapter.__name__ = RewardAdapter.__qualname__ = base.__name__.replace(
+        "ArchitectureAdapter", "RewardAdapter")
+    return RewardAdapter
+
+
+LlamaRewardAdapter = reward_adapter(LlamaArchitectureAdapter)
+MistralRewardAdapter = reward_adapter(MistralArchitectureAdapter)
+Qwen2RewardAdapter = reward_adapter(Qwen2ArchitectureAdapter)
+Qwen3RewardAdapter = reward_adapter(Qwen3ArchitectureAdapter)
+Gemma2RewardAdapter = reward_adapter(Gemma2ArchitectureAdapter)
+GPT2RewardAdapter = reward_adapter(GPT2ArchitectureAdapter)
+
+#: HF sequence-classification class -> its reward adapter (the entry points name the same).
+REWARD_ADAPTERS: dict[str, type] = {
+    "LlamaForSequenceClassification": LlamaRewardAdapter,
+    "MistralForSequenceClassification": MistralRewardAdapter,
+    "Qwen2ForSequenceClassification": Qwen2RewardAdapter,
+    "Qwen3ForSequenceClassification": Qwen3RewardAdapter,
+    "Gemma2ForSequenceClassification": Gemma2RewardAdapter,
+    "GPT2ForSequenceClassification": GPT2RewardAdapter,
+}
+
+
+def register_reward_adapters() -> None:
+    """Register every reward adapter not already known to TransformerLens's factory (the
+    entry points normally have; this is the fallback, e.g. in a source checkout)."""
+    ArchitectureAdapterFactory.discover_entry_points()
+    known = ArchitectureAdapterFactory._adapters
+    for name, adapter in REWARD_ADAPTERS.items():
+        if name not in known:
+            ArchitectureAdapterFactory.register_adapter(name, adapter)
+
+
+class RewardBridge(TransformerBridge):
+    """A ``TransformerBridge`` around an HF reward model (see the module docstring)."""
+
+    def enable_compatibility_mode(self, *args: Any, center_unembed: bool = False,
+                                  **kwargs: Any) -> None:
+        """TransformerLens's compatibility mode without centring the head: centring a one-
+        column unembed subtracts its mean and turns every reward into 0."""
+        if center_unembed:
+            raise ValueError("center_unembed=True would subtract the head's mean over its "
+                             "objectives (every single reward becomes 0); a reward bridge "
+                             "never centres its head")
+        super().enable_compatibility_mode(*args, center_unembed=False, **kwargs)
+
+
+def build_reward_bridge(hf_model: torch.nn.Module, architecture: str | None = None
+                        ) -> RewardBridge:
+    """The :class:`RewardBridge` of an in-memory HF reward model (no copy, no cast)."""
+    register_reward_adapters()
+    arch = architecture or type(hf_model).__name__
+    if arch not in ArchitectureAdapterFactory._adapters:
+        raise KeyError(arch)
+    bridge = build_bridge_from_module(hf_model, arch, hf_config=hf_model.config)
+    bridge.__class__ = RewardBridge
+    return bridge  # type: ignore[return-value]
