@@ -17,8 +17,8 @@ from tl_reward.model.heads import objective_slot
 from tl_reward.results import ShortRepr
 
 if TYPE_CHECKING:
-    from tl_reward.model.protocol import RewardModelMixin
     from tl_reward.model.inputs import RewardInput
+    from tl_reward.model.protocol import RewardModelMixin
 
 
 @dataclass(repr=False)

@@ -26,8 +26,13 @@ from transformer_lens.model_bridge.supported_architectures import (
     GPT2ArchitectureAdapter,
     LlamaArchitectureAdapter,
     MistralArchitectureAdapter,
+    MixtralArchitectureAdapter,
+    Olmo2ArchitectureAdapter,
+    Phi3ArchitectureAdapter,
     Qwen2ArchitectureAdapter,
     Qwen3ArchitectureAdapter,
+    Qwen3MoeArchitectureAdapter,
+    StableLmArchitectureAdapter,
 )
 
 
@@ -58,6 +63,12 @@ Qwen2RewardAdapter = reward_adapter(Qwen2ArchitectureAdapter)
 Qwen3RewardAdapter = reward_adapter(Qwen3ArchitectureAdapter)
 Gemma2RewardAdapter = reward_adapter(Gemma2ArchitectureAdapter)
 GPT2RewardAdapter = reward_adapter(GPT2ArchitectureAdapter)
+# beyond the HookedTransformer converters: architectures only the bridge loads
+MixtralRewardAdapter = reward_adapter(MixtralArchitectureAdapter)
+Olmo2RewardAdapter = reward_adapter(Olmo2ArchitectureAdapter)
+Phi3RewardAdapter = reward_adapter(Phi3ArchitectureAdapter)
+Qwen3MoeRewardAdapter = reward_adapter(Qwen3MoeArchitectureAdapter)
+StableLmRewardAdapter = reward_adapter(StableLmArchitectureAdapter)
 
 #: HF sequence-classification class -> its reward adapter (the entry points name the same).
 REWARD_ADAPTERS: dict[str, type] = {
@@ -67,6 +78,11 @@ REWARD_ADAPTERS: dict[str, type] = {
     "Qwen3ForSequenceClassification": Qwen3RewardAdapter,
     "Gemma2ForSequenceClassification": Gemma2RewardAdapter,
     "GPT2ForSequenceClassification": GPT2RewardAdapter,
+    "MixtralForSequenceClassification": MixtralRewardAdapter,
+    "Olmo2ForSequenceClassification": Olmo2RewardAdapter,
+    "Phi3ForSequenceClassification": Phi3RewardAdapter,
+    "Qwen3MoeForSequenceClassification": Qwen3MoeRewardAdapter,
+    "StableLmForSequenceClassification": StableLmRewardAdapter,
 }
 
 
