@@ -8,10 +8,11 @@
 # image lacks) into /tmp/site, then runs, each step whatever the previous gave:
 #   (a) import tl_reward, transformer_lens, sae_lens
 #   (b) benchmarks/cuda_parity.py --device cuda           -> $OUT/cuda_parity.txt
-#   (c) pytest tests/model/test_one_readout.py tests/model/test_parity.py
+#   (c) benchmarks/bridge.py on an 8B-shaped seeded Llama RM in bf16  -> $OUT/bridge_8b.txt
+#   (d) pytest of the readout, bridge and attachment tests (on the device's CPU)
 # Everything goes to $OUT/log.txt; each step's exit status to $OUT/rc.txt. Exits non-zero when
-# any step failed. Expected: about 2-3 minutes; the per-step timeouts and T_TOTAL (330 s) bound
-# it to about 6 minutes at worst (run it with timeout_s=480).
+# any step failed. Expected: about 4 minutes; the per-step timeouts and T_TOTAL (480 s) bound
+# it to about 8 minutes at worst (run it with timeout_s=560).
 set -u -o pipefail
 
 OUT=${OUT:-/tmp/device_check_out}
@@ -19,9 +20,10 @@ mkdir -p "$OUT"
 PY=${PY:-python3}
 SITE=${SITE:-/tmp/site}
 T_IMPORT=${T_IMPORT:-90}
-T_PARITY=${T_PARITY:-150}
-T_PYTEST=${T_PYTEST:-150}
-T_TOTAL=${T_TOTAL:-330}  # no step starts a timeout past this many seconds from the start
+T_PARITY=${T_PARITY:-120}
+T_PYTEST=${T_PYTEST:-120}
+T_BRIDGE=${T_BRIDGE:-200}
+T_TOTAL=${T_TOTAL:-480}  # no step starts a timeout past this many seconds from the start
 
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled
@@ -85,8 +87,12 @@ EOF
     "\"$PY\" benchmarks/cuda_parity.py --device cuda 2>&1 | tee \"$OUT/cuda_parity.txt\"" \
     || fail=1
 
+  step bridge_8b "$T_BRIDGE" bash -o pipefail -c \
+    "cd benchmarks && \"$PY\" bridge.py --shape llama-3.1-8b --dtype bfloat16 --device cuda --batch 8 --tokens 1024 2>&1 | tee \"$OUT/bridge_8b.txt\"" \
+    || fail=1
+
   step pytest "$T_PYTEST" "$PY" -m pytest -q -rs -p no:cacheprovider -x \
-    tests/model/test_one_readout.py tests/model/test_parity.py \
+    tests/model/test_one_readout.py tests/model/test_bridge.py tests/analysis/test_attachments.py \
     || fail=1
 
   echo "=== summary ($((SECONDS - t_start)) s in all):"
