@@ -99,7 +99,6 @@ def main() -> None:
                            a.repeats)
     rows["bridge"] = {"max_abs_diff": float((got - ref).abs().max()), "seconds": t_b,
                       "peak_gib": m_b, "load_s": load_b}
-    del bridge
 
     t0 = time.perf_counter()
     hooked = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device=a.device,
