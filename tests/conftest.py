@@ -11,7 +11,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# one torch thread: the tests' models are small, and with two threads on two cores any
+# other busy process (a Ray actor, a kernel, chromium) made the same tests 2-30x slower
+torch.set_num_threads(1)
 
 from helpers import SHARED, tiny_models  # noqa: E402
 

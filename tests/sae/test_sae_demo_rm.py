@@ -4,6 +4,8 @@ a gradient attribution at a middle layer is the derivative the ablation measures
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from sae_lens.saes.topk_sae import TopKSAE
@@ -25,13 +27,19 @@ def trained_saes(model, hooks: list[str]) -> dict[str, TopKSAE]:
                               progress=False).sae for h in hooks}
 
 
-def test_demo_rm_exact_split_and_error_term() -> None:
+@pytest.fixture(scope="module")
+def demo_saes():  # noqa: ANN201
+    """The demo RM (loaded once for the module) and its SAEs at the final and a middle hook."""
     from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
 
     model = HookedSAERewardModel.from_pretrained("tl-reward/smollm2-135m-hh", device="cpu")
     final, mid = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", "blocks.20.hook_resid_post"
     saes = trained_saes(model, [final, mid])
-    sae, sae_mid = saes[final], saes[mid]
+    return model, saes[final], saes[mid]
+
+
+def test_demo_rm_exact_split_and_error_term(demo_saes) -> None:
+    model, sae, sae_mid = demo_saes
     attr = sae_attribution(model, sae, INPUTS)
     assert attr.method == "exact"
     batch = model.make_batch(INPUTS)
@@ -56,17 +64,14 @@ def test_demo_rm_exact_split_and_error_term() -> None:
     assert actual == pytest.approx(predicted, rel=0.5, abs=0.05)
 
 
-def test_demo_rm_sae_fit_own_vs_random_vs_other_hook() -> None:
+def test_demo_rm_sae_fit_own_vs_random_vs_other_hook(demo_saes) -> None:
     """``sae_fit`` on the demo RM: its own SAE (trained here, small) against a random SAE and
     the middle layer's SAE put at the final hook."""
-    from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
     from tl_reward.sae import sae_fit
 
-    model = HookedSAERewardModel.from_pretrained("tl-reward/smollm2-135m-hh", device="cpu")
-    final, mid = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", "blocks.20.hook_resid_post"
-    saes = trained_saes(model, [final, mid])
-    own, other = saes[final], saes[mid]
-    other.cfg.metadata.hook_name = final
+    model, own, mid_sae = demo_saes
+    other = copy.deepcopy(mid_sae)  # the module's middle-layer SAE stays at its own hook
+    other.cfg.metadata.hook_name = own.cfg.metadata.hook_name
     rand = TopKSAE(own.cfg)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():

@@ -21,6 +21,8 @@ from tl_reward.sweep.vocab_sweep import score_vocabulary  # noqa: E402
 from tl_reward.testing.tiny import save_tiny_reward_model  # noqa: E402
 
 PROMPTS = {"best": "What is best?", "worst": "What is worst?"}
+# half a CPU per actor: the module's pool (2 actors) and a crashing pool (2) fit on 2 CPUs
+HALF = {"num_cpus": 0.5, "threads": 1}
 
 
 @pytest.fixture(scope="module")
@@ -41,22 +43,24 @@ def reference(model_dir: Path, out: Path, **kw) -> bytes:
     return out.read_bytes()
 
 
-def test_ray_equals_single_process_one_model_per_gpu(cluster, saved, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def pool(cluster):
+    """One actor on each of the two logical GPUs, kept for the module (every actor started
+    costs a process that imports torch): it runs the sweeps and the resumed ones."""
+    with RayExecutor(num_gpus=1, **HALF).session() as p:
+        yield p
+
+
+def test_ray_equals_single_process_one_model_per_gpu(pool, saved, tmp_path: Path) -> None:
     jobs = [SweepJob(str(saved[a]), tmp_path / f"{a}.parquet", PROMPTS, batch_size=24)
             for a in ("llama", "qwen2")]
     refs = [reference(saved[a], tmp_path / f"ref_{a}.parquet", batch_size=24)
             for a in ("llama", "qwen2")]
-    executor = RayExecutor(num_gpus=1, num_cpus=1, threads=1)
-    actors = executor.workers()
-    try:  # two logical GPUs, one actor on each
-        infos = ray.get([a.info.remote() for a in actors])
-    finally:
-        for a in actors:
-            ray.kill(a)
+    infos = ray.get([a.info.remote() for a in pool.actors])  # two logical GPUs, one actor each
     assert len(infos) == 2 and sorted(len(i["gpu_ids"]) for i in infos) == [1, 1]
     assert infos[0]["gpu_ids"] != infos[1]["gpu_ids"] and infos[0]["pid"] != infos[1]["pid"]
     assert all(i["device"] == ("cuda" if torch.cuda.is_available() else "cpu") for i in infos)
-    run_sweeps(jobs, executor, unit_chunks=2, progress=False)
+    run_sweeps(jobs, pool, unit_chunks=2, progress=False)
     assert [j.output.read_bytes() for j in jobs] == refs
     assert refs[0] != refs[1]  # different models: the comparison can fail
 
@@ -68,8 +72,8 @@ def test_killed_worker_resumes_to_identical_file(cluster, saved, tmp_path: Path)
     marker = tmp_path / "crashes"
     marker.mkdir()
     # each actor exits (os._exit) halfway through its second unit; Ray restarts it and retries
-    executor = RayExecutor(num_workers=2, num_cpus=1, threads=1, crash_after_units=2,
-                           crash_marker=str(marker))
+    executor = RayExecutor(num_workers=2, crash_after_units=2, crash_marker=str(marker),
+                           **HALF)
     written: list[int] = []
     run_sweeps([job], executor, unit_chunks=2, progress=False,
                callback=lambda j, c: written.append(c))
@@ -90,12 +94,12 @@ def die(job, chunk):
     count.append(chunk)
     if len(count) == 4:
         os.kill(os.getpid(), signal.SIGKILL)
-run_sweeps([job], RayExecutor(num_workers=1, num_cpus=1, threads=1), unit_chunks=2,
+run_sweeps([job], RayExecutor(num_workers=1, num_cpus=0.5, threads=1), unit_chunks=2,
            progress=False, callback=die)
 """
 
 
-def test_killed_driver_resumes_to_identical_file(cluster, saved, tmp_path: Path) -> None:
+def test_killed_driver_resumes_to_identical_file(cluster, pool, saved, tmp_path: Path) -> None:
     ref = reference(saved["qwen2"], tmp_path / "ref.parquet", batch_size=16)
     out = tmp_path / "out.parquet"
     proc = subprocess.run([sys.executable, "-c", DRIVER, cluster, str(saved["qwen2"]), str(out)],
@@ -106,7 +110,7 @@ def test_killed_driver_resumes_to_identical_file(cluster, saved, tmp_path: Path)
     assert len(list(parts_dir(out).glob("chunk-*.parquet"))) == 4  # finished chunks kept
     assert not list(parts_dir(out).glob("*.tmp"))
     job = SweepJob(str(saved["qwen2"]), out, PROMPTS, batch_size=16)
-    run_sweeps([job], RayExecutor(num_workers=1, num_cpus=1, threads=1), progress=False)
+    run_sweeps([job], pool, progress=False)  # resumed here, on the running actors
     assert out.read_bytes() == ref
 
 
@@ -117,7 +121,7 @@ def test_cli_sweep_on_ray(cluster, saved, tmp_path: Path, capsys) -> None:
     args = ["sweep", "--model", str(saved["llama"]), "--output", str(tmp_path / "cli.parquet"),
             "--prompt", "What is best?", "--prompt", "What is worst?", "--label", "best",
             "--label", "worst", "--batch-size", "16", "--id-range", "0:200", "--top", "2",
-            "--ray", "--workers", "1", "--threads", "1"]
+            "--ray", "--workers", "1", "--cpus-per-worker", "0.5", "--threads", "1"]
     try:
         assert main(args) == 0
     finally:

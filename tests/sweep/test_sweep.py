@@ -165,7 +165,7 @@ def test_demo_rm_cached_equals_naive_and_hf() -> None:
         pytest.skip("demo head not trained yet")
     model = HookedRewardModel.from_pretrained(DEMO_MODEL_NAME, device="cpu")
     tok = model.tokenizer
-    ids = list(range(0, 49152, 997)) + [tok.convert_tokens_to_ids("ĠLove")]
+    ids = list(range(0, 49152, 2999)) + [tok.convert_tokens_to_ids("ĠLove")]
     sweep = score_vocabulary(model, PAPER_PROMPTS, ids, batch_size=32, progress=False)
     template = response_template(tok, PAPER_PROMPTS["best"])
     assert len(template.prefix) == 42 and template.suffix == (2, 198)  # <|im_end|> \n
@@ -175,9 +175,9 @@ def test_demo_rm_cached_equals_naive_and_hf() -> None:
     with torch.no_grad():
         ref = model(seqs, attention_mask=mask, return_type="score")
         hf, _ = demo_hf_reward_model()
-        hf_ref = hf(input_ids=seqs[:12], attention_mask=mask[:12]).logits[:, 0]
+        hf_ref = hf(input_ids=seqs[:6], attention_mask=mask[:6]).logits[:, 0]
     torch.testing.assert_close(sweep.values("best"), ref, atol=1e-4, rtol=0)
-    torch.testing.assert_close(sweep.values("best")[:12], hf_ref, atol=1e-4, rtol=0)
+    torch.testing.assert_close(sweep.values("best")[:6], hf_ref, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
