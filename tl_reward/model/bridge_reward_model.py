@@ -77,13 +77,6 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         model.cfg.tokenizer_prepends_bos = model.cfg.default_prepend_bos = adds_bos
         return model  # type: ignore[return-value]
 
-    @property
-    def bos_pad(self) -> bool:
-        """Whether the pad id is also the BOS the tokenizer puts first."""
-        tok = self.tokenizer
-        return (self.pad_token_id is not None and bool(self.cfg.default_prepend_bos)
-                and getattr(tok, "bos_token_id", None) == self.pad_token_id)
-
     @torch.no_grad()
     def pooled_outputs(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor, pooling: str | None = None,
