@@ -3,7 +3,8 @@
 Builds a seeded random ``LlamaForSequenceClassification`` of ``--shape`` (see
 ``loading_memory.py``) in ``--dtype`` on ``--device``, then scores the same batch of
 ``--batch`` sequences of ``--tokens`` random ids (right-padded to varied lengths) three ways:
-HF's forward (the reference), the reward bridge (wraps the HF module: no copy) and
+HF's forward (the reference; also run once in float32 on the same weights, so that each way's
+distance from the exact reward shows beside HF's own rounding), the reward bridge (wraps the HF module: no copy) and
 ``HookedRewardModel`` (converted weights). Prints each way's largest reward difference from HF,
 its median time per batch, the device's peak memory while it runs, and the memory of loading it;
 then one JSON line.
@@ -74,7 +75,7 @@ def main() -> None:
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.device(a.device):
-        hf = tf.LlamaForSequenceClassification._from_config(cfg, dtype=dtype).eval()
+        hf = tf.LlamaForSequenceClassification._from_config(cfg, dtype=torch.float32).eval()
     build_s = time.perf_counter() - t0
     gen = torch.Generator().manual_seed(1)
     n = min(a.tokens, shape["max_position_embeddings"])
@@ -87,17 +88,22 @@ def main() -> None:
     tokens, mask = tokens.to(a.device), mask.to(a.device)
     rows: dict[str, dict[str, float]] = {}
 
+    with torch.no_grad():  # the same weights in float32: how far each way is from exact
+        exact = hf(input_ids=tokens, attention_mask=mask).logits[:, 0].float()
+    hf = hf.to(dtype)
     with torch.no_grad():
         ref, t_hf, m_hf = _timed(lambda: hf(input_ids=tokens, attention_mask=mask).logits[:, 0]
                                  .float(), a.device, a.repeats)
-    rows["hf"] = {"max_abs_diff": 0.0, "seconds": t_hf, "peak_gib": m_hf, "load_s": build_s}
+    rows["hf"] = {"max_abs_diff": 0.0, "vs_float32": float((ref - exact).abs().max()),
+                  "seconds": t_hf, "peak_gib": m_hf, "load_s": build_s}
 
     t0 = time.perf_counter()
     bridge = BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok)
     load_b = time.perf_counter() - t0
     got, t_b, m_b = _timed(lambda: bridge.pooled_outputs(tokens, mask)[0][:, 0], a.device,
                            a.repeats)
-    rows["bridge"] = {"max_abs_diff": float((got - ref).abs().max()), "seconds": t_b,
+    rows["bridge"] = {"max_abs_diff": float((got - ref).abs().max()),
+                      "vs_float32": float((got - exact).abs().max()), "seconds": t_b,
                       "peak_gib": m_b, "load_s": load_b}
 
     t0 = time.perf_counter()
@@ -106,15 +112,17 @@ def main() -> None:
     load_h = time.perf_counter() - t0
     got, t_h, m_h = _timed(lambda: hooked.pooled_outputs(tokens, mask)[0][:, 0], a.device,
                            a.repeats)
-    rows["hooked"] = {"max_abs_diff": float((got - ref).abs().max()), "seconds": t_h,
+    rows["hooked"] = {"max_abs_diff": float((got - ref).abs().max()),
+                      "vs_float32": float((got - exact).abs().max()), "seconds": t_h,
                       "peak_gib": m_h, "load_s": load_h}
 
     print(f"{a.shape} {a.dtype} on {a.device}: batch {a.batch} x {n} tokens, "
           f"|reward| max {float(ref.abs().max()):.3g}")
-    print(f"{'way':8} {'max |diff| vs HF':>17} {'s / batch':>10} {'peak GiB':>9} {'load s':>7}")
+    print(f"{'way':8} {'max |diff| vs HF':>17} {'vs HF float32':>14} {'s / batch':>10} "
+          f"{'peak GiB':>9} {'load s':>7}")
     for way, r in rows.items():
-        print(f"{way:8} {r['max_abs_diff']:17.3g} {r['seconds']:10.4f} {r['peak_gib']:9.2f} "
-              f"{r['load_s']:7.1f}")
+        print(f"{way:8} {r['max_abs_diff']:17.3g} {r['vs_float32']:14.3g} {r['seconds']:10.4f} "
+              f"{r['peak_gib']:9.2f} {r['load_s']:7.1f}")
     print(json.dumps({"shape": a.shape, "dtype": a.dtype, "device": a.device, "batch": a.batch,
                       "tokens": n, "rows": rows}))
 

@@ -50,3 +50,24 @@ def test_qrm_from_disk_matches_reference(tmp_path) -> None:
     # score = w_eff(x) . x with w_eff = W_U g(x)
     w, b = model.reward_direction("score", normed, batch.tokens)
     torch.testing.assert_close((w * x).sum(-1) + b, ref.score[:, 0], atol=TOL, rtol=0)
+
+
+def test_qrm_in_bfloat16_matches_its_reference_in_bfloat16() -> None:
+    """A bf16 QRM is read in float32 (the gate's layers in bf16): the float32 readout met the
+    bf16 gate's first Linear and raised a dtype error. Reference: the published-structure
+    module in bf16, unpadded rows; tolerance a few bf16 roundings of rewards of order 1."""
+    from tl_reward.testing import tiny_hf_reward_model
+
+    hf, tok = tiny_hf_reward_model("qrm", num_labels=4, seed=3)
+    hf = hf.to(torch.bfloat16).eval()
+    model = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
+                                              dtype=torch.bfloat16, trust_remote_code=True)
+    res = model.rewards(CONVERSATIONS)
+    assert res.score.dtype == torch.float32
+    for i, conv in enumerate(CONVERSATIONS):
+        one = model.make_batch(conv)
+        with torch.no_grad():
+            ref = hf(input_ids=one.tokens, attention_mask=one.attention_mask)
+        torch.testing.assert_close(res.score[i], ref.score[0, 0].float(), atol=0.05, rtol=0)
+        torch.testing.assert_close(res.gating[i], ref.gating_output[0].float(), atol=0.02,
+                                   rtol=0)

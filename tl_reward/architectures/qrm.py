@@ -35,9 +35,15 @@ class QRMHead(ArmoRMHead):
     modules applied in order) and ``T`` folded into ``W_U`` (``transform`` is the identity)."""
 
     def gate(self, x: Float[torch.Tensor, "batch d_model"]) -> Float[torch.Tensor, "batch K"]:
+        """The layers run in their own dtype (a float32 readout of a bf16 model was refused by
+        the first ``Linear``), the softmax in the wider of theirs and that of ``x``."""
+        out_dtype = x.dtype
+        x = x.to(self.layers[0].weight.dtype)
         for layer in self.layers:
             x = layer(x)
-        return self.hook_gating(F.softmax(x / self.temperature, dim=-1) * self.logit_scale[0])
+        x = x.to(torch.promote_types(out_dtype, x.dtype))
+        return self.hook_gating(F.softmax(x / self.temperature, dim=-1)
+                                * self.logit_scale[0].to(x.dtype))
 
 
 def expectation_layer(hf_model: nn.Module) -> nn.Linear:
