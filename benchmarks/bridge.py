@@ -4,8 +4,8 @@ Builds a seeded random ``LlamaForSequenceClassification`` of ``--shape`` (see
 ``loading_memory.py``) in ``--dtype`` on ``--device``, then scores the same batch of
 ``--batch`` sequences of ``--tokens`` random ids (right-padded to varied lengths) three ways:
 HF's forward (the reference; also run once in float32 on the same weights, so that each way's
-distance from the exact reward shows beside HF's own rounding), the reward bridge (wraps the HF module: no copy) and
-``HookedRewardModel`` (converted weights). Prints each way's largest reward difference from HF,
+distance from the exact reward shows beside HF's own rounding), the reward bridge (wraps the HF
+module: no copy) and ``HookedRewardModel`` (converted weights). Prints each way's largest reward difference from HF,
 its median time per batch, the device's peak memory while it runs, and the memory of loading it;
 then one JSON line.
 
