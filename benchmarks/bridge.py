@@ -5,9 +5,9 @@ Builds a seeded random ``LlamaForSequenceClassification`` of ``--shape`` (see
 ``--batch`` sequences of ``--tokens`` random ids (right-padded to varied lengths) three ways:
 HF's forward (the reference; also run once in float32 on the same weights, so that each way's
 distance from the exact reward shows beside HF's own rounding), the reward bridge (wraps the HF
-module: no copy) and ``HookedRewardModel`` (converted weights). Prints each way's largest reward difference from HF,
-its median time per batch, the device's peak memory while it runs, and the memory of loading it;
-then one JSON line.
+module: no copy) and ``HookedRewardModel`` (converted weights). Prints each way's largest reward
+difference from HF, its median time per batch, the device's peak memory while it runs, and the
+time of loading it; then one JSON line.
 
     python benchmarks/bridge.py --shape llama-3.1-8b --dtype bfloat16 --device cuda
     python benchmarks/bridge.py --shape tiny --threads 2
@@ -90,7 +90,12 @@ def main() -> None:
 
     with torch.no_grad():  # the same weights in float32: how far each way is from exact
         exact = hf(input_ids=tokens, attention_mask=mask).logits[:, 0].float()
-    hf = hf.to(dtype)
+    if dtype != torch.float32:  # the same weights; buffers such as rotary inv_freq as HF
+        with torch.device(a.device):  # initialises them in this dtype (a cast would round them)
+            low = tf.LlamaForSequenceClassification._from_config(cfg, dtype=dtype).eval()
+        low.load_state_dict(hf.state_dict())
+        del hf
+        hf = low
     with torch.no_grad():
         ref, t_hf, m_hf = _timed(lambda: hf(input_ids=tokens, attention_mask=mask).logits[:, 0]
                                  .float(), a.device, a.repeats)
