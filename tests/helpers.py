@@ -15,7 +15,7 @@ from tl_reward.testing import tiny_hf_reward_model
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
-def _hooked_transformer_missing() -> str | None:
+def hooked_transformer_missing() -> str | None:
     """Why ``HookedRewardModel`` cannot be built here (TransformerLens 4), or ``None``."""
     from importlib.metadata import version
 
@@ -29,7 +29,7 @@ def _hooked_transformer_missing() -> str | None:
 
 #: Marks a test that builds a ``HookedRewardModel``: skipped under TransformerLens 4.
 needs_hooked_transformer = pytest.mark.skipif(
-    (_why := _hooked_transformer_missing()) is not None, reason=_why or "")
+    (_why := hooked_transformer_missing()) is not None, reason=_why or "")
 
 
 def smollm2_unavailable() -> str | None:
