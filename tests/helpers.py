@@ -6,13 +6,30 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
-from tl_reward import HookedRewardModel
 from tl_reward.testing import CONVERSATIONS as CONVERSATIONS  # re-exported for the tests
 from tl_reward.testing import tiny_hf_reward_model
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def hooked_transformer_missing() -> str | None:
+    """Why ``HookedRewardModel`` cannot be built here (TransformerLens 4), or ``None``."""
+    from importlib.metadata import version
+
+    try:
+        from transformer_lens import HookedTransformer  # noqa: F401
+    except ImportError:
+        return ("HookedRewardModel needs HookedTransformer, which TransformerLens 4 removed "
+                f"(transformer-lens {version('transformer-lens')} is installed)")
+    return None
+
+
+#: Marks a test that builds a ``HookedRewardModel``: skipped under TransformerLens 4.
+needs_hooked_transformer = pytest.mark.skipif(
+    (_why := hooked_transformer_missing()) is not None, reason=_why or "")
 
 
 def smollm2_unavailable() -> str | None:
@@ -46,6 +63,8 @@ class tiny_models:  # noqa: N801 - used as a fixture factory
 
     @cache  # noqa: B019 - one instance per session
     def __call__(self, arch: str = "llama", num_labels: int = 1, seed: int = 0) -> Any:
+        from tl_reward import HookedRewardModel  # not in TransformerLens 4: imported when used
+
         hf, tok = tiny_hf_reward_model(arch, num_labels=num_labels, seed=seed)
         model = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu")
         return model, hf, tok
@@ -132,6 +151,8 @@ def pad_is_eot_hf(arch: str = "llama") -> tuple[Any, Any]:
 def pad_is_eot_model(pooling: str = "hf", arch: str = "llama",
                      dtype: torch.dtype = torch.float32, device: str = "cpu") -> Any:
     """A :class:`HookedRewardModel` of :func:`pad_is_eot_hf` with pooling rule ``pooling``."""
+    from tl_reward import HookedRewardModel
+
     hf, tok = pad_is_eot_hf(arch)
     return HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device=device,
                                              dtype=dtype, pooling=pooling)

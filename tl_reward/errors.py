@@ -48,3 +48,20 @@ class SAEError(TLRewardError):
 
 class StoreMismatchError(TLRewardError):
     """A resumable job's folder holds results of a run with another run identity."""
+
+
+class SAELensUnavailableError(ImportError):
+    """SAELens cannot be imported: not installed, or under TransformerLens 4 (SAELens#738)."""
+
+
+def require_sae_lens() -> None:
+    """Import SAELens, or raise :class:`SAELensUnavailableError` saying why the SAE parts
+    cannot run here."""
+    try:
+        import sae_lens  # noqa: F401
+    except ImportError as e:
+        raise SAELensUnavailableError(
+            f"the SAE parts of tl_reward need SAELens, which cannot be imported here ({e}). "
+            "SAELens 6 pins transformer-lens<4 and does not import under TransformerLens 4 "
+            "(SAELens#738): use the default install (transformer-lens 3.9) for SAEs; "
+            "BridgeRewardModel works without it") from e

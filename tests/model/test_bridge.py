@@ -1,11 +1,14 @@
 """Reward models on TransformerLens's TransformerBridge (issue 30, first part).
 
 References: HF's own forward of the same module (padded batches, both sides), and the
-HookedRewardModel converted from it. Each trap has a test that fails without its fix.
+HookedRewardModel converted from it (skipped under TransformerLens 4, which has no
+HookedTransformer; the rest runs in the 4.3 job of ``.ci/run``). Each trap has a test that fails
+without its fix.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -18,7 +21,13 @@ from transformer_lens.model_bridge.supported_architectures import (
     LlamaArchitectureAdapter,
 )
 
-from tests.helpers import CONVERSATIONS, hf_rewards, parity_atol
+from tests.helpers import (
+    CONVERSATIONS,
+    hf_rewards,
+    hooked_transformer_missing,
+    needs_hooked_transformer,
+    parity_atol,
+)
 from tl_reward.errors import UnsupportedArchitectureError
 from tl_reward.model.bridge_reward_model import BridgeRewardModel
 from tl_reward.testing import tiny_hf_reward_model
@@ -35,9 +44,8 @@ def _bridge(arch: str, dtype: torch.dtype = torch.float32) -> tuple[Any, Any, An
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
-def test_rewards_equal_hf_both_paddings(arch: str, tiny: Any) -> None:
+def test_rewards_equal_hf_both_paddings(arch: str) -> None:
     model, hf, _ = _bridge(arch)
-    hooked = tiny(arch)[0]
     got = model.rewards(CONVERSATIONS).values(0)
     right = model.build(CONVERSATIONS, padding_side="right")
     ref = hf_rewards(hf, right.tokens, right.attention_mask)["reward"][:, 0]
@@ -50,17 +58,35 @@ def test_rewards_equal_hf_both_paddings(arch: str, tiny: Any) -> None:
     left = model.build(CONVERSATIONS, padding_side="left")
     torch.testing.assert_close(model.pooled_outputs(left.tokens, left.attention_mask)[0][:, 0],
                                alone, atol=tol, rtol=0)
-    # the same model converted for HookedTransformer gives the same rewards
-    torch.testing.assert_close(hooked.rewards(CONVERSATIONS).values(0), got, atol=tol, rtol=0)
-    # HookedTransformer-style hook names resolve with the same shapes
+    # HookedTransformer's residual names hold HF's hidden states (the last has HF's final norm)
+    batch = model.build(CONVERSATIONS[:1])
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
+    with torch.no_grad():
+        hidden = hf(input_ids=batch.tokens, attention_mask=batch.attention_mask,
+                    output_hidden_states=True).hidden_states
+    for layer in range(model.cfg.n_layers - 1):
+        torch.testing.assert_close(cache[f"blocks.{layer}.hook_resid_post"], hidden[layer + 1],
+                                   atol=0, rtol=0)
+    # per-position head outputs: the reward is unembed.hook_out at the pooled token
+    torch.testing.assert_close(cache["unembed.hook_out"][0, batch.pooled[0], 0], got[0],
+                               atol=tol, rtol=0)
+
+
+@needs_hooked_transformer
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_same_rewards_and_hook_shapes_as_hooked(arch: str, tiny: Any) -> None:
+    """The same model converted for HookedTransformer gives the same rewards, and its hook names
+    resolve on the bridge with the same shapes."""
+    model, _, _ = _bridge(arch)
+    hooked = tiny(arch)[0]
+    got = model.rewards(CONVERSATIONS).values(0)
+    torch.testing.assert_close(hooked.rewards(CONVERSATIONS).values(0), got,
+                               atol=parity_atol(got, model.cfg.n_layers), rtol=0)
     batch = model.build(CONVERSATIONS[:1])
     _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
     _, ref_cache = hooked.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
     for name in HOOKS:
         assert cache[name].shape == ref_cache[name].shape, name
-    # per-position head outputs: the reward is unembed.hook_out at the pooled token
-    torch.testing.assert_close(cache["unembed.hook_out"][0, batch.pooled[0], 0], got[0],
-                               atol=tol, rtol=0)
 
 
 def test_bf16_rewards_equal_hf_and_read_in_float32() -> None:
@@ -127,7 +153,6 @@ EXTRA = {  # HF sequence classifiers HookedRewardModel has no converter for
 def test_architectures_only_the_bridge_loads(family: str) -> None:
     import transformers as tf
 
-    from tl_reward import HookedRewardModel
     from tl_reward.testing import tiny_tokenizer
 
     tok = tiny_tokenizer()
@@ -138,8 +163,11 @@ def test_architectures_only_the_bridge_loads(family: str) -> None:
     torch.manual_seed(0)
     hf = getattr(tf, f"{family}ForSequenceClassification")._from_config(
         cfg, attn_implementation="eager").eval()
-    with pytest.raises(UnsupportedArchitectureError):
-        HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok)
+    if hooked_transformer_missing() is None:  # TransformerLens 3: HookedRewardModel refuses it
+        from tl_reward import HookedRewardModel
+
+        with pytest.raises(UnsupportedArchitectureError):
+            HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok)
     model = BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok)
     batch = model.build(CONVERSATIONS)
     ref = hf_rewards(hf, batch.tokens, batch.attention_mask)["reward"][:, 0]
@@ -155,6 +183,20 @@ def test_unsupported_architecture_names_the_fix() -> None:
     hf, tok = tiny_hf_reward_model("inform")
     with pytest.raises(UnsupportedArchitectureError, match="register a reward adapter"):
         BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok)
+
+
+def test_sae_parts_refuse_without_sae_lens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SAELens cannot be imported under TransformerLens 4 (SAELens#738): the SAE parts say so
+    by name, while ``tl_reward`` and the bridge never need it."""
+    from tl_reward.errors import SAELensUnavailableError
+    from tl_reward.sae import saes_for
+
+    monkeypatch.setitem(sys.modules, "sae_lens", None)  # as if it could not be imported
+    monkeypatch.delitem(sys.modules, "tl_reward.model.hooked_sae_reward_model", raising=False)
+    with pytest.raises(SAELensUnavailableError, match=r"transformer-lens<4 .*SAELens#738"):
+        import tl_reward.model.hooked_sae_reward_model  # noqa: F401
+    with pytest.raises(SAELensUnavailableError, match="SAELens#738"):
+        saes_for("org/model", base="org/base")
 
 
 def test_adapters_come_from_the_entry_point() -> None:

@@ -60,8 +60,9 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         if arch not in REWARD_ADAPTERS:
             raise UnsupportedArchitectureError(
                 f"no reward bridge for {arch}; supported: {sorted(REWARD_ADAPTERS)}. Load it "
-                "with HookedRewardModel.from_pretrained, or register a reward adapter "
-                "(tl_reward.tl_backend.bridge.reward_adapter) under this class name")
+                "with HookedRewardModel.from_pretrained (TransformerLens 3), or register a "
+                "reward adapter (tl_reward.tl_backend.bridge.reward_adapter) under this "
+                "class name")
         hf_model = hf_model.to(device=device, dtype=dtype).eval()
         model = build_reward_bridge(hf_model, arch)
         model.__class__ = cls

@@ -24,10 +24,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from sae_lens import SAE, HookedSAETransformer
 
-from tl_reward.errors import SAEError
-from tl_reward.model.hooked_reward_model import HookedRewardModel
+from tl_reward.errors import SAEError, require_sae_lens
+
+require_sae_lens()  # a clear refusal where SAELens cannot be imported (TransformerLens 4)
+
+from sae_lens import SAE, HookedSAETransformer  # noqa: E402
+
+from tl_reward.model.hooked_reward_model import HookedRewardModel  # noqa: E402
 
 
 class SAEHookError(SAEError):

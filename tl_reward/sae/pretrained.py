@@ -36,7 +36,7 @@ from typing import Any
 
 import pandas as pd
 
-from tl_reward.errors import SAEError
+from tl_reward.errors import SAEError, require_sae_lens
 from tl_reward.sae.splice import check_sae
 
 RM_BASES: dict[str, tuple[str, ...]] = {
@@ -124,6 +124,7 @@ def _given(values: dict[str, float], sae_id: str) -> float | None:
 def saes_for(model: Any, base: str | None = None) -> PretrainedSAEs:
     """The SAELens releases whose ``model`` is ``model``'s base (or ``base``): read from the
     registry SAELens ships, no network. ``model``: a reward model or its hub name."""
+    require_sae_lens()
     from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory
 
     name = model if isinstance(model, str) else str(model.cfg.model_name)
@@ -202,6 +203,7 @@ def load_sae(model: Any, path_or_release: str, sae_id: str | None = None,
              norm_scaling_factor: float | None = None) -> Any:
     """An SAE for ``model``: ``SAE.load_from_disk(path)`` or ``SAE.from_pretrained(release,
     sae_id)`` (needs the hub), on the model's device, through :func:`prepare_sae`."""
+    require_sae_lens()
     from sae_lens import SAE
 
     device = str(model.cfg.device)

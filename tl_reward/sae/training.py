@@ -39,8 +39,8 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
+from tl_reward.errors import SAEError, require_sae_lens
 from tl_reward.results import ShortRepr
-from tl_reward.sae.splice import SAEError
 
 
 def hook_block(model: Any, hook_name: str) -> int:
@@ -215,6 +215,7 @@ def train_topk_sae(
         output_path: where to save the SAE (``cfg.json`` + ``sae_weights.safetensors``) and
             SAELens checkpoints (``n_checkpoints`` of them); a temporary folder by default.
     """
+    require_sae_lens()
     from sae_lens import SAE
     from sae_lens.config import LoggingConfig, SAETrainerConfig
     from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformerConfig
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.hook_points import HookPoint
+
+if TYPE_CHECKING:  # TransformerLens 4 has no HookedTransformerConfig
+    from transformer_lens import HookedTransformerConfig
 
 
 @dataclass
