@@ -212,3 +212,19 @@ def test_adapters_come_from_the_entry_point() -> None:
         pytest.skip("tl_reward is on the path but not installed: no entry points to read")
     found = {ep.name: ep.load() for ep in entry_points(group="transformer_lens.architectures")}
     assert {k: found.get(k) for k in REWARD_ADAPTERS} == REWARD_ADAPTERS
+
+
+def test_a_stock_bridge_has_no_attachments() -> None:
+    """The bridge wraps HF's own modules: they are its stock forward, not attachments; a hook
+    is one."""
+    from tl_reward.tl_backend import attachments
+
+    model, _, _ = _bridge("llama")
+    assert attachments(model) == []
+    handle = model.blocks[0].mlp.register_forward_hook(lambda m, i, o: o)
+    try:
+        found = attachments(model)
+        assert len(found) == 1 and found[0].startswith("a hook on blocks.0.")
+        assert found[0].endswith("mlp")
+    finally:
+        handle.remove()

@@ -203,9 +203,10 @@ def attachments(model: Any, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                 hook_points: bool = True) -> list[str]:
     """Everything attached to ``model`` beyond its stock forward, one description each: global
     torch module hooks, forward or pre-forward hooks on any submodule (on hook points too unless
-    ``hook_points=False``), and modules that are neither TransformerLens's, torch's nor the
-    library's own (an attached SAE, a replaced MLP, a wrapped hook point). ``only`` / ``skip``
-    restrict to / leave out submodules under these top-level names. Empty for a stock model."""
+    ``hook_points=False``), and modules that are neither TransformerLens's, torch's, HF's
+    (which a bridge wraps) nor the library's own (an attached SAE, a replaced MLP, a wrapped
+    hook point). ``only`` / ``skip`` restrict to / leave out submodules under these top-level
+    names. Empty for a stock model."""
     from torch.nn.modules import module as nn_module
 
     out = []
@@ -219,7 +220,8 @@ def attachments(model: Any, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
         if n_hooks and (hook_points or not isinstance(mod, HookPoint)):
             out.append(f"a hook on {name}")
         cls = type(mod)
-        if not cls.__module__.startswith(("transformer_lens.", "torch.nn.", "tl_reward.")):
+        if not cls.__module__.startswith(("transformer_lens.", "torch.nn.", "tl_reward.",
+                                          "transformers.")):  # a bridge wraps HF's modules
             what = " (an attached SAE)" if cls.__module__.startswith("sae_lens") else ""
             out.append(f"{name} is a {cls.__module__}.{cls.__qualname__}{what}")
     return out
