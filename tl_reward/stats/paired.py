@@ -26,14 +26,15 @@ from tl_reward.stats.ranks import ArrayLike, as_array
 EXACT_MAX_N = 20
 
 
-def _clean(x: ArrayLike) -> np.ndarray:
+def drop_nan(x: ArrayLike) -> np.ndarray:
+    """``x`` flattened to float64, its NaNs dropped."""
     arr = as_array(x).ravel()
     return arr[~np.isnan(arr)]
 
 
 def sign_flip_null_sums(x: ArrayLike) -> np.ndarray:
     """All ``2^n`` sums ``sum_i s_i x_i`` over sign patterns ``s`` (n <= 26), by doubling."""
-    arr = _clean(x)
+    arr = drop_nan(x)
     if arr.size > 26:
         raise ValueError(f"exact enumeration of 2^{arr.size} sign patterns is too large; use "
                          "the Monte Carlo test")
@@ -64,7 +65,7 @@ def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_permutations:
                    seed: int = 0) -> SignFlipResult:
     """The package's one two-sided sign-flip test of ``mean(x) != 0`` (NaNs dropped): exact
     for ``n <= exact_max_n``, else ``n_permutations`` random patterns (see the module doc)."""
-    arr = _clean(x)
+    arr = drop_nan(x)
     n = int(arr.size)
     if n == 0:
         return SignFlipResult(float("nan"), "undefined", 0, 0)
@@ -118,7 +119,7 @@ def paired_effect_size(x: ArrayLike, zero_tol: float = 0.0) -> EffectSize:
     ``sd`` of about one ulp of ``max|x|`` (``[0.1] * 3`` gives 1.7e-17, so ``mean / sd`` would
     be 5.9e15), and a spread below 64 ulps of the data is below their resolution, for any n.
     """
-    arr = _clean(x)
+    arr = drop_nan(x)
     n = int(arr.size)
     mean = float(arr.mean()) if n else float("nan")
     if n < 2:
