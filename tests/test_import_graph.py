@@ -31,17 +31,6 @@ LAYERS: list[tuple[str, ...]] = [
 #: TEMPORARY (issue 28): imports that other branches remove. Each edge is exempt from every
 #: check and must still exist, so an entry fails once its fix lands: delete it, then this set.
 ALLOWED: set[tuple[str, str]] = {
-    # analysis/readout.py moves into model/; _is_single becomes model.inputs.is_single
-    ("tl_reward.model.hooked_reward_model", "tl_reward.analysis.readout"),
-    ("tl_reward.model.scoring", "tl_reward.analysis.readout"),
-    ("tl_reward.model.scoring", "tl_reward.model.hooked_reward_model"),
-    ("tl_reward.analysis.attribution", "tl_reward.model.hooked_reward_model"),
-    ("tl_reward.analysis.lens", "tl_reward.model.hooked_reward_model"),
-    ("tl_reward.sae.ablation", "tl_reward.model.hooked_reward_model"),
-    ("tl_reward.sae.attribution", "tl_reward.model.hooked_reward_model"),
-    ("tl_reward.sae.features", "tl_reward.model.hooked_reward_model"),
-    # sweep/response_template.py moves down into model/ or data/
-    ("tl_reward.model.hooked_reward_model", "tl_reward.sweep.response_template"),
     # results.py becomes a registry that imports no analysis
     ("tl_reward.results", "tl_reward.analysis.faithfulness"),
     ("tl_reward.results", "tl_reward.sweep.vocab_sweep"),
