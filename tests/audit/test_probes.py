@@ -16,9 +16,9 @@ from tl_reward.audit.perturbations import Dimension, ProbeError, hh_rlhf_items, 
 from tl_reward.audit.probes import (
     NATURAL,
     run_probes,
-    run_published_probes,
     summarise_dimension,
 )
+from tl_reward.compat.published import run_published_probes
 
 ITEMS = user_items([
     ("Why is the sky blue?", "Sunlight scatters off air. Blue light scatters most."),

@@ -151,11 +151,10 @@ def test_probes_local_equal_resume_and_share_the_store(job_models, references,
                            ref.rows["neutral:objective_0"].to_numpy()[:len(got_bf16.rows)],
                            rtol=0, atol=1e-6)
     # the 10 published probes, scored on a worker: run_published_probes' own table
-    from tl_reward.audit.probes import run_published_probes
-    from tl_reward.scale.probes import run_published_probes as published_on
+    from tl_reward.compat.published import run_published_probes
 
     want = one_thread(lambda: run_published_probes(model, "objective_1"))
-    got = published_on(path, "objective_1", executor=local())
+    got = run_published_probes(path, "objective_1", executor=local())
     pd.testing.assert_frame_equal(got.rows, want.rows, check_exact=True)
     assert got.table.equals(want.table) and want.table.n.tolist() == [3, 2, 2, 2, 1]
 

@@ -196,8 +196,8 @@ def test_cli_compare_on_ray_equal_single_process(cluster, job_models, tmp_path: 
     import numpy as np
     from scale_jobs import one_thread
 
+    import tl_reward.compare.behaviour as behaviour
     import tl_reward.compare.layers as layers
-    import tl_reward.scale.behaviour as behaviour
     from tl_reward import HookedRewardModel
     from tl_reward.cli import main
     from tl_reward.cli.compare import read_compare_input

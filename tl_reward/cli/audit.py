@@ -110,15 +110,8 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
     )
 
     t0 = time.time()
-    if executor is None:
-        rep = run_probes(model, items, dimensions, objective=objective, output_dir=runs,
-                         seed=seed, batch_size=batch_size, n_bootstrap=n_bootstrap)
-    else:
-        from tl_reward.scale import probes as scaled
-
-        rep = scaled.run_probes(model, items, dimensions, objective=objective, output_dir=runs,
-                                executor=executor, seed=seed, batch_size=batch_size,
-                                n_bootstrap=n_bootstrap)
+    rep = run_probes(model, items, dimensions, objective=objective, output_dir=runs, seed=seed,
+                     batch_size=batch_size, n_bootstrap=n_bootstrap, executor=executor)
     probe_s = time.time() - t0
     stats = rep.to_dataframe()
     table = stats[["dimension", "n", "n_skipped", "mean", "ci_low", "ci_high", "effect_size",
@@ -162,10 +155,7 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
         cascade_heatmap(casc), casc.to_dataframe(),
     ]
     if published:
-        if executor is None:
-            pub = run_published_probes(model, rep.objective, batch_size)
-        else:
-            pub = scaled.run_published_probes(model, rep.objective, batch_size, executor)
+        pub = run_published_probes(model, rep.objective, batch_size, executor)
         parts += ["<h2>The published probes (reward-lens v1.0.0)</h2><p>10 hand-written "
                   "triples; their biased texts also change content. n per dimension is 1-3, "
                   "so its \"Cohen's d\" is infinite at n = 1 and no p-value can reach 0.05 at "

@@ -112,15 +112,13 @@ def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
                  args: argparse.Namespace, pool: Any = None) -> list[Any]:
     """The report's parts: tables, figures and headings. ``models``: ``{name: loaded model}``,
     or with a started Ray ``pool`` ``{name: ModelSpec}`` that its actors load."""
-    from tl_reward.compare.behaviour import compare_models
-    from tl_reward.compare.layers import compare_grams, compare_layers
+    from tl_reward.compare.behaviour import compare_models, run_compare_models
+    from tl_reward.compare.layers import compare_grams, compare_layers, run_layer_grams
 
     kw = {"pairs": pairs or None, "readability_layer": args.readability_layer,
           "n_bootstrap": args.bootstrap, "batch_size": args.batch_size,
           "objective": _objectives(args.objective, list(models))}
     if pool is not None:
-        from tl_reward.scale.behaviour import run_compare_models
-
         rep = run_compare_models(models, corpus, executor=pool, **kw)
     else:
         rep = compare_models(models, corpus, **kw)
@@ -144,8 +142,6 @@ def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
                      "similar geometry is not the same mechanism.</p>")
         grams = None
         if pool is not None:
-            from tl_reward.scale.compare import run_layer_grams
-
             grams = run_layer_grams(list(models.values()), corpus, batch_size=args.batch_size,
                                     executor=pool)
         for k, other in enumerate(names[1:], 1):

@@ -33,6 +33,8 @@ from tl_reward.compare.layers import activations, model_label
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
+from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
+from tl_reward.scale.jobs import run_chunked
 from tl_reward.stats.agreement import RankAgreement, rank_agreement
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import share_interval
@@ -279,20 +281,81 @@ def compare_models(
             objective of a multi-objective RM).
 
     The forward passes are :func:`model_features`, the statistics :func:`compare_features`
-    (``tl_reward.scale.run_compare_models`` runs the former on workers).
+    (:func:`run_compare_models` runs the former on workers).
     """
-    from tl_reward.scale.behaviour import run_compare_models
-    from tl_reward.scale.executors import Loaded, LocalExecutor
-
     named = dict(models) if isinstance(models, Mapping) else {}
     if not isinstance(models, Mapping):
         for i, m in enumerate(models):  # named by the model's label (repeats get _i)
             name = model_label(m)
             named[name if name not in named else f"{name}_{i}"] = m
-    return run_compare_models({n: Loaded(m) for n, m in named.items()}, data, pairs=pairs,
-                              sweeps=sweeps,
+    return run_compare_models(named, data, pairs=pairs, sweeps=sweeps,
                               readability_hook=readability_hook,
                               readability_layer=readability_layer, objective=objective,
                               n_bootstrap=n_bootstrap, confidence=confidence, seed=seed,
-                              batch_size=batch_size, rbo_p=rbo_p, executor=LocalExecutor(),
-                              progress=False)
+                              batch_size=batch_size, rbo_p=rbo_p, progress=False)
+
+
+def features_unit(worker: Worker, spec: Spec, corpus: Sequence[Any] | None,
+                  pairs: Sequence[PreferencePair] | None, objective: str,
+                  readability_hook: str | None, readability_layer: int, batch_size: int
+                  ) -> list[tuple[str, ModelFeatures]]:
+    """The model's name and :class:`ModelFeatures`, as the unit's one result (run on a
+    worker)."""
+    model = worker.model(spec)
+    return [(model_label(model), model_features(model, corpus, pairs, objective,
+                                                readability_hook, readability_layer,
+                                                batch_size))]
+
+
+def run_compare_models(
+    models: Mapping[str, Any] | Sequence[Any],
+    data: Sequence[Any] | None = None,
+    *,
+    pairs: Sequence[PreferencePair] | None = None,
+    sweeps: Mapping[str, Any] | None = None,
+    readability_hook: str | None = "blocks.{layer}.hook_resid_post",
+    readability_layer: int = -1,
+    objective: str | Mapping[str, str] = "score",
+    n_bootstrap: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    batch_size: int = 8,
+    rbo_p: float = 0.9,
+    executor: Executor | None = None,
+    progress: bool | None = None,
+) -> BehaviourComparison:
+    """:func:`compare_models` with every model's forward passes on ``executor`` (one unit per
+    model; the statistics here, so the driver never loads a model). ``models``: loaded models,
+    hub names, local directories or :class:`~tl_reward.scale.executors.ModelSpec` s, as
+    ``{name: model}`` or a list; the other arguments as there."""
+    named = dict(models) if isinstance(models, Mapping) else None
+    specs = [as_spec(m) for m in (named.values() if named is not None else models)]
+    if len(specs) < 2:
+        raise TLRewardError("compare_models needs at least two models")
+    corpus, pairs = split_data(data, pairs)
+    if corpus is None and pairs is None and sweeps is None:
+        raise TLRewardError("give a corpus (data=...), preference pairs or sweeps to compare")
+    if isinstance(objective, str):
+        objectives = [objective] * len(specs)
+    elif named is None:
+        raise TLRewardError("one objective per model needs the models as {name: model}")
+    else:
+        per = objective_per_model(objective, list(named))
+        objectives = [per[n] for n in named]
+    results: dict[int, tuple[str, ModelFeatures]] = {}
+    with (executor or LocalExecutor()).session() as pool:
+        run_chunked(pool, features_unit, range(len(specs)),
+                    lambda u: (specs[u[0]], corpus, pairs, objectives[u[0]], readability_hook,
+                               readability_layer, batch_size),
+                    lambda i, result, new: results.__setitem__(i, result),
+                    desc="compare", unit="model", progress=progress)
+    if named is not None:
+        names = list(named)
+    else:  # a list: each model named by its label, repeats with _i
+        names = []
+        for i in range(len(specs)):
+            name = results[i][0]
+            names.append(name if name not in names else f"{name}_{i}")
+    features = {n: results[i][1] for i, n in enumerate(names)}
+    return compare_features(features, sweeps, n_bootstrap=n_bootstrap, confidence=confidence,
+                            seed=seed, rbo_p=rbo_p)

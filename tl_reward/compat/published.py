@@ -29,23 +29,13 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from tl_reward.compat.effect_size import published_cohens_d
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
-from tl_reward.stats.paired import _clean
-from tl_reward.stats.ranks import ArrayLike
+from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
 
 
 # -- probes --------------------------------------------------------------------------------------
-def published_cohens_d(x: ArrayLike) -> float:
-    """``mean / std`` (ddof 0): ``+inf`` for one probe or identical deltas (any sign)."""
-    arr = _clean(x)
-    mean = float(arr.mean())
-    std = float(arr.std()) if arr.size > 1 else 0.0
-    if std > 1e-8:
-        return mean / std
-    return float("inf") if abs(mean) > 1e-8 else 0.0
-
-
 @dataclass(frozen=True)
 class PublishedProbe:
     """One hand-written probe: its biased text also changes content."""
@@ -75,13 +65,22 @@ class PublishedProbeReport(ShortRepr):
         return self.table
 
 
-def run_published_probes(model: Any, objective: str | None = None, batch_size: int = 8
-                         ) -> PublishedProbeReport:
-    """Score the 10 probes: published d beside our effect size and exact p (n = 1-3)."""
+def run_published_probes(model: Any, objective: str | None = None, batch_size: int = 8,
+                         executor: Executor | None = None) -> PublishedProbeReport:
+    """Score the 10 probes: published d beside our effect size and exact p (n = 1-3).
+    ``model``: loaded, or a hub name, local directory or
+    :class:`~tl_reward.scale.executors.ModelSpec` scored on one of ``executor``'s workers."""
+    with (executor or LocalExecutor()).session() as pool:
+        return pool.gather(_published_unit, [(as_spec(model), objective, batch_size)])[0]
+
+
+def _published_unit(worker: Worker, spec: Spec, objective: str | None, batch_size: int
+                    ) -> PublishedProbeReport:
     from tl_reward.audit.perturbations import make_item
-    from tl_reward.audit.probes import _score_rows, reward_names
+    from tl_reward.audit.probes import reward_names, score_rows
     from tl_reward.stats.paired import paired_effect_size, sign_flip_test
 
+    model = worker.model(spec)
     probes = published_probe_texts()
     names = reward_names(model)
     objective = objective or names[0]
@@ -92,7 +91,7 @@ def run_published_probes(model: Any, objective: str | None = None, batch_size: i
              "source": "reward-lens-v1", "applied": True, "neutral_user": p.prompt,
              "neutral_reply": p.neutral, "perturbed_user": p.prompt, "perturbed_reply": p.biased}
             for p in probes]
-    df = _score_rows(model, items, rows, [objective], batch_size)
+    df = score_rows(model, items, rows, [objective], batch_size)
     out = []
     for dim in dict.fromkeys(df.dimension):
         d = df[df.dimension == dim][f"delta:{objective}"].to_numpy(np.float64)

@@ -2,20 +2,28 @@
 
 * :mod:`~tl_reward.scale.executors`: where units run (:class:`LocalExecutor`,
   :class:`RayExecutor`; a started pool is an executor too);
-* :mod:`~tl_reward.scale.sweeps`: vocabulary sweeps over many models x prompts x shards;
-* :mod:`~tl_reward.scale.faithfulness`: the faithfulness report over many pairs;
-* :mod:`~tl_reward.scale.probes`: the reward-hacking probe battery over many items;
-* :mod:`~tl_reward.scale.compare`: layer Grams / layer x layer maps over many inputs and models;
-* :mod:`~tl_reward.scale.behaviour`: behavioural agreement of many models (one per worker).
+* :mod:`~tl_reward.scale.jobs`: the one chunked-job driver every long job runs through;
+* :mod:`~tl_reward.scale.sweeps`: vocabulary sweeps over many models x prompts x shards.
+
+Each other job is written once, in its analysis's module, and takes a loaded model (run in
+this process) or a model spec (loaded by the workers); it is re-exported here: the faithfulness
+report, the probe battery, layer Grams and maps, behavioural agreement.
 """
 
-from tl_reward.scale.behaviour import run_compare_models
-from tl_reward.scale.compare import run_compare_layers, run_layer_grams
-from tl_reward.scale.executors import LocalExecutor, ModelSpec, RayExecutor, RayNotInstalledError
-from tl_reward.scale.faithfulness import run_faithfulness
-from tl_reward.scale.probes import run_probes
-from tl_reward.scale.sweeps import SweepJob, run_sweeps
+from tl_reward._lazy import lazy_exports
 
-__all__ = ["LocalExecutor", "ModelSpec", "RayExecutor", "RayNotInstalledError", "SweepJob",
-           "run_compare_layers", "run_compare_models", "run_faithfulness", "run_layer_grams",
-           "run_probes", "run_sweeps"]
+_EXPORTS = {
+    "LocalExecutor": "tl_reward.scale.executors",
+    "ModelSpec": "tl_reward.scale.executors",
+    "RayExecutor": "tl_reward.scale.executors",
+    "RayNotInstalledError": "tl_reward.scale.executors",
+    "SweepJob": "tl_reward.scale.sweeps",
+    "run_compare_layers": "tl_reward.compare.layers",
+    "run_compare_models": "tl_reward.compare.behaviour",
+    "run_faithfulness": "tl_reward.analysis.faithfulness",
+    "run_layer_grams": "tl_reward.compare.layers",
+    "run_probes": "tl_reward.audit.probes",
+    "run_sweeps": "tl_reward.scale.sweeps",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -5,8 +5,8 @@ pieces whose results it alone writes (workers need no shared file system). Units
 :class:`LocalExecutor` (one in-process :class:`Worker`) or :class:`RayExecutor` (a pool of
 :class:`Worker` Ray actors with ``max_restarts=-1``, two units in flight per actor, a dead
 actor's unit handed out again). Workers receive a :class:`ModelSpec`, never a loaded model, and
-plan jobs too, so the driver never loads the model; the single-process analyses pass a
-:class:`Loaded` model to an in-process worker (:func:`in_process`). A unit is a module-level
+plan jobs too, so the driver never loads the model; a job given a loaded model wraps it in
+:class:`Loaded` for an in-process worker (:func:`as_spec`). A unit is a module-level
 ``fn(worker, *args)`` that gets the model from :meth:`Worker.model`; :attr:`Worker.state` keeps
 per-model state (plans, prefix caches) between units. A started pool is itself an executor::
 
@@ -65,14 +65,12 @@ class Loaded:
 Spec = ModelSpec | Loaded
 
 
-def as_spec(model: str | Path | Spec) -> Spec:
-    """A :class:`ModelSpec` from a spec or a hub name / local directory (float32)."""
-    return model if isinstance(model, (ModelSpec, Loaded)) else ModelSpec(str(model))
-
-
-def in_process(model: Any) -> tuple[Loaded, LocalExecutor]:
-    """``model`` (loaded) and the executor that runs a job on it in this process."""
-    return Loaded(model), LocalExecutor()
+def as_spec(model: Any) -> Spec:
+    """``model`` as a spec: a spec as is, a hub name / local directory as a float32
+    :class:`ModelSpec`, anything else (a loaded model) as :class:`Loaded`."""
+    if isinstance(model, (ModelSpec, Loaded)):
+        return model
+    return ModelSpec(str(model)) if isinstance(model, (str, Path)) else Loaded(model)
 
 
 class Worker:

@@ -28,7 +28,8 @@ from tl_reward.stats.resampling import bootstrap_indices
 EXACT_MAX_N = 20
 
 
-def _clean(x: ArrayLike) -> np.ndarray:
+def drop_nan(x: ArrayLike) -> np.ndarray:
+    """``x`` flattened to float64, its NaNs dropped."""
     arr = as_array(x).ravel()
     return arr[~np.isnan(arr)]
 
@@ -47,7 +48,7 @@ def _flipped_sums(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def sign_flip_null_sums(x: ArrayLike) -> np.ndarray:
     """All ``2^n`` sums ``sum_i s_i x_i`` over sign patterns ``s`` (n <= 26)."""
-    arr = _clean(x)
+    arr = drop_nan(x)
     return arr.sum() - 2 * _flipped_sums(arr)[0]
 
 
@@ -109,7 +110,7 @@ def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_permutations:
     for ``n <= exact_max_n``, else ``n_permutations`` random patterns (see the module doc); and
     the package's one interval of a mean, the ``confidence`` set that inverts the same test
     over the same patterns, so it excludes 0 exactly when ``p < 1 - confidence``."""
-    arr = _clean(x)
+    arr = drop_nan(x)
     n = int(arr.size)
     if n == 0:
         return SignFlipResult(float("nan"), "undefined", 0, 0)
@@ -205,7 +206,7 @@ def paired_effect_size(x: ArrayLike, zero_tol: float = 0.0) -> EffectSize:
     ``sd`` of about one ulp of ``max|x|`` (``[0.1] * 3`` gives 1.7e-17, so ``mean / sd`` would
     be 5.9e15), and a spread below 64 ulps of the data is below their resolution, for any n.
     """
-    arr = _clean(x)
+    arr = drop_nan(x)
     n = int(arr.size)
     mean = float(arr.mean()) if n else float("nan")
     if n < 2:

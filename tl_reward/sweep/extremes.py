@@ -9,7 +9,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -18,7 +18,9 @@ from jaxtyping import Float, Int
 
 from tl_reward.results import ShortRepr
 from tl_reward.sweep.lexicon import percentile_of
-from tl_reward.sweep.vocab_sweep import VocabSweep
+
+if TYPE_CHECKING:
+    from tl_reward.sweep.vocab_sweep import VocabSweep
 
 
 @dataclass(repr=False)

@@ -31,32 +31,17 @@ import torch
 from jaxtyping import Bool, Float, Int
 from tqdm.auto import tqdm
 
-from tl_reward.data.conversation import Conversation, Message
-from tl_reward.errors import TLRewardError
 from tl_reward.model.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.results import ShortRepr
+from tl_reward.sweep.vocab_sweep import (
+    candidate_ids,
+    score_text_path,
+    score_vocabulary,
+    text_path_ids,
+)
 
 if TYPE_CHECKING:
     from tl_reward.model.hooked_reward_model import HookedRewardModel
-
-TEXT_PATHS = ("paper", "template")
-
-
-def text_path_ids(tokenizer: Any, conversation: Conversation, token_id: int,
-                  path: str = "paper") -> list[int]:
-    """Ids the text path gives for ``token_id`` as the assistant reply to ``conversation``."""
-    if path not in TEXT_PATHS:
-        raise TLRewardError(f"path must be one of {TEXT_PATHS}, got {path!r}")
-    text = tokenizer.decode([int(token_id)])
-    conv = [*conversation, Message(role="assistant", content=text)]
-    if path == "paper":
-        string = tokenizer.apply_chat_template(conv, tokenize=False)
-        return [int(t) for t in tokenizer(string, add_special_tokens=True)["input_ids"]]
-    out = tokenizer.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"]
-    if out and isinstance(out[0], list):
-        out = out[0]
-    return [int(t) for t in out]
-
 
 @dataclass(repr=False)
 class RoundTripReport(ShortRepr):
@@ -177,8 +162,6 @@ def roundtrip_report(
     With ``score=True`` both paths are also scored (the text path with full forwards, as
     published), so the report shows how the round trip changes scores and rankings.
     """
-    from tl_reward.sweep.vocab_sweep import candidate_ids, score_vocabulary
-
     cands = candidate_ids(model, ids)
     report = roundtrip_check(model.tokenizer, prompt, cands, path, progress)
     if score:
@@ -188,28 +171,3 @@ def roundtrip_report(
         report.text_scores = score_text_path(model, report.template, torch.tensor(cands), path,
                                              batch_size)[1]
     return report
-
-
-@torch.no_grad()
-def score_text_path(
-    model: HookedRewardModel,
-    template: ResponseTemplate,
-    ids: Int[torch.Tensor, " n"],
-    path: str = "paper",
-    batch_size: int | None = None,
-) -> tuple[Float[torch.Tensor, "n K"], Float[torch.Tensor, " n"] | None]:
-    """Rewards and scores of the text path's sequences (full forward, padded batches), each
-    closed by the model's :attr:`~HookedRewardModel.suffix_ids` as :meth:`encode` closes text."""
-    from tl_reward.model.inputs import EncodedInput
-
-    seqs = [[*text_path_ids(model.tokenizer, template.conversation, int(v), path),
-             *model.suffix_ids] for v in ids.tolist()]
-    step = batch_size or max(1, len(seqs))
-    rewards, scores = [], []
-    for i in range(0, len(seqs), step):
-        batch = model.collate([EncodedInput(s) for s in seqs[i: i + step]])
-        r, s, _ = model.pooled_outputs(batch.tokens, batch.attention_mask)
-        rewards.append(r.float().cpu())
-        scores.append(None if s is None else s.float().cpu())
-    score = None if scores[0] is None else torch.cat(scores)  # type: ignore[arg-type]
-    return torch.cat(rewards), score

@@ -26,7 +26,7 @@ from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
 from tl_reward import tl_backend
-from tl_reward.data.conversation import Conversation, is_conversation
+from tl_reward.data.conversation import Conversation, Message, is_conversation
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.model.fingerprint import model_fingerprint, tokenizer_fingerprint
 from tl_reward.model.heads import objective_slot
@@ -304,6 +304,51 @@ def score_candidates(
     return read_rewards(model, full, tokens, pos)
 
 
+TEXT_PATHS = ("paper", "template")
+
+
+def text_path_ids(tokenizer: Any, conversation: Conversation, token_id: int,
+                  path: str = "paper") -> list[int]:
+    """Ids the text path gives for ``token_id`` as the assistant reply to ``conversation``."""
+    if path not in TEXT_PATHS:
+        raise TLRewardError(f"path must be one of {TEXT_PATHS}, got {path!r}")
+    text = tokenizer.decode([int(token_id)])
+    conv = [*conversation, Message(role="assistant", content=text)]
+    if path == "paper":
+        string = tokenizer.apply_chat_template(conv, tokenize=False)
+        return [int(t) for t in tokenizer(string, add_special_tokens=True)["input_ids"]]
+    out = tokenizer.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"]
+    if out and isinstance(out[0], list):
+        out = out[0]
+    return [int(t) for t in out]
+
+
+
+@torch.no_grad()
+def score_text_path(
+    model: HookedRewardModel,
+    template: ResponseTemplate,
+    ids: Int[torch.Tensor, " n"],
+    path: str = "paper",
+    batch_size: int | None = None,
+) -> tuple[Float[torch.Tensor, "n K"], Float[torch.Tensor, " n"] | None]:
+    """Rewards and scores of the text path's sequences (full forward, padded batches), each
+    closed by the model's :attr:`~HookedRewardModel.suffix_ids` as :meth:`encode` closes text."""
+    from tl_reward.model.inputs import EncodedInput
+
+    seqs = [[*text_path_ids(model.tokenizer, template.conversation, int(v), path),
+             *model.suffix_ids] for v in ids.tolist()]
+    step = batch_size or max(1, len(seqs))
+    rewards, scores = [], []
+    for i in range(0, len(seqs), step):
+        batch = model.collate([EncodedInput(s) for s in seqs[i: i + step]])
+        r, s, _ = model.pooled_outputs(batch.tokens, batch.attention_mask)
+        rewards.append(r.float().cpu())
+        scores.append(None if s is None else s.float().cpu())
+    score = None if scores[0] is None else torch.cat(scores)  # type: ignore[arg-type]
+    return torch.cat(rewards), score
+
+
 # -- the sweep -----------------------------------------------------------------------------------
 
 
@@ -498,8 +543,6 @@ def score_chunk(model: HookedRewardModel, plan: SweepPlan, caches: list[Any],
     ids = torch.tensor(chunk_ids, dtype=torch.long)
     for template, label, cache in zip(plan.templates, spec.labels, caches, strict=True):
         if spec.mode == "text":
-            from tl_reward.sweep.roundtrip import score_text_path
-
             rewards, score = score_text_path(model, template, ids)
         else:
             rewards, score = score_candidates(model, template, ids, cache)
