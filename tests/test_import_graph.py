@@ -34,8 +34,6 @@ ALLOWED: set[tuple[str, str]] = {
     # results.py becomes a registry that imports no analysis
     ("tl_reward.results", "tl_reward.analysis.faithfulness"),
     ("tl_reward.results", "tl_reward.sweep.vocab_sweep"),
-    # stats: paired <-> resampling
-    ("tl_reward.stats.resampling", "tl_reward.stats.paired"),
 }
 
 Graph = dict[str, dict[str, set[str]]]

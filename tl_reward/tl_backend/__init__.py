@@ -14,14 +14,27 @@ The names below are imported on first use: ``weights`` and ``continuation`` need
 from tl_reward._lazy import lazy_exports
 
 _EXPORTS = {
-    **dict.fromkeys(["final_residual_at", "run_after_prefix"], "tl_reward.tl_backend.continuation"),
-    **dict.fromkeys(["FusedQKV", "PrefixCache", "attachments", "build_prefix_cache", "cache_keys",
-                     "continuation_method", "expand_stock_cache", "fast_cache_unsupported",
-                     "frozen_kv_cache", "fuse_qkv", "hooks_active", "nonstock_module"],
-                    "tl_reward.tl_backend.prefix_cache"),
-    **dict.fromkeys(["PROCESSING", "convert_state_dict", "cpu_config", "make_config",
-                     "process_weights", "process_weights_stock", "tl_converter"],
-                    "tl_reward.tl_backend.weights"),
+    "final_residual_at": "tl_reward.tl_backend.continuation",
+    "run_after_prefix": "tl_reward.tl_backend.continuation",
+    "FusedQKV": "tl_reward.tl_backend.prefix_cache",
+    "PrefixCache": "tl_reward.tl_backend.prefix_cache",
+    "attachments": "tl_reward.tl_backend.prefix_cache",
+    "build_prefix_cache": "tl_reward.tl_backend.prefix_cache",
+    "cache_keys": "tl_reward.tl_backend.prefix_cache",
+    "continuation_method": "tl_reward.tl_backend.prefix_cache",
+    "expand_stock_cache": "tl_reward.tl_backend.prefix_cache",
+    "fast_cache_unsupported": "tl_reward.tl_backend.prefix_cache",
+    "frozen_kv_cache": "tl_reward.tl_backend.prefix_cache",
+    "fuse_qkv": "tl_reward.tl_backend.prefix_cache",
+    "hooks_active": "tl_reward.tl_backend.prefix_cache",
+    "nonstock_module": "tl_reward.tl_backend.prefix_cache",
+    "PROCESSING": "tl_reward.tl_backend.weights",
+    "convert_state_dict": "tl_reward.tl_backend.weights",
+    "cpu_config": "tl_reward.tl_backend.weights",
+    "make_config": "tl_reward.tl_backend.weights",
+    "process_weights": "tl_reward.tl_backend.weights",
+    "process_weights_stock": "tl_reward.tl_backend.weights",
+    "tl_converter": "tl_reward.tl_backend.weights",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
