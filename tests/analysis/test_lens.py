@@ -75,3 +75,24 @@ def test_tuned_lens_heldout_r2(tiny) -> None:
         assert float(tuned.r2_test[layer, 0]) == pytest.approx(
             r2_score(truth.numpy(), pred[:, layer, 0].numpy()), abs=1e-4)
     assert len(tuned.to_dataframe()) == model.cfg.n_layers + 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_recompute_lens_below_the_last_layer(tiny, arch: str) -> None:
+    """At every layer below the last, the "recompute" lens is the model's own final norm and
+    head applied to that layer's residual (TransformerLens's ``ln_final`` and ``unembed``
+    modules, not the library's readout): checked on an RMSNorm and a LayerNorm model, where
+    centring the direction matters. Dropping the centring or using the final scale fails it."""
+    model, _, _ = tiny(arch)
+    lens = reward_lens(model, CONVERSATIONS)
+    batch = model.make_batch(CONVERSATIONS)
+    names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post"
+                                           for i in range(model.cfg.n_layers)]
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
+    rows = torch.arange(batch.tokens.shape[0])
+    for layer, name in enumerate(names[:-1]):
+        h = cache[name][rows, batch.pooled]
+        ref = model.unembed(model.ln_final(h[:, None]))[:, 0, 0]
+        torch.testing.assert_close(lens.values["recompute"][:, layer, 0], ref, atol=1e-5, rtol=0)
+        frozen_wrong = (lens.values["frozen"][:, layer, 0] - ref).abs().max()
+        assert frozen_wrong > 1e-3  # the conventions differ below the last layer
