@@ -50,6 +50,28 @@ def test_saes_for_none_with_a_reason() -> None:
     assert normalise_model_name("Qwen/Qwen3-8B") == normalise_model_name("qwen3-8b")
 
 
+
+def test_saes_for_matches_the_size_exactly() -> None:
+    """Other sizes of a base get no SAEs: by name (gpt2-medium/large/xl, Mistral-7B v0.2) and,
+    for a loaded model, by its config against the base's (d_model, n_layers)."""
+    from types import SimpleNamespace
+
+    for rm in ("someone/gpt2-medium-reward", "someone/gpt2-large-rm", "someone/gpt2-xl-rm",
+               "someone/distilgpt2-rm", "weqweasdas/RM-Mistral-7B"):
+        assert len(saes_for(rm)) == 0, rm
+    assert "mistral-7b-res-wg" in set(saes_for("x/Mistral-7B-Instruct-v0.1-rm")
+                                      .to_dataframe()["release"])
+
+    def model(d_model: int, n_layers: int) -> SimpleNamespace:
+        return SimpleNamespace(cfg=SimpleNamespace(model_name="OpenAssistant/gpt2-reward",
+                                                   d_model=d_model, n_layers=n_layers))
+
+    assert len(saes_for(model(768, 12))) > 0                 # gpt2-small's own shape
+    for shape in ((1024, 24), (768, 6)):
+        found = saes_for(model(*shape))
+        assert len(found) == 0 and f"d_model {shape[0]} and n_layers {shape[1]}" in found.reason
+
+
 ARCHS = {"standard": (StandardSAE, StandardSAEConfig), "topk": (TopKSAE, TopKSAEConfig),
          "jumprelu": (JumpReLUSAE, JumpReLUSAEConfig)}
 
