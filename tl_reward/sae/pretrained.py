@@ -34,6 +34,7 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -232,6 +233,9 @@ def load_sae(model: Any, path_or_release: str, sae_id: str | None = None,
 
     device = str(model.cfg.device)
     if sae_id is None:
+        if not (Path(path_or_release) / "cfg.json").is_file():
+            raise SAEError(f"{path_or_release} is not a saved SAE folder (no cfg.json there); "
+                           "pass SAE.save_model's folder, or a release with its sae_id")
         sae = SAE.load_from_disk(path_or_release, device=device)
     else:
         sae = SAE.from_pretrained(path_or_release, sae_id, device=device)
