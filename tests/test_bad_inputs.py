@@ -5,6 +5,7 @@ line for each new check. The error must be a ``TLRewardError`` (never a raw ``In
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 from functools import cached_property
@@ -32,6 +33,14 @@ from tl_reward.errors import (
     UnsupportedArchitectureError,
 )
 from tl_reward.model.scoring import score_pairs
+from tl_reward.planted import (
+    plant_implicit_reward,
+    plant_objectives,
+    plant_shared_prefix,
+    plant_trigger_head,
+)
+from tl_reward.sae.pretrained import load_sae
+from tl_reward.sweep.vocab_sweep import score_vocabulary
 from tl_reward.testing import tiny_hf_reward_model
 from tl_reward.testing.tiny import tiny_tokenizer
 
@@ -70,6 +79,16 @@ class Env:
     def tokenizerless(self) -> HookedRewardModel:
         with pytest.warns(UserWarning, match="tokenizer="):
             return HookedRewardModel.from_pretrained(str(self.checkpoint), device="cpu")
+
+    @cached_property
+    def hf(self) -> Any:  # (HF Llama reward model, tokenizer)
+        return tiny_hf_reward_model("llama", seed=0)
+
+    @cached_property
+    def lm(self) -> Any:  # (HF Llama causal LM, tokenizer)
+        from tl_reward.testing.causal import tiny_causal_lm
+
+        return tiny_causal_lm("llama", 0)
 
     @cached_property
     def dra(self) -> Any:
@@ -131,6 +150,16 @@ CASES: list[Case] = [
     ("bad patching site", lambda e: activation_patching(e.model, PAIR, "attn_scores", objective=0), TLRewardError, "unknown site"),  # noqa: E501
     ("mean ablation without a reference", lambda e: activation_patching(e.model, PAIR, "mlp_out", "mean", objective=0), TLRewardError, "reference="),  # noqa: E501
     ("bad direct-path mode", lambda e: direct_path_patching(e.model, PAIR, mode="sideways", objective=0), TLRewardError, "mode"),  # noqa: E501
+    ("sweep prompt longer than the context", lambda e: score_vocabulary(e.model, "word " * 300, ids=[5]), ContextLengthError, "prompt 'prompt_0' with a one-token reply"),  # noqa: E501
+    ("SAE folder that does not exist", lambda e: load_sae(e.model, str(e.tmp / "no_sae")), TLRewardError, "not a saved SAE folder"),  # noqa: E501
+    ("planted trigger in a block out of range", lambda e: plant_trigger_head(*e.hf, "the", layer=7), TLRewardError, "layer must lie in [-3, 3)"),  # noqa: E501
+    ("planted trigger in a head out of range", lambda e: plant_trigger_head(*e.hf, "the", head=4), TLRewardError, "head must lie in [0, 4)"),  # noqa: E501
+    ("planted trigger on an objective out of range", lambda e: plant_trigger_head(*e.hf, "the", objective=1), TLRewardError, "objective must lie in [0, 1)"),  # noqa: E501
+    ("planted trigger id outside the vocabulary", lambda e: plant_trigger_head(*e.hf, 10**6), TLRewardError, "trigger id must lie in"),  # noqa: E501
+    ("planted objective correlation above 1", lambda e: plant_objectives(*e.hf, {"a": 1.5}), TLRewardError, "correlation must lie in [-1, 1]"),  # noqa: E501
+    ("planted prefix past the last block", lambda e: plant_shared_prefix(*e.hf, k=3), TLRewardError, "k must lie in [0, 3)"),  # noqa: E501
+    ("more planted implicit tokens than plain ids", lambda e: plant_implicit_reward(*e.lm, n_tokens=10**5), TLRewardError, "n_tokens must lie in [1,"),  # noqa: E501
+    ("planted implicit span of 0", lambda e: plant_implicit_reward(*e.lm, span=0), TLRewardError, "span and beta must be positive"),  # noqa: E501
 ]
 
 
@@ -146,7 +175,7 @@ def test_bad_input_gets_a_clear_error(env: Env, what: str, call: Callable[[Env],
     assert issubclass(error, TLRewardError)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        with pytest.raises(error, match=fragment.replace("(", r"\(")):
+        with pytest.raises(error, match=re.escape(fragment)):
             call(env)
 
 

@@ -78,3 +78,72 @@ def test_every_model_subcommand_takes_threads_and_device() -> None:
         assert {"--threads", "--device"} <= opts, name
     args = build_parser().parse_args(["score", "--threads", "1", "--input", "x.jsonl"])
     assert args.threads == 1
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Saved tiny RMs (one objective; two and no score), input files good and bad, an SAE."""
+    from sae_lens.saes.sae import SAEMetadata
+    from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
+
+    tmp = tmp_path_factory.mktemp("cli_errors")
+    out = {"rm": save_tiny_reward_model(tmp / "rm", "llama"),
+           "rm2": save_tiny_reward_model(tmp / "rm2", "llama", num_labels=2),
+           "missing": tmp / "missing.jsonl", "nosae": tmp / "no_sae", "sae": tmp / "sae"}
+    StandardSAE(StandardSAEConfig(d_in=64, d_sae=8, metadata=SAEMetadata(
+        hook_name="blocks.1.hook_resid_post"))).save_model(out["sae"])
+    texts = {"pairs": [{"prompt": "hi", "chosen": "Hello!", "rejected": "Go."}],
+             "items": [{"prompt": "hi", "reply": "Hello there!"},
+                       {"prompt": "Is the sky blue?", "reply": "Yes, mostly."}]}
+    for name, lines in texts.items():
+        out[name] = tmp / f"{name}.jsonl"
+        out[name].write_text("\n".join(map(json.dumps, lines)))
+    out["bad"], out["list"] = tmp / "bad.jsonl", tmp / "list.jsonl"
+    out["bad"].write_text('{"prompt": "hi"}\n{"prompt": "hi",\n')
+    out["list"].write_text('["hi", "Hello!"]\n')
+    return out
+
+
+CLI_ERRORS = [  # (argv with {file} names, message fragment)
+    (["score", "--model", "{rm}", "--input", "{missing}"], "cannot read {missing}"),
+    (["explain", "--model", "{rm}", "--input", "{bad}"], "{bad}:2: not valid JSON"),
+    (["faithfulness", "--model", "{rm}", "--input", "{list}"], "{list}:1: a JSON list, not an "
+                                                               "object"),
+    (["score", "--model", "{rm}", "--device", "cuda:99", "--prompt", "a", "--response", "b"],
+     "--device cuda:99: this machine has"),
+    (["sae-fit", "--model", "{rm}", "--sae", "{nosae}", "--input", "{pairs}"],
+     "{nosae} is not a saved SAE folder"),
+    (["sae-fit", "--model", "{rm2}", "--sae", "{sae}", "--input", "{pairs}"],
+     "no combined score; choose one with --objective NAME"),
+    (["sweep", "--model", "{rm}", "--prompt", "word " * 300, "--top", "0", "--output",
+      "{missing}.parquet"], "more than the model's context of 256"),
+    (["audit", "--model", "{rm}", "--items", "{items}"], "2 base item(s): an audit needs at "
+                                                        "least 3"),
+]
+
+
+@pytest.mark.parametrize(("argv", "fragment"), CLI_ERRORS, ids=[c[0][0] + ":" + c[1][:24]
+                                                                  for c in CLI_ERRORS])
+def test_cli_errors_are_messages_not_tracebacks(files, capsys, argv, fragment) -> None:
+    names = {k: str(v) for k, v in files.items()}
+    argv = [a.format(**names) for a in argv]
+    if "--device" not in argv:
+        argv += ["--device", "cpu"]
+    assert main(argv) == 1
+    assert fragment.format(**names) in capsys.readouterr().err
+
+
+def test_sae_fit_objective_and_a_tie(files, capsys) -> None:
+    """``sae-fit --objective`` reads that objective; a margin of exactly 0 is a tie."""
+    from tl_reward.cli.explain import build_report
+    from tl_reward.data.preference import PreferencePair
+
+    assert main(["sae-fit", "--model", str(files["rm2"]), "--device", "cpu", "--sae",
+                 str(files["sae"]), "--input", str(files["pairs"]), "--objective",
+                 "objective_1"]) == 0
+    assert "objective: 'objective_1'" in capsys.readouterr().out
+    model = HookedRewardModel.from_pretrained(str(files["rm"]), device="cpu")
+    same = PreferencePair.from_prompt("Is the sky blue?", "Yes.", "Yes.")
+    summary = build_report(model, same, top_k=3)[1]
+    row = dict(zip(summary["quantity"], summary["value"], strict=True))
+    assert row["margin"] == "+0.0000" and row["prefers"] == "tie"

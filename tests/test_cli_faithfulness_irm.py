@@ -72,3 +72,17 @@ def test_irm_command_equals_implicit_rewards(tmp_path, pairs_file, capsys):
     for heading in ("Implicit rewards per pair", "token by token", "Tokens as the whole reply"):
         assert heading in text
     assert torch.isfinite(margins).all()
+
+
+def test_irm_refuses_a_reward_model_as_reference(tmp_path, pairs_file, capsys):
+    """A sequence-classification checkpoint as --reference is refused before loading (loaded
+    as a causal LM it would get a random LM head: implicit rewards changing run to run)."""
+    policy, _, tok = tiny_causal_lm_pair("llama", seed=5)
+    policy.save_pretrained(tmp_path / "policy")
+    tok.save_pretrained(tmp_path / "policy")
+    rm = save_tiny_reward_model(tmp_path / "rm", "llama", seed=0)
+    assert main(["irm", "--policy", str(tmp_path / "policy"), "--reference", str(rm),
+                 "--beta", "0.5", "--input", str(pairs_file), "--device", "cpu",
+                 "--output", str(tmp_path / "irm.html")]) == 1
+    err = capsys.readouterr().err
+    assert "LlamaForSequenceClassification, not a causal LM" in err and "--rm" in err

@@ -92,7 +92,7 @@ def test_audit_command_writes_an_offline_report(tmp_path: Path, capsys) -> None:
     assert main(args) == 0
     assert [c.stat().st_mtime_ns for c in sorted(runs.glob("*/chunk-*.parquet"))] == mtimes
     assert main(["audit", "--model", str(path), "--device", "cpu"]) == 1
-    assert "no base items" in capsys.readouterr().err
+    assert "no base item(s): an audit needs at least 3" in capsys.readouterr().err
 
 
 def test_audit_command_adds_conflict_and_concepts_for_two_objectives(tmp_path: Path) -> None:

@@ -50,6 +50,28 @@ def test_saes_for_none_with_a_reason() -> None:
     assert normalise_model_name("Qwen/Qwen3-8B") == normalise_model_name("qwen3-8b")
 
 
+
+def test_saes_for_matches_the_size_exactly() -> None:
+    """Other sizes of a base get no SAEs: by name (gpt2-medium/large/xl, Mistral-7B v0.2) and,
+    for a loaded model, by its config against the base's (d_model, n_layers)."""
+    from types import SimpleNamespace
+
+    for rm in ("someone/gpt2-medium-reward", "someone/gpt2-large-rm", "someone/gpt2-xl-rm",
+               "someone/distilgpt2-rm", "weqweasdas/RM-Mistral-7B"):
+        assert len(saes_for(rm)) == 0, rm
+    assert "mistral-7b-res-wg" in set(saes_for("x/Mistral-7B-Instruct-v0.1-rm")
+                                      .to_dataframe()["release"])
+
+    def model(d_model: int, n_layers: int) -> SimpleNamespace:
+        return SimpleNamespace(cfg=SimpleNamespace(model_name="OpenAssistant/gpt2-reward",
+                                                   d_model=d_model, n_layers=n_layers))
+
+    assert len(saes_for(model(768, 12))) > 0                 # gpt2-small's own shape
+    for shape in ((1024, 24), (768, 6)):
+        found = saes_for(model(*shape))
+        assert len(found) == 0 and f"d_model {shape[0]} and n_layers {shape[1]}" in found.reason
+
+
 ARCHS = {"standard": (StandardSAE, StandardSAEConfig), "topk": (TopKSAE, TopKSAEConfig),
          "jumprelu": (JumpReLUSAE, JumpReLUSAEConfig)}
 
@@ -193,3 +215,32 @@ def test_cli_sae_fit(tmp_path, capsys) -> None:
     torch.testing.assert_close(torch.tensor(df["value"].values), torch.tensor(want["value"].values),
                                atol=1e-6, rtol=1e-6)
     assert main(["sae-fit", "--model", str(path), "--sae", str(sae_dir)]) == 1
+
+
+@pytest.mark.parametrize("hook, width", [
+    ("blocks.0.hook_resid_post", "d_model"), ("blocks.1.hook_attn_out", "d_model"),
+    ("blocks.0.hook_mlp_out", "d_model"), ("blocks.0.mlp.hook_post", "d_mlp"),
+    ("blocks.1.mlp.hook_pre", "d_mlp"), ("blocks.0.attn.hook_z", "z"),
+])
+def test_check_sae_width_is_the_hooks_own(tiny, hook, width) -> None:
+    """``d_in`` must be the width of the SAE's own hook (read from the model's cache); the
+    other widths (d_model where d_mlp is read, and so on) are refused by name."""
+    from tl_reward.sae import check_sae
+
+    model = as_sae_model(tiny("llama", 1)[0])                  # d_model 64, d_mlp 96, z 64
+    batch = model.build([("hi", "Hello!")])
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
+                                    names_filter=[hook])
+    z = hook.endswith("hook_z")
+    real = cache[hook].flatten(2).shape[-1] if z else cache[hook].shape[-1]
+    widths = {model.cfg.d_model, model.cfg.d_mlp, model.cfg.d_model + 8}
+
+    def sae(d_in: int) -> StandardSAE:
+        return StandardSAE(StandardSAEConfig(
+            d_in=d_in, d_sae=8, reshape_activations="hook_z" if z else "none",
+            metadata=SAEMetadata(hook_name=hook)))
+
+    assert check_sae(model, sae(real)) == hook
+    for d_in in widths - {real}:
+        with pytest.raises(SAEError, match=f"d_in is {d_in} but '{hook}' is {real} wide"):
+            check_sae(model, sae(d_in))

@@ -3,6 +3,7 @@ reward-recovered figures against a hand computation from spliced and clean forwa
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from sae_lens.saes.sae import SAEMetadata
@@ -79,7 +80,8 @@ def test_sae_fit_separates_good_random_and_wrong_hook(tiny) -> None:
             3 * g.reconstruction["all"]["relative_mse"]
         assert other.recovered["reward_abs_diff_sd"] > 3 * g.recovered["reward_abs_diff_sd"]
     assert g.reconstruction["all"]["l0"] <= k and g.reconstruction["pooled"]["n_positions"] == 12
-    assert g.to_dataframe().shape[1] == 3 and "SAEFit(" in repr(g)
+    assert g.to_dataframe().shape[1] == 3 and "verdict" in repr(g)
+    assert not r.fits and not w.fits
 
 
 def test_sae_fit_reward_recovered_by_hand(tiny) -> None:
@@ -118,3 +120,63 @@ def test_sae_fit_reward_recovered_by_hand(tiny) -> None:
     x_hat = sae.decode(sae.encode(x)).detach()
     ev = 1 - (x - x_hat).pow(2).sum() / (x - x.mean(0)).pow(2).sum()
     assert fit.reconstruction["pooled"]["explained_variance"] == pytest.approx(float(ev), abs=1e-4)
+
+
+@pytest.mark.parametrize("offset", [1e3, 1e4])
+def test_sae_fit_variance_at_massive_activation_offsets(tiny, offset) -> None:
+    """One residual dimension shifted by ``offset`` (real RMs have such dimensions): the
+    explained variance over several batches equals numpy's float64 two-pass value (the old
+    ``sum x^2 - n mean^2`` in float32 was off at 1e3 and divided by zero at 1e4)."""
+
+    model = as_sae_model(tiny("llama", 1)[0])
+    hook = "blocks.1.hook_resid_pre"  # shifted one hook earlier: SAELens's splice drops the
+    # hooks of the hook point it replaces
+
+    def shift(a: torch.Tensor, hook: object) -> torch.Tensor:
+        a = a.clone()
+        a[..., 0] += offset
+        return a
+
+    convs = [(p, a) for p, a, _ in PAIRS] + [(p, b) for p, _, b in PAIRS]
+    model.add_hook("blocks.0.hook_resid_post", shift, is_permanent=True)
+    try:
+        batch = model.build(convs)
+        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
+                                        names_filter=[hook])
+        x = cache[hook][batch.attention_mask.bool()]
+        sae = pca_sae(x, hook, 16)
+        fit = sae_fit(model, sae, convs, batch_size=5, progress=False)
+    finally:
+        model.reset_hooks(including_permanent=True)
+    x_hat = sae.decode(sae.encode(x)).detach()
+    xs, es = x.double().numpy(), (x.double() - x_hat.double()).numpy()
+    want = 1 - (es**2).sum() / ((xs - xs.mean(0)) ** 2).sum()
+    assert 0.5 < want < 1
+    # the same float32 activations on both sides (batch widths may move them by float32
+    # rounding only): 1e-6; the old float32 formula was 2e-5 off at 1e3, 0.05 at 1e4
+    assert fit.reconstruction["all"]["explained_variance"] == pytest.approx(want, abs=1e-6)
+
+
+def test_sae_fit_verdict_and_one_pair(tiny, tmp_path) -> None:
+    """A random SAE gets the bad-fit verdict, a near-complete one the good one; on one pair the
+    correlations (two points: always +/-1) are NaN with the reason; the result saves and loads."""
+    from tl_reward.results import load_result
+    from tl_reward.sae.fit import SAEFit
+
+    model = as_sae_model(tiny("llama", 1)[0])
+    final = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    convs = [c for p, a, b in PAIRS for c in ((p, a), (p, b))]
+    acts = collect_activations(model, convs, final, exclude_special_tokens=False)[final]
+    good = sae_fit(model, pca_sae(acts, final, model.cfg.d_model - 8), PAIRS, progress=False)
+    bad = sae_fit(model, random_sae(model.cfg.d_model, final, 32), PAIRS, progress=False)
+    assert good.fits and good.verdict.startswith("fits")
+    assert not bad.fits and "does not fit" in bad.verdict and "explained variance" in bad.verdict
+    one = sae_fit(model, random_sae(model.cfg.d_model, final, 32), PAIRS[:1], progress=False)
+    assert np.isnan(one.recovered["reward_correlation"])
+    assert np.isnan(one.recovered["margin_correlation"])
+    assert "reward_correlation undefined: 2 points" in one.verdict and not one.fits
+    path = good.save(tmp_path / "fit.tlr")
+    for back in (SAEFit.load(path), load_result(path)):
+        assert isinstance(back, SAEFit) and back.verdict == good.verdict and back.fits
+        assert back.reconstruction == good.reconstruction and back.recovered == good.recovered
+        torch.testing.assert_close(back.spliced, good.spliced, atol=0, rtol=0)

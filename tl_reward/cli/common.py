@@ -29,11 +29,29 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_threads(args: argparse.Namespace) -> None:
-    """Set torch's CPU thread count from ``--threads`` (this process only runs the command)."""
-    if getattr(args, "threads", None):
-        import torch
+    """Set torch's CPU thread count from ``--threads`` (this process only runs the command)
+    and check that ``--device`` names a device this machine has."""
+    import torch
 
+    from tl_reward.errors import TLRewardError
+
+    if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
+    device = getattr(args, "device", None)
+    if device in (None, "auto"):
+        return
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise TLRewardError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, "
+                            "mps)") from exc
+    if dev.type == "cuda" and (not torch.cuda.is_available()
+                               or (dev.index or 0) >= torch.cuda.device_count()):
+        raise TLRewardError(f"--device {device}: this machine has "
+                            f"{torch.cuda.device_count() if torch.cuda.is_available() else 'no'} "
+                            "CUDA GPU(s) torch can use; pass --device cpu (or leave it out)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise TLRewardError(f"--device {device}: MPS is not available here; pass --device cpu")
 
 
 def load_model(args: argparse.Namespace, name: str | None = None) -> Any:
@@ -43,6 +61,16 @@ def load_model(args: argparse.Namespace, name: str | None = None) -> Any:
     apply_threads(args)
     return HookedRewardModel.from_pretrained(name or args.model, device=args.device,
                                              trust_remote_code=args.trust_remote_code)
+
+
+def require_objective(model: Any, objective: str | None) -> None:
+    """Refuse a model of several objectives and no combined score when ``--objective`` is
+    not given (no reward to read otherwise)."""
+    from tl_reward.errors import TLRewardError
+
+    if objective is None and len(model.objectives) > 1 and not model.has_score:
+        raise TLRewardError(f"this model has objectives {model.objectives} and no combined "
+                            "score; choose one with --objective NAME")
 
 
 def add_ray_options(parser: argparse.ArgumentParser, what: str,
@@ -100,12 +128,38 @@ def pair_from_record(rec: dict[str, Any], where: str) -> Any:
                         "'chosen'/'rejected' dialogues)")
 
 
+def read_jsonl(path: Path, limit: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """``(where, record)`` for each non-blank line of a JSONL file (the first ``limit``);
+    ``where`` is ``path:line`` (1-based). A missing file, bad JSON or a line that is not an
+    object raises :class:`~tl_reward.errors.TLRewardError`."""
+    from tl_reward.errors import TLRewardError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TLRewardError(f"cannot read {path}: {exc.strerror or exc}; check the path") from exc
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if limit is not None and len(out) >= limit:
+            break
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TLRewardError(f"{path}:{i}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                                "each line must hold one JSON object") from exc
+        if not isinstance(rec, dict):
+            raise TLRewardError(f"{path}:{i}: a JSON {type(rec).__name__}, not an object")
+        out.append((f"{path}:{i}", rec))
+    return out
+
+
 def read_pairs(path: Path, limit: int | None = None) -> list[Any]:
     """Every pair of a JSONL file (see :func:`pair_from_record`), the first ``limit`` only."""
     from tl_reward.errors import TLRewardError
 
-    lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-    pairs = [pair_from_record(json.loads(x), f"{path}:{i}") for i, x in enumerate(lines[:limit])]
+    pairs = [pair_from_record(rec, where) for where, rec in read_jsonl(path, limit)]
     if not pairs:
         raise TLRewardError(f"{path} holds no pairs")
     return pairs

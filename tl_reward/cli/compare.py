@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import argparse
 import html
-import json
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_device_options, add_ray_options, load_model, ray_executor
+from tl_reward.cli.common import (
+    add_device_options,
+    add_ray_options,
+    load_model,
+    ray_executor,
+    read_jsonl,
+)
 from tl_reward.errors import TLRewardError
 
 
@@ -74,9 +79,7 @@ def read_compare_input(path: Path, limit: int | None = None) -> tuple[list[Any],
 
     corpus: list[Any] = []
     pairs: list[PreferencePair] = []
-    lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-    for i, line in enumerate(lines[:limit]):
-        rec = json.loads(line)
+    for where, rec in read_jsonl(path, limit):
         if {"prompt", "chosen", "rejected"} <= rec.keys():
             prompt = rec["prompt"]
             msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
@@ -90,7 +93,7 @@ def read_compare_input(path: Path, limit: int | None = None) -> tuple[list[Any],
         elif "text" in rec:
             corpus.append(rec["text"])
         else:
-            raise TLRewardError(f"{path}:{i + 1}: need 'messages', 'prompt'+'response', 'text', "
+            raise TLRewardError(f"{where}: need 'messages', 'prompt'+'response', 'text', "
                                 "or 'prompt'+'chosen'+'rejected'")
     if len(corpus) < 10:
         raise TLRewardError(f"{path} gives {len(corpus)} items; comparing models needs at "

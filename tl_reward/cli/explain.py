@@ -10,11 +10,16 @@ patching.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, load_model, pair_from_record
+from tl_reward.cli.common import (
+    add_model_options,
+    load_model,
+    pair_from_record,
+    read_jsonl,
+    require_objective,
+)
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
 
@@ -47,10 +52,10 @@ def add_parser(sub: Any) -> None:
 
 def read_pair(path: Path, line: int) -> PreferencePair:
     """Pair number ``line`` of a JSONL file (our fields or HH-RLHF dialogues)."""
-    lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    lines = read_jsonl(path)
     if not 0 <= line < len(lines):
         raise TLRewardError(f"{path} has {len(lines)} pairs; --line {line} is out of range")
-    return pair_from_record(json.loads(lines[line]), f"{path}:{line}")
+    return pair_from_record(lines[line][1], lines[line][0])
 
 
 def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
@@ -65,10 +70,7 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
     from tl_reward.viz.attribution import component_bar, head_heatmap
     from tl_reward.viz.tokens import attribution_token_map, head_attention_view
 
-    if objective is None and len(model.objectives) > 1 and not model.has_score:
-        raise TLRewardError(
-            f"this model has objectives {model.objectives} and no combined score; choose one "
-            "with --objective NAME")
+    require_objective(model, objective)
     obj = resolve_objectives(model, objective)[0]
     tp = tokenize_pair(model, pair)
     lens = differential_lens(model, [tp], objectives=obj)
@@ -81,7 +83,7 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
                      "unaligned positions (chosen / rejected)"],
         "value": [obj, f"{float(dra.chosen.reward[0, 0]):.4f}",
                   f"{float(dra.rejected.reward[0, 0]):.4f}", f"{margin:+.4f}",
-                  "chosen" if margin > 0 else "rejected", cryst,
+                  "chosen" if margin > 0 else "rejected" if margin < 0 else "tie", cryst,
                   f"{tp.chosen_len} / {tp.rejected_len}",
                   f"{len(tp.unaligned_chosen)} / {len(tp.unaligned_rejected)}"]})
     diff, names = dra.difference("head")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tl_reward.cli.common import add_device_options, apply_threads, load_model, read_pairs
+from tl_reward.errors import TLRewardError
 
 
 def add_parser(sub: Any) -> None:
@@ -42,9 +43,28 @@ def add_parser(sub: Any) -> None:
 
 
 def _causal_lm(name: str, args: argparse.Namespace) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The HF causal LM ``name`` and its tokenizer; a checkpoint of another kind (a reward
+    model: ``*ForSequenceClassification``) or one whose weights leave any layer (the LM head)
+    newly initialised is refused, not loaded with a random head."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+    from tl_reward.architectures.lm_head import sequence_classification_name
+
+    remote = args.trust_remote_code
+    archs = getattr(AutoConfig.from_pretrained(name, trust_remote_code=remote),
+                    "architectures", None) or []
+    if not any(sequence_classification_name(a) for a in archs):
+        raise TLRewardError(
+            f"{name} is a {', '.join(archs) or 'checkpoint without architectures'}, not a "
+            "causal LM (*ForCausalLM, *LMHeadModel): loading it as one would give it a random "
+            "LM head. --policy and --reference take the tuned policy and its reference LM; an "
+            "explicit reward model goes to --rm")
+    model, info = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=remote,
+                                                       output_loading_info=True)
+    if info["missing_keys"]:
+        raise TLRewardError(f"{name}: the checkpoint lacks {sorted(info['missing_keys'])[:4]}; "
+                            "it is not a complete causal LM (pass the policy or reference "
+                            "LM's own folder)")
     if args.device:
         model = model.to(args.device)
     return model.eval(), AutoTokenizer.from_pretrained(name)

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, load_model
+from tl_reward.cli.common import add_model_options, load_model, read_pairs, require_objective
 from tl_reward.errors import TLRewardError
 
 
@@ -27,13 +27,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--norm-scaling-factor", type=float,
                    help="for SAEs with normalize_activations='expected_average_only_in'")
     p.add_argument("--input", type=Path, help="JSONL file of preference pairs")
+    p.add_argument("--objective", help="the objective to read (needed when the model has "
+                                       "several and no combined score)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--output", type=Path, help="write the table as CSV here")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tl_reward.cli.explain import read_pair
     from tl_reward.sae import load_sae, sae_fit, saes_for
 
     if args.list:
@@ -44,11 +45,12 @@ def run(args: argparse.Namespace) -> int:
         if not args.sae or not args.input:
             raise TLRewardError("pass --sae PATH (or a release with --sae-id) and --input "
                                 "pairs.jsonl, or --list")
-        n = sum(1 for x in args.input.read_text(encoding="utf-8").splitlines() if x.strip())
-        pairs = [read_pair(args.input, i) for i in range(n)]
+        pairs = read_pairs(args.input)
         model = load_model(args)
+        require_objective(model, args.objective)
         sae = load_sae(model, args.sae, args.sae_id, args.norm_scaling_factor)
-        fit = sae_fit(model, sae, pairs, batch_size=args.batch_size)
+        fit = sae_fit(model, sae, pairs, objective=args.objective or "score",
+                      batch_size=args.batch_size)
         print(fit)
         df = fit.to_dataframe()
     print(df.to_string(index=False))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, load_model
+from tl_reward.cli.common import add_model_options, load_model, read_jsonl
 from tl_reward.errors import TLRewardError
 
 
@@ -27,10 +26,7 @@ def add_parser(sub: Any) -> None:
 
 def _read_jsonl(path: Path) -> tuple[list[Any], list[str]]:
     items, labels = [], []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if not line.strip():
-            continue
-        rec = json.loads(line)
+    for i, (where, rec) in enumerate(read_jsonl(path)):
         if "messages" in rec:
             items.append(rec["messages"])
         elif "prompt" in rec and "response" in rec:
@@ -38,7 +34,7 @@ def _read_jsonl(path: Path) -> tuple[list[Any], list[str]]:
         elif "text" in rec:
             items.append(rec["text"])
         else:
-            raise TLRewardError(f"{path}:{i + 1}: need 'messages', 'prompt'+'response' or 'text'")
+            raise TLRewardError(f"{where}: need 'messages', 'prompt'+'response' or 'text'")
         labels.append(str(rec.get("id", i)))
     return items, labels
 

@@ -16,7 +16,6 @@ Ray actors (one model load each); this process writes the same resumable file.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from tl_reward.cli.common import (
     apply_threads,
     load_model,
     ray_executor,
+    read_jsonl,
 )
 from tl_reward.errors import TLRewardError
 
@@ -77,12 +77,9 @@ def _prompts(args: argparse.Namespace) -> Any:
 
     if args.prompts_file:
         items, labels = [], []
-        for i, line in enumerate(args.prompts_file.read_text().splitlines()):
-            if not line.strip():
-                continue
-            rec = json.loads(line)
+        for where, rec in read_jsonl(args.prompts_file):
             if "messages" not in rec and "prompt" not in rec:
-                raise TLRewardError(f"{args.prompts_file}:{i + 1}: need 'prompt' or 'messages'")
+                raise TLRewardError(f"{where}: need 'prompt' or 'messages'")
             items.append(rec.get("messages", rec.get("prompt")))
             labels.append(str(rec.get("label", f"prompt_{len(labels)}")))
         return items, labels

@@ -38,6 +38,24 @@ class SAEHookError(SAEError):
     """An SAE that does not fit this model: not a SAELens SAE, no or unknown hook, wrong width."""
 
 
+def hook_width(cfg: Any, hook: str, reshape: str = "none") -> int | None:
+    """The last-axis width of ``hook``'s activation as an SAE reads it: ``d_mlp`` inside the
+    MLP (``mlp.hook_pre``, ``hook_pre_linear``, ``hook_post``), ``d_head`` per head at the
+    attention's q/k/v/z hooks (times the heads with ``reshape="hook_z"``), 1 for norm scales,
+    None for attention scores and patterns (no fixed width), else ``d_model``."""
+    leaf = hook.rsplit(".", 1)[-1]
+    kv = cfg.n_key_value_heads or cfg.n_heads
+    heads = {"hook_q": cfg.n_heads, "hook_rot_q": cfg.n_heads, "hook_z": cfg.n_heads,
+             "hook_k": kv, "hook_rot_k": kv, "hook_v": kv}
+    if ".mlp." in hook and leaf in ("hook_pre", "hook_pre_linear", "hook_post"):
+        return int(cfg.d_mlp)
+    if ".attn." in hook and leaf in heads:
+        return cfg.d_head * (heads[leaf] if reshape == "hook_z" else 1)
+    if leaf in ("hook_attn_scores", "hook_pattern"):
+        return None
+    return 1 if leaf == "hook_scale" else int(cfg.d_model)
+
+
 class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
     """A :class:`HookedRewardModel` that accepts SAELens SAEs. Build it with
     :meth:`from_pretrained` (same arguments as ``HookedRewardModel.from_pretrained``)."""
@@ -80,12 +98,13 @@ class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
                 f"the SAE reads {hook!r}, which is not a hook of this model "
                 f"({self.cfg.n_layers} layers); hooks of that kind here: {near}"
             )
-        if sae.cfg.reshape_activations == "none" and sae.cfg.d_in not in (
-            self.cfg.d_model, self.cfg.d_mlp
-        ):
+        width = hook_width(self.cfg, hook, sae.cfg.reshape_activations)
+        if width is not None and sae.cfg.d_in != width:
             raise SAEHookError(
-                f"the SAE's d_in is {sae.cfg.d_in} but this model's d_model is "
-                f"{self.cfg.d_model}: the SAE belongs to another model"
+                f"the SAE's d_in is {sae.cfg.d_in} but {hook!r} is {width} wide here (d_model "
+                f"{self.cfg.d_model}, d_mlp {self.cfg.d_mlp}, {self.cfg.n_heads} heads of "
+                f"{self.cfg.d_head}): the SAE belongs to another model or another hook; use one "
+                "trained on this hook of this model"
             )
         self.place_sae(sae)
         return hook

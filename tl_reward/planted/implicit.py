@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
+from tl_reward.errors import TLRewardError
 from tl_reward.planted.calibration import plain_ids
+from tl_reward.planted.surgery import check_range
 from tl_reward.planted.trigger import PlantedModel
 
 
@@ -41,6 +43,9 @@ def plant_implicit_reward(lm: Any, tokenizer: Any, n_tokens: int = 16, span: flo
     in ``[-span, span]`` on ``n_tokens`` random plain tokens (seeded)."""
     gen = torch.Generator().manual_seed(seed)
     pool = plain_ids(tokenizer, lm.config.vocab_size)
+    check_range("n_tokens", n_tokens, 1, len(pool), closed=True)
+    if not (span > 0 and beta > 0):
+        raise TLRewardError(f"span and beta must be positive, got {span} and {beta}")
     pick = [pool[i] for i in torch.randperm(len(pool), generator=gen)[:n_tokens].tolist()]
     values = torch.linspace(span, -span, n_tokens, dtype=torch.float64).tolist()
     offsets = dict(zip(pick, values, strict=True))

@@ -21,7 +21,7 @@ import torch
 from tl_reward.audit.conflict import Thresholds, verdict
 from tl_reward.model.response_template import Prompt
 from tl_reward.planted.calibration import DEFAULT_PROMPTS, pooled_normed, random_replies
-from tl_reward.planted.surgery import check_llama_like
+from tl_reward.planted.surgery import check_llama_like, check_range
 from tl_reward.planted.trigger import PlantedModel
 
 #: The three planted relations and their correlations with the base objective.
@@ -59,6 +59,9 @@ def plant_objectives(
     """A model whose head has the base row ``objective`` of ``hf`` and one row per relation,
     correlated with it by the given ``rho`` on a corpus of random replies to ``prompts``."""
     check_llama_like(hf)
+    check_range("objective", objective, 0, hf.score.out_features)
+    for name, r in relations.items():
+        check_range(f"relation {name!r}'s correlation", r, -1, 1, closed=True)
     corpus = random_replies(tokenizer, hf.config.vocab_size, prompts, n_per_prompt, seed=seed)
     n = pooled_normed(hf, corpus)
     cov = torch.cov(n.T)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from tl_reward.planted.surgery import check_llama_like
+from tl_reward.planted.surgery import check_llama_like, check_range
 from tl_reward.planted.trigger import PlantedModel
 
 
@@ -39,8 +39,7 @@ def plant_shared_prefix(hf: Any, tokenizer: Any, k: int, seed: int = 1) -> Plant
     """``PlantedModel(model=B, base=hf)`` with B equal to ``hf`` in blocks ``< k`` only."""
     check_llama_like(hf)
     n_layers = hf.config.num_hidden_layers
-    if not 0 <= k < n_layers:
-        raise ValueError(f"k must lie in [0, {n_layers}), got {k}")
+    check_range("k", k, 0, n_layers)
     other = copy.deepcopy(hf)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -75,6 +75,12 @@ def silence_heads(hf: Any, heads: Sequence[tuple[int, int]]) -> Any:
     return new
 
 
+def check_range(name: str, value: float, lo: float, hi: float, closed: bool = False) -> None:
+    """Raise :class:`TLRewardError` unless ``lo <= value < hi`` (``<= hi`` if ``closed``)."""
+    if not (lo <= value <= hi if closed else lo <= value < hi):
+        raise TLRewardError(f"{name} must lie in [{lo}, {hi}{']' if closed else ')'}, got {value}")
+
+
 def check_llama_like(hf: Any) -> None:
     """Raise unless ``hf`` has the module layout this package edits."""
     try:

@@ -48,6 +48,7 @@ from tl_reward.planted.calibration import (
 from tl_reward.planted.surgery import (
     attention,
     check_llama_like,
+    check_range,
     expand_kv_heads,
     head_dim,
     head_rows,
@@ -181,6 +182,9 @@ def plant_trigger_head(
     """
     check_llama_like(hf)
     n_layers = hf.config.num_hidden_layers
+    check_range("layer", layer, -n_layers, n_layers)
+    check_range("head", head, 0, hf.config.num_attention_heads)
+    check_range("objective", objective, 0, hf.score.out_features)
     layer = layer % n_layers
     if layer != n_layers - 1:
         raise TLRewardError(
@@ -194,6 +198,7 @@ def plant_trigger_head(
         trigger_id = int(ids[0])
     else:
         trigger_id = int(trigger)
+        check_range("trigger id", trigger_id, 0, hf.config.vocab_size)
     base = silence_heads(expand_kv_heads(hf), [(layer, head)]).eval()
     seqs = calibration_sequences(tokenizer, trigger_id, hf.config.vocab_size, prompts,
                                  n_random=n_random, vocab_per_prompt=vocab_per_prompt,

@@ -8,7 +8,8 @@ default; special tokens such as ``<|im_start|>`` carry outlier norms) and at the
 (``"pooled"``, where the head reads) separately:
 
 * ``explained_variance``: ``1 - sum|x - x_hat|^2 / sum|x - mean(x)|^2`` over the positions
-  (the mean taken over the same positions); 0 is the mean-only baseline.
+  (the mean taken over the same positions, the sums centred and in float64: real RMs have
+  massive-activation dimensions); 0 is the mean-only baseline.
 * ``relative_mse``: ``sum|x - x_hat|^2 / sum|x|^2``: the error's share of the activation norm.
 * ``l0``: mean number of active features per position; ``dead_fraction``: share of features
   never active there; ``dense_fraction``: share active at more than ``dense_threshold`` of
@@ -17,13 +18,15 @@ default; special tokens such as ``<|im_start|>`` carry outlier norms) and at the
 and the reward recovered, from the clean rewards ``r`` and spliced rewards ``r_sae`` (one
 objective, read at the pooled token through the shared readout):
 
-* ``reward_correlation``: Pearson correlation of ``r_sae`` with ``r``;
+* ``reward_correlation``: Pearson correlation of ``r_sae`` with ``r`` (NaN, with the reason in
+  ``verdict``, below 3 points: two points always correlate +/-1);
 * ``reward_abs_diff_sd``: ``mean|r_sae - r| / sd(r)`` (sd with ddof 1);
 * for preference pairs (margins ``m = r(chosen) - r(rejected)``): ``margin_correlation`` and
   ``flip_fraction``, the share of pairs whose preferred reply changes (``sign m_sae != sign m``).
 
-A well-fitting SAE has explained variance near 1 and recovers the rewards (correlation near 1,
-small differences, few flips); a random SAE or one for another hook does not.
+The verdict (``fits``, and ``verdict`` saying why): the SAE fits when its explained variance at
+the non-special positions is at least 0.7 and, spliced in, the rewards move by at most 0.5 of
+their sd on average (:data:`FIT_THRESHOLDS`); a random SAE or one for another hook does not.
 
 Example:
     >>> fit = sae_fit(model, sae, pairs)      # PreferencePairs, or any inputs model.build takes
@@ -42,17 +45,23 @@ from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from tl_reward.data.pairs import PairBatch, PreferencePair, TokenizedPair, as_pair_batch
+from tl_reward.results import ShortRepr
 from tl_reward.sae.pretrained import prepare_sae
 from tl_reward.sae.splice import as_sae_model, run_objectives
 
 REGIONS = ("all", "non_special", "pooled")
+FIT_THRESHOLDS = {"explained_variance": 0.7, "reward_abs_diff_sd": 0.5}
+""":attr:`SAEFit.fits`: explained variance at the real non-special positions at least 0.7 and the
+spliced rewards' mean absolute change at most 0.5 reward sd (see the module doc)."""
+MIN_CORRELATION_POINTS = 3
+"""Fewer points give no correlation (two points always give +/-1): NaN, with the reason."""
 
 
-@dataclass
-class SAEFit:
+@dataclass(repr=False)
+class SAEFit(ShortRepr):
     """:func:`sae_fit`'s result: reconstruction metrics per region (``"all"`` real positions,
-    ``"non_special"`` ones, the ``"pooled"`` token) and the reward recovered with the SAE
-    spliced in (no error term)."""
+    ``"non_special"`` ones, the ``"pooled"`` token), the reward recovered with the SAE spliced
+    in (no error term), and the verdict: ``fits`` and why (``verdict``)."""
 
     hook_name: str
     objective: str
@@ -61,6 +70,13 @@ class SAEFit:
     spliced: Float[torch.Tensor, " n"]
     n_pairs: int = 0
     recovered: dict[str, float] = field(default_factory=dict)
+    fits: bool = False
+    verdict: str = ""
+
+    def headline(self) -> dict[str, Any]:
+        """Explained variance per region, the reward recovered and the verdict."""
+        ev = {r: round(m["explained_variance"], 3) for r, m in self.reconstruction.items()}
+        return {"explained_variance": ev, **self.recovered, "verdict": self.verdict}
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per metric: reconstruction per region, reward recovered under ``"reward"``."""
@@ -68,12 +84,6 @@ class SAEFit:
                 for r, m in self.reconstruction.items() for k, v in m.items()]
         rows += [{"metric": k, "region": "reward", "value": v} for k, v in self.recovered.items()]
         return pd.DataFrame(rows)
-
-    def __repr__(self) -> str:
-        ev = {r: round(m["explained_variance"], 3) for r, m in self.reconstruction.items()}
-        rec = {k: round(v, 3) for k, v in self.recovered.items()}
-        return (f"SAEFit({self.hook_name}, n={self.clean.shape[0]}, pairs={self.n_pairs}, "
-                f"explained_variance={ev}, {rec})")
 
 
 def _items(model: Any, inputs: Any) -> tuple[list[Any], int]:
@@ -88,9 +98,45 @@ def _items(model: Any, inputs: Any) -> tuple[list[Any], int]:
             + [torch.tensor(p.rejected_ids) for p in batch], len(batch))
 
 
-def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a - a.mean(), b - b.mean()
+def _pearson(a: torch.Tensor, b: torch.Tensor, what: str, notes: list[str]) -> float:
+    """Pearson correlation in float64; NaN (a note says why) below
+    :data:`MIN_CORRELATION_POINTS` points or when either side is constant."""
+    a, b = a.double() - a.double().mean(), b.double() - b.double().mean()
+    if len(a) < MIN_CORRELATION_POINTS or not (a.norm() > 0 and b.norm() > 0):
+        notes.append(f"{what} undefined: {len(a)} points (needs {MIN_CORRELATION_POINTS}, "
+                     "not all equal)")
+        return float("nan")
     return float((a * b).sum() / (a.norm() * b.norm()))
+
+
+def _add(st: dict[str, Any], x: torch.Tensor, err: torch.Tensor, f: torch.Tensor) -> None:
+    """Fold one batch's positions of a region into its running sums (float64; the centred sum
+    of squares merged across batches by Chan et al.'s update, never ``sum x^2 - n mean^2``)."""
+    nb, n = x.shape[0], st["n"]
+    if not nb:
+        return
+    mb = x.mean(0)
+    d = mb - st["mean"]
+    st["m2"] += float((x - mb).pow(2).sum()) + float(d.pow(2).sum()) * n * nb / (n + nb)
+    st["mean"] = st["mean"] + d * nb / (n + nb)
+    st["n"] = n + nb
+    st["sse"] += float(err.pow(2).sum())
+    st["sq"] += float(x.pow(2).sum())
+    st["l0"] += float((f != 0).sum())
+    st["fired"] += (f != 0).sum(0).cpu().double()
+
+
+def _verdict(ev: float, diff_sd: float, notes: list[str]) -> tuple[bool, str]:
+    """Whether the SAE fits (:data:`FIT_THRESHOLDS`) and a sentence saying why."""
+    ev_min, diff_max = FIT_THRESHOLDS["explained_variance"], FIT_THRESHOLDS["reward_abs_diff_sd"]
+    bad = []
+    if not ev >= ev_min:  # NaN fails too
+        bad.append(f"explained variance {ev:.3g} < {ev_min} at the non-special positions")
+    if not diff_sd <= diff_max:
+        bad.append(f"spliced in, rewards move by {diff_sd:.3g} sd > {diff_max}")
+    text = ("does not fit: " + "; ".join(bad) if bad else
+            f"fits: explained variance {ev:.3g}, rewards move by {diff_sd:.3g} sd")
+    return not bad, "; ".join([text, *notes])
 
 
 def sae_fit(
@@ -104,9 +150,8 @@ def sae_fit(
     model = as_sae_model(model)
     hook = prepare_sae(model, sae).cfg.metadata.hook_name
     items, n_pairs = _items(model, inputs)
-    acc = torch.float64 if model.cfg.dtype == torch.float64 else torch.float32
-    stats = {r: {"sse": 0.0, "sq": 0.0, "sum": None, "n": 0, "l0": 0.0,
-                 "fired": torch.zeros(sae.cfg.d_sae, dtype=acc)} for r in REGIONS}
+    stats = {r: {"sse": 0.0, "sq": 0.0, "mean": 0.0, "m2": 0.0, "n": 0, "l0": 0.0,
+                 "fired": torch.zeros(sae.cfg.d_sae, dtype=torch.float64)} for r in REGIONS}
     clean, spliced = [], []
     starts = range(0, len(items), batch_size)
     for s in tqdm(starts, disable=not progress if progress is not None else None,
@@ -121,8 +166,8 @@ def sae_fit(
                 spliced.append(run_objectives(model, tokens, mask, [objective])[:, 0].cpu())
             x = seen[0]
             f = sae.encode(x)
-            x_hat = sae.decode(f).reshape(*x.shape[:2], -1).to(acc)
-            x = x.reshape(*x.shape[:2], -1).to(acc)
+            x_hat = sae.decode(f).reshape(*x.shape[:2], -1).double()
+            x = x.reshape(*x.shape[:2], -1).double()
         rows = torch.arange(x.shape[0], device=x.device)
         pooled = batch.pooled.to(x.device)
         real = mask.to(x.device).bool()
@@ -131,34 +176,31 @@ def sae_fit(
                "pooled": torch.zeros_like(mask, dtype=torch.bool, device=x.device)}
         sel["pooled"][rows, pooled] = True
         for r, keep in sel.items():
-            xr, er, fr = x[keep], (x - x_hat)[keep], f[keep].to(acc)
-            st = stats[r]
-            st["sse"] += float(er.pow(2).sum())
-            st["sq"] += float(xr.pow(2).sum())
-            st["sum"] = xr.sum(0) if st["sum"] is None else st["sum"] + xr.sum(0)
-            st["n"] += xr.shape[0]
-            st["l0"] += float((fr != 0).sum())
-            st["fired"] += (fr != 0).sum(0).cpu().to(acc)
+            _add(stats[r], x[keep], (x - x_hat)[keep], f[keep])
     reconstruction: dict[str, dict[str, float]] = {}
+    nan = float("nan")
     for r, st in stats.items():
         n = st["n"]
-        mean = st["sum"] / n
-        sst = st["sq"] - n * float(mean.pow(2).sum())
         reconstruction[r] = {
-            "explained_variance": 1 - st["sse"] / sst,
-            "relative_mse": st["sse"] / st["sq"],
-            "l0": st["l0"] / n,
-            "dead_fraction": float((st["fired"] == 0).to(acc).mean()),
-            "dense_fraction": float((st["fired"] / n > dense_threshold).to(acc).mean()),
+            "explained_variance": 1 - st["sse"] / st["m2"] if st["m2"] > 0 else nan,
+            "relative_mse": st["sse"] / st["sq"] if st["sq"] > 0 else nan,
+            "l0": st["l0"] / n if n else nan,
+            "dead_fraction": float((st["fired"] == 0).double().mean()),
+            "dense_fraction": float((st["fired"] / max(n, 1) > dense_threshold).double().mean()),
             "n_positions": float(n),
         }
     r_clean, r_sae = torch.cat(clean), torch.cat(spliced)
+    notes: list[str] = []
     recovered = {
-        "reward_correlation": _pearson(r_clean, r_sae),
-        "reward_abs_diff_sd": float((r_sae - r_clean).abs().mean() / r_clean.std()),
+        "reward_correlation": _pearson(r_clean, r_sae, "reward_correlation", notes),
+        "reward_abs_diff_sd": float((r_sae - r_clean).double().abs().mean()
+                                    / r_clean.double().std()),
     }
     if n_pairs:
         m, m_sae = r_clean[:n_pairs] - r_clean[n_pairs:], r_sae[:n_pairs] - r_sae[n_pairs:]
-        recovered["margin_correlation"] = _pearson(m, m_sae)
+        recovered["margin_correlation"] = _pearson(m, m_sae, "margin_correlation", notes)
         recovered["flip_fraction"] = float((torch.sign(m) != torch.sign(m_sae)).float().mean())
-    return SAEFit(hook, objective, reconstruction, r_clean, r_sae, n_pairs, recovered)
+    fits, verdict = _verdict(reconstruction["non_special"]["explained_variance"],
+                             recovered["reward_abs_diff_sd"], notes)
+    return SAEFit(hook, objective, reconstruction, r_clean, r_sae, n_pairs, recovered, fits,
+                  verdict)

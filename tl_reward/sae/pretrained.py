@@ -3,7 +3,9 @@
 * :func:`saes_for` lists the releases of SAELens's shipped registry (``pretrained_saes.yaml``,
   read through SAELens, offline) whose ``model`` is the RM's base model: from :data:`RM_BASES`
   (each listed RM family's published base) or the ``base=`` you name. Names are compared
-  normalised (``qwen3-8b`` matches ``Qwen/Qwen3-8B``; ``gpt2`` matches ``gpt2-small``).
+  normalised (``qwen3-8b`` matches ``Qwen/Qwen3-8B``; ``gpt2`` matches ``gpt2-small``, not
+  ``gpt2-medium``); given a loaded model, a base is kept only if its ``d_model`` and
+  ``n_layers`` (:data:`BASE_SHAPES`) are the model's.
 * :func:`prepare_sae` checks an SAE against the model it is attached to and corrects what it
   safely can, naming the cfg field of every mismatch:
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -51,14 +54,29 @@ RM_BASES: dict[str, tuple[str, ...]] = {
     r"grm-gemma2?-2b": ("google/gemma-2-2b-it", "google/gemma-2-2b"),
     r"gemma-2-9b": ("google/gemma-2-9b-it", "google/gemma-2-9b"),
     r"grm-llama3\.2-3b": ("meta-llama/Llama-3.2-3B-Instruct",),
-    r"gpt2": ("gpt2",),
-    r"mistral-7b": ("mistralai/Mistral-7B-v0.1",),
+    r"(?<![a-z])gpt2(?!-(medium|large|xl))": ("gpt2",),
+    r"mistral-7b(-instruct)?-v0\.1": ("mistralai/Mistral-7B-v0.1",),
     r"smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct",),
 }
 """RM name pattern (lower case, searched in the hub name) -> the published base models it was
 fine-tuned from, nearest first (``{size}`` filled from the match)."""
 
 _ALIASES = {"gpt2": "gpt2-small", "mistral-7b-v0.1": "mistral-7b"}
+
+BASE_SHAPES: dict[str, tuple[int, int]] = {
+    "llama-3.1-8b": (4096, 32), "meta-llama-3-8b": (4096, 32), "llama-3.2-1b": (2048, 16),
+    "llama-3.2-3b": (3072, 28), "qwen3-0.6b": (1024, 28), "qwen3-1.7b": (2048, 28),
+    "qwen3-4b": (2560, 36), "qwen3-8b": (4096, 36), "gemma-2-2b": (2304, 26),
+    "gemma-2-9b": (3584, 42), "gemma-2-27b": (4608, 46), "gpt2-small": (768, 12),
+    "mistral-7b": (4096, 32), "smollm2-135m": (576, 30),
+}
+"""``(d_model, n_layers)`` of each base in :data:`RM_BASES` (normalised name, without its
+``-instruct`` / ``-it`` / ``-base`` ending: the tuned variants share the shape)."""
+
+
+def base_shape(name: str) -> tuple[int, int] | None:
+    """``(d_model, n_layers)`` of a base model from :data:`BASE_SHAPES` (None when unknown)."""
+    return BASE_SHAPES.get(re.sub(r"-(instruct|it|base)$", "", normalise_model_name(name)))
 
 
 def normalise_model_name(name: str) -> str:
@@ -133,6 +151,15 @@ def saes_for(model: Any, base: str | None = None) -> PretrainedSAEs:
         return PretrainedSAEs(name, (), reason=(
             f"no base model known for {name!r}: name it with base='org/model' (RM families "
             f"known: {', '.join(RM_BASES)})"))
+    if not isinstance(model, str):
+        shape = (model.cfg.d_model, model.cfg.n_layers)
+        kept = tuple(b for b in bases if base_shape(b) in (None, shape))
+        if not kept:
+            return PretrainedSAEs(name, bases, reason=(
+                f"the model's d_model {shape[0]} and n_layers {shape[1]} are none of its bases' "
+                f"({', '.join(f'{b}: {base_shape(b)}' for b in bases)}): it is another size; "
+                "name its base with base='org/model'"))
+        bases = kept
     want = {normalise_model_name(b) for b in bases}
     rows = []
     for release, lookup in get_pretrained_saes_directory().items():
@@ -208,6 +235,9 @@ def load_sae(model: Any, path_or_release: str, sae_id: str | None = None,
 
     device = str(model.cfg.device)
     if sae_id is None:
+        if not (Path(path_or_release) / "cfg.json").is_file():
+            raise SAEError(f"{path_or_release} is not a saved SAE folder (no cfg.json there); "
+                           "pass SAE.save_model's folder, or a release with its sae_id")
         sae = SAE.load_from_disk(path_or_release, device=device)
     else:
         sae = SAE.from_pretrained(path_or_release, sae_id, device=device)

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from tl_reward import tl_backend
 from tl_reward.data.conversation import Conversation, Message, is_conversation
-from tl_reward.errors import TLRewardError, UnknownObjectiveError
+from tl_reward.errors import ContextLengthError, TLRewardError, UnknownObjectiveError
 from tl_reward.model.fingerprint import model_fingerprint, tokenizer_fingerprint
 from tl_reward.model.heads import objective_slot
 from tl_reward.model.readout import read_rewards
@@ -501,6 +501,11 @@ def plan_sweep(
                             "when loading)")
     convs, labels = _prompts(prompts, labels)
     templates = [model.response_template(c) for c in convs]
+    for label, t in zip(labels, templates, strict=True):
+        if len(t.prefix) + 1 + len(t.suffix) > model.cfg.n_ctx:
+            raise ContextLengthError(
+                f"prompt {label!r} with a one-token reply is {len(t.prefix) + 1 + len(t.suffix)} "
+                f"tokens, more than the model's context of {model.cfg.n_ctx}; shorten it")
     candidates = candidate_ids(model, ids, include_special)
     d_vocab = model.cfg.d_vocab
     if shard is not None:
