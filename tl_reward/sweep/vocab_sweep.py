@@ -520,7 +520,8 @@ def plan_sweep(
         prompts=tuple(convs), prefixes=tuple(t.prefix for t in templates),
         suffixes=tuple(t.suffix for t in templates), objectives=tuple(model.objectives),
         has_score=model.has_score, batch_size=batch_size, n_candidates=len(candidates),
-        candidates_digest=digest_ids(candidates), id_range=(lo, hi))
+        candidates_digest=digest_ids(candidates), id_range=(lo, hi),
+        attachments=tuple(tl_backend.attachments(model)))
     chunks = [todo[i: i + batch_size] for i in range(0, len(todo), batch_size)]
     return SweepPlan(spec, templates, todo, chunks, method)
 
