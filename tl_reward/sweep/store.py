@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tl_reward.errors import TLRewardError
+from tl_reward.results import result_type
 from tl_reward.store import ChunkStore, Manifest, StoreMismatchError, atomic_write, check_resume
 
 FORMAT = "tl_reward.vocab_sweep/1"
@@ -43,6 +44,7 @@ class SweepMismatchError(SweepStoreError, StoreMismatchError):
     """A sweep to resume that was made with other settings (named in the message)."""
 
 
+@result_type
 @dataclass(frozen=True)
 class SweepSpec(Manifest):
     """Everything that determines a sweep's rows. Two files belong to one sweep iff their specs

@@ -178,6 +178,11 @@ class VocabSweep(ShortRepr):
         return write_table(table, self.spec, path)  # type: ignore[arg-type]
 
     @classmethod
+    def from_file(cls, path: str | Path) -> VocabSweep:
+        """Read a finished sweep file (:func:`load_sweep`; what ``load_result`` calls)."""
+        return cls.from_table(*read_table(path))
+
+    @classmethod
     def from_table(cls, table: pa.Table, spec: SweepSpec) -> VocabSweep:
         """Rebuild a sweep from its table and spec."""
         table = table.sort_by("token_id")
@@ -200,8 +205,7 @@ class VocabSweep(ShortRepr):
 
 def load_sweep(path: str | Path) -> VocabSweep:
     """Read a finished sweep file."""
-    table, spec = read_table(path)
-    return VocabSweep.from_table(table, spec)
+    return VocabSweep.from_file(path)
 
 
 # -- candidates ----------------------------------------------------------------------------------
