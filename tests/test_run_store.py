@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from tl_reward.errors import TLRewardError
-from tl_reward.store import ChunkStore, RunIdentity, StoreMismatchError, function_digest
+from tl_reward.store import (
+    ChunkStore,
+    RunIdentity,
+    StoreMismatchError,
+    entry_key,
+    function_digest,
+)
 
 IDENT = RunIdentity("probes", "org/rm", "f" * 32, "t" * 32, "c" * 64, "i" * 64,
                     {"edit": "e" * 64}, {"seed": 0}, "0.1.0")
@@ -183,6 +189,8 @@ def test_a_run_with_attachments_never_resumes(tmp_path: Path) -> None:
     ChunkStore(tmp_path / "b", IDENT)
     with pytest.raises(StoreMismatchError, match="blocks.0.mlp"):
         ChunkStore(tmp_path / "b", hooked)
+    with pytest.raises(StoreMismatchError, match="blocks.0.mlp"):  # nor is one cached
+        entry_key(hooked, [1, 2])
     assert ChunkStore(tmp_path / "a", hooked, overwrite=True).has("manifest.json")
 
 
@@ -209,7 +217,7 @@ def test_attachments_are_read_off_the_model(tiny) -> None:  # noqa: ANN001
 
 
 def test_entry_cache_keys_cover_the_identity(tmp_path: Path) -> None:
-    from tl_reward.store import EntryCache, entry_key
+    from tl_reward.store import EntryCache
 
     key = entry_key(IDENT, [1, 2, 3])
     assert key == entry_key(replace(IDENT, model_name="a copy"), [1, 2, 3])  # name: no part

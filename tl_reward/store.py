@@ -303,7 +303,13 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
 
 def entry_key(identity: RunIdentity, content: Any) -> str:
     """16 hex digits naming one result in an :class:`EntryCache`: a hash of ``content`` and of
-    every identity field but the model's name (a renamed copy of a model shares entries)."""
+    every identity field but the model's name (a renamed copy of a model shares entries). A
+    model with attachments has no key (their code is not in the identity): refused."""
+    if identity.attachments:
+        raise StoreMismatchError(
+            f"cannot cache results of a model with hooks or modules attached "
+            f"({'; '.join(identity.attachments)}): they are not part of a cache key. Remove "
+            "them, or run without a cache folder")
     return digest([{k: v for k, v in asdict(identity).items() if k != "model_name"},
                    content])[:16]
 
