@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import io
+import json
 import math
 import pkgutil
+import subprocess
+import sys
 import typing
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +23,8 @@ import torch
 
 import tl_reward
 from tl_reward import load_result
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import ResultFileError, TLRewardError
+from tl_reward.irm.agreement import PairAgreement
 from tl_reward.results import ShortRepr
 from tl_reward.stats.estimate import Estimate
 
@@ -174,3 +180,82 @@ def test_a_vocabulary_sweep_keeps_its_parquet_file_behind_the_same_names(tiny, t
         assert_same(back.scores, sweep.scores)
         assert_same(back.rewards, sweep.rewards)
         assert back.tokens == sweep.tokens and back.labels == sweep.labels
+
+
+def _crafted(path: Path, value: Any = None, files: dict[str, bytes] | None = None) -> Path:
+    """A zip in the result format holding ``value`` (or ``files`` as given)."""
+    head = {"format": "tl_reward.result/1", "value": value}
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in (files or {"result.json": json.dumps(head).encode()}).items():
+            z.writestr(name, data)
+    return path
+
+
+@pytest.mark.parametrize("name", ["tl_reward.cli.__main__:x", "os:system", "i28_probe:Result",
+                                  "tl_reward.i28_probe:Result", "tl_reward.cli:main"])
+def test_a_file_naming_a_non_result_type_is_refused_and_nothing_runs(
+        name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = ("import pathlib\npathlib.Path(__file__).with_name('ran').touch()\n"
+             "class Result:\n  pass\n")
+    (tmp_path / "i28_probe.py").write_text(probe)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["tl-reward", "--help"])  # today's bug ran the command line
+    for mod in ("tl_reward.cli.__main__", "i28_probe"):
+        monkeypatch.delitem(sys.modules, mod, raising=False)
+    path = _crafted(tmp_path / "x.tlr", {"__dataclass__": name, "fields": {}})
+    nested = _crafted(tmp_path / "y.tlr", [1, {"__tuple__": [{"__dataclass__": name,
+                                                                "fields": {"a": 1}}]}])
+    for p in (path, nested):
+        with pytest.raises(ResultFileError, match=f"{name}.*not a tl_reward result type"):
+            load_result(p)
+    assert not (tmp_path / "ran").exists()
+    assert "tl_reward.cli.__main__" not in sys.modules and "i28_probe" not in sys.modules
+
+
+def test_broken_files_raise_one_error_naming_the_problem(tmp_path: Path) -> None:
+    good = PairAgreement(Estimate(0.25, -0.5, 1.0, 0.1, 7, "m", 0.9), np.arange(3)).save(
+        tmp_path / "good.tlr")
+    with zipfile.ZipFile(good) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    head = json.loads(members["result.json"])
+    est = head["value"]["fields"]["agreement"]
+    cases = {
+        "not a saved tl_reward result": (tmp_path / "t.tlr", b"hello"),
+        "not a zip|damaged": (tmp_path / "bad.tlr", good.read_bytes()[:60]),
+        "no result.json": _crafted(tmp_path / "m.tlr", files={"other.txt": b"x"}),
+        "result.json.*JSON": _crafted(tmp_path / "j.tlr", files={"result.json": b"{no"}),
+        "format": _crafted(tmp_path / "f.tlr", files={"result.json": b'{"format": 2}'}),
+        "array.*missing": _crafted(tmp_path / "a.tlr", files={
+            **members, "arrays.npz": np.savez(buf := io.BytesIO()) or buf.getvalue()}),
+        "Estimate.*no field 'colour'": _crafted(tmp_path / "u.tlr", {
+            **est, "fields": {**est["fields"], "colour": 1}}),
+        "Estimate.*value": _crafted(tmp_path / "n.tlr", {**est, "fields": {}}),
+        "malformed": _crafted(tmp_path / "d.tlr", {"__dict__": 5}),
+    }
+    for match, path in cases.items():
+        if isinstance(path, tuple):
+            path[0].write_bytes(path[1])
+            path = path[0]
+        with pytest.raises(ResultFileError, match=match):
+            load_result(path)
+    assert_same(load_result(good), PairAgreement.load(good))  # the good file still loads
+
+
+def test_a_result_of_a_module_not_yet_imported_loads(tmp_path: Path) -> None:
+    """A fresh process: the type's module is imported from the fixed list, only then."""
+    from tl_reward.stats.agreement import RankAgreement
+
+    saved = _fake(RankAgreement, np.random.default_rng(0)).save(tmp_path / "r.tlr")
+    code = ("import sys; from tl_reward import load_result; m = 'tl_reward.stats.agreement'; "
+            "before = m in sys.modules; r = load_result(sys.argv[1]); "
+            "print(before, type(r).__module__, type(r).__name__)")
+    out = subprocess.run([sys.executable, "-c", code, str(saved)], capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out == ["False", "tl_reward.stats.agreement", "RankAgreement"]
+
+
+def test_every_result_type_lives_in_a_listed_module() -> None:
+    from tl_reward import results
+
+    assert set(results._TYPES.values()) >= set(TYPES)
+    assert {c.__module__ for c in results._TYPES.values()} <= set(results.RESULT_MODULES)

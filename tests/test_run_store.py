@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from tl_reward.errors import TLRewardError
-from tl_reward.store import ChunkStore, RunIdentity, StoreMismatchError, function_digest
+from tl_reward.store import (
+    ChunkStore,
+    RunIdentity,
+    StoreMismatchError,
+    entry_key,
+    function_digest,
+)
 
 IDENT = RunIdentity("probes", "org/rm", "f" * 32, "t" * 32, "c" * 64, "i" * 64,
                     {"edit": "e" * 64}, {"seed": 0}, "0.1.0")
@@ -105,8 +111,113 @@ def test_function_digest_sees_code_closures_and_helpers(monkeypatch: pytest.Monk
     assert function_digest(_calls_helper) != before
 
 
+WORDS = ("a", "b")
+
+
+def _reads_words(x: str) -> str:
+    return x + WORDS[0]
+
+
+def _calls_reader(x: str) -> str:
+    return "".join(_reads_words(c) for c in x)  # called from a comprehension's own code
+
+
+def test_function_digest_hashes_globals_and_values_by_value(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """Issue 28: module constants an edit reads, and closure values that are not JSON (sets,
+    arrays, tensors), were hashed by type name only, so a change kept the digest."""
+    import numpy as np
+    import torch
+
+    before = function_digest(_calls_reader)
+    monkeypatch.setattr(sys.modules[__name__], "WORDS", ("c", "b"))  # a helper's global
+    assert function_digest(_calls_reader) != before
+    monkeypatch.setattr(sys.modules[__name__], "WORDS", ("a", "b"))
+    assert function_digest(_calls_reader) == before
+
+    def wrap(value):  # noqa: ANN001, ANN202
+        def edit(x: str) -> str:
+            return x + str(value)
+        return edit
+
+    same_and_other = [({"x", "y"}, {"y", "x"}, {"x", "z"}),
+                      (frozenset({1}), frozenset([1]), frozenset({2})),
+                      (np.arange(3), np.arange(3), np.arange(1, 4)),
+                      (np.arange(3), np.arange(3), np.arange(3.0)),  # the dtype counts
+                      (torch.zeros(2), torch.zeros(2), torch.tensor([0.0, 1e-30])),
+                      ((1, {"a"}), (1, {"a"}), (1, {"b"})),
+                      ({"k": {1, 2}}, {"k": {2, 1}}, {"k": {1, 3}})]
+    for a, same, other in same_and_other:
+        assert function_digest(wrap(a)) == function_digest(wrap(same)), a
+        assert function_digest(wrap(a)) != function_digest(wrap(other)), (a, other)
+
+
+def test_the_library_version_changes_with_the_code(tmp_path: Path) -> None:
+    """Issue 28: ``__version__`` stayed 0.1.0 over 190 commits, so a store made by other code
+    resumed. The identity's ``library`` now carries a digest of the library's source."""
+    import tl_reward
+    from tl_reward import _source_digest, library_version
+
+    pkg = Path(tl_reward.__file__).parent
+    assert library_version() == f"{tl_reward.__version__}+{_source_digest(pkg)}"
+    for rel in ("tl_reward/__init__.py", "tl_reward/a/b.py", "tl_reward/a/data.txt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    root = tmp_path / "tl_reward"
+    d = _source_digest(root)
+    (root / "a" / "data.txt").write_text("not code")
+    assert _source_digest(root) == d
+    (root / "a" / "b.py").write_text("x = 2\n")
+    assert _source_digest(root) != d
+    (root / "a" / "b.py").rename(root / "a" / "c.py")
+    assert len({d, _source_digest(root)}) == 2
+    stored = tmp_path / "run"
+    ChunkStore(stored, replace(IDENT, library=tl_reward.__version__))  # made by other code
+    with pytest.raises(StoreMismatchError, match="library"):
+        ChunkStore(stored, replace(IDENT, library=library_version()))
+
+
+def test_a_run_with_attachments_never_resumes(tmp_path: Path) -> None:
+    """A model with hooks or replaced modules: its run is recorded with them and refused on
+    resume, with or without them now (two hooks may share a description, not their code)."""
+    hooked = replace(IDENT, attachments=["a hook on blocks.0.mlp"])
+    ChunkStore(tmp_path / "a", hooked)
+    for now in (IDENT, hooked):
+        with pytest.raises(StoreMismatchError, match=r"a hook on blocks\.0\.mlp") as err:
+            ChunkStore(tmp_path / "a", now)
+        assert "Remove them" in str(err.value) and "overwrite=True" in str(err.value)
+    ChunkStore(tmp_path / "b", IDENT)
+    with pytest.raises(StoreMismatchError, match="blocks.0.mlp"):
+        ChunkStore(tmp_path / "b", hooked)
+    with pytest.raises(StoreMismatchError, match="blocks.0.mlp"):  # nor is one cached
+        entry_key(hooked, [1, 2])
+    assert ChunkStore(tmp_path / "a", hooked, overwrite=True).has("manifest.json")
+
+
+def test_attachments_are_read_off_the_model(tiny) -> None:  # noqa: ANN001
+    import torch
+
+    model = tiny("qwen2")[0]
+    assert RunIdentity.of_model("x", model).attachments == []
+    handle = model.blocks[0].mlp.register_forward_hook(lambda m, i, o: o * 0)
+    try:
+        found = RunIdentity.of_model("x", model).attachments
+    finally:
+        handle.remove()
+    assert found == ["a hook on blocks.0.mlp"]
+    model.add_hook("blocks.1.hook_resid_post", lambda t, hook: t)
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
+    try:
+        found = RunIdentity.of_model("x", model).attachments
+    finally:
+        model.reset_hooks()
+        handle.remove()
+    assert any("blocks.1.hook_resid_post" in a for a in found) and any("global" in a for a in found)
+    assert RunIdentity.of_model("x", model).attachments == []
+
+
 def test_entry_cache_keys_cover_the_identity(tmp_path: Path) -> None:
-    from tl_reward.store import EntryCache, entry_key
+    from tl_reward.store import EntryCache
 
     key = entry_key(IDENT, [1, 2, 3])
     assert key == entry_key(replace(IDENT, model_name="a copy"), [1, 2, 3])  # name: no part

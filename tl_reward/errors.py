@@ -65,3 +65,8 @@ def require_sae_lens() -> None:
             "SAELens 6 pins transformer-lens<4 and does not import under TransformerLens 4 "
             "(SAELens#738): use the default install (transformer-lens 3.9) for SAEs; "
             "BridgeRewardModel works without it") from e
+
+
+class ResultFileError(TLRewardError):
+    """A saved result file that cannot be read: not a result, damaged, malformed, or naming a
+    type that is not a registered tl_reward result."""

@@ -7,7 +7,10 @@ Every result saves and loads the same way: ``result.save(path)``, ``RewardLens.l
 or :func:`load_result` (any type). The file is a zip: ``result.json`` (the type, the library
 version and the fields, nested results and dataclasses included) beside the tensors
 (``tensors.pt``, read back with ``weights_only=True``), arrays (``arrays.npz``, no pickle) and
-dataframes (one parquet file each), so every dtype and shape comes back as saved.
+dataframes (one parquet file each), so every dtype and shape comes back as saved. A file may
+name only a registered result type (every :class:`ShortRepr` subclass, and the dataclasses
+nested in results, marked :func:`result_type`); nothing is imported because a file names it,
+and a file that cannot be read raises :class:`~tl_reward.errors.ResultFileError`.
 
 Example:
     >>> lens
@@ -27,10 +30,43 @@ import zipfile
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import ResultFileError, TLRewardError
 
 R = TypeVar("R", bound="ShortRepr")
+T = TypeVar("T", bound=type)
 FORMAT = "tl_reward.result/1"
+
+#: ``module:qualname`` -> class of every result type defined so far (they register themselves).
+_TYPES: dict[str, type] = {}
+#: The modules that define result types: what :func:`load_result` may import (this list, never a
+#: name read from a file) to find a type not defined yet.
+RESULT_MODULES = (
+    "tl_reward.analysis.attribution", "tl_reward.analysis.attribution_patching",
+    "tl_reward.analysis.components", "tl_reward.analysis.direct_path",
+    "tl_reward.analysis.faithfulness", "tl_reward.analysis.lens", "tl_reward.analysis.patching",
+    "tl_reward.analysis.tuned_lens", "tl_reward.audit.cascade", "tl_reward.audit.concepts",
+    "tl_reward.audit.conflict", "tl_reward.audit.covariance", "tl_reward.audit.distortion",
+    "tl_reward.audit.divergence", "tl_reward.audit.probes", "tl_reward.compare.behaviour",
+    "tl_reward.compare.layers", "tl_reward.compare.similarity", "tl_reward.compat.published",
+    "tl_reward.data.preference", "tl_reward.irm.agreement", "tl_reward.irm.implicit",
+    "tl_reward.irm.sweep", "tl_reward.model.readout", "tl_reward.model.response_template",
+    "tl_reward.model.scoring", "tl_reward.sae.ablation", "tl_reward.sae.attribution",
+    "tl_reward.sae.features", "tl_reward.sae.training", "tl_reward.stats.agreement",
+    "tl_reward.stats.estimate", "tl_reward.stats.regression", "tl_reward.sweep.agreement",
+    "tl_reward.sweep.distribution", "tl_reward.sweep.extremes", "tl_reward.sweep.framing",
+    "tl_reward.sweep.frequency", "tl_reward.sweep.identity", "tl_reward.sweep.roundtrip",
+    "tl_reward.sweep.store", "tl_reward.sweep.valence", "tl_reward.sweep.vocab_sweep",
+)
+#: Files that are not zips: their first bytes -> the result type that reads them (``from_file``).
+_OTHER_FILES = {b"PAR1": "tl_reward.sweep.vocab_sweep:VocabSweep",  # a sweep's parquet file
+                b"{": "tl_reward.analysis.faithfulness:FaithfulnessReport"}  # the old JSON
+
+
+def result_type(cls: T) -> T:
+    """Register ``cls`` as a type a result file may name (a dataclass nested in results;
+    :class:`ShortRepr` subclasses register themselves)."""
+    _TYPES[_name(cls)] = cls
+    return cls
 
 _WIDTH = 60
 
@@ -95,6 +131,10 @@ class ShortRepr:
     """Mixin for result dataclasses: ``repr`` lists each field's shape or value, one a line,
     then :meth:`headline` (the numbers a reader looks for first)."""
 
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        result_type(cls)
+
     def headline(self) -> dict[str, Any]:
         """Headline numbers printed after the fields (none unless a result says)."""
         return {}
@@ -130,14 +170,17 @@ def _name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _class(name: str) -> type:
-    module, _, qualname = name.partition(":")
-    if module.split(".")[0] != "tl_reward":  # never import what a file names elsewhere
-        raise TLRewardError(f"a saved result names {name!r}, not a tl_reward type")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
+def _class(name: Any) -> type:
+    """The registered result type ``name``; a module of :data:`RESULT_MODULES` is imported
+    when it is that type's module and not imported yet."""
+    if isinstance(name, str) and name not in _TYPES:
+        module = next((m for m in RESULT_MODULES if m == name.partition(":")[0]), None)
+        if module is not None:
+            importlib.import_module(module)  # a name from the fixed list, not from the file
+    if not isinstance(name, str) or name not in _TYPES:
+        raise ResultFileError(f"the file names {name!r}, which is not a tl_reward result type "
+                              "(only registered result types load; nothing was imported)")
+    return _TYPES[name]
 
 
 def _encode(v: Any, blobs: dict[str, dict[str, Any]]) -> Any:
@@ -184,11 +227,12 @@ def _decode(v: Any, blobs: dict[str, Any]) -> Any:
         return [_decode(x, blobs) for x in v]
     if not isinstance(v, dict):
         return v
-    if "__tensor__" in v or "__frame__" in v:
-        return blobs[v.get("__tensor__") or v["__frame__"]]
-    if "__array__" in v:
-        a = blobs[v["__array__"]]
-        return a[()] if v["scalar"] else a
+    for kind in ("tensor", "frame", "array"):
+        if f"__{kind}__" in v:
+            if v[f"__{kind}__"] not in blobs:
+                raise ResultFileError(f"the {kind} {v[f'__{kind}__']!r} is missing")
+            a = blobs[v[f"__{kind}__"]]
+            return a[()] if v.get("scalar") else a
     if "__objects__" in v:
         out = np.empty(len(v["__objects__"]), dtype=object)
         for i, x in enumerate(_decode(v["__objects__"], blobs)):
@@ -200,10 +244,16 @@ def _decode(v: Any, blobs: dict[str, Any]) -> Any:
         return tuple(_decode(x, blobs) for x in v["__tuple__"])
     if "__dict__" in v:
         return {_decode(k, blobs): _decode(x, blobs) for k, x in v["__dict__"]}
-    cls = _class(v["__dataclass__"])
+    cls = _class(v.get("__dataclass__"))
     fields = {k: _decode(x, blobs) for k, x in v["fields"].items()}
-    init = {f.name for f in dataclasses.fields(cls) if f.init}
-    obj = cls(**{k: x for k, x in fields.items() if k in init})
+    known = {f.name: f.init for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for k in fields.keys() - known.keys():
+        raise ResultFileError(f"{_name(cls)} has no field {k!r}")
+    try:
+        obj = cls(**{k: x for k, x in fields.items() if known[k]})
+    except TypeError as e:
+        raise ResultFileError(f"{_name(cls)}: {e}") from None
+    init = {k for k, i in known.items() if i}
     for k, x in fields.items():
         if k not in init:
             object.__setattr__(obj, k, x)
@@ -242,33 +292,42 @@ def save_result(result: Any, path: str | Path) -> Path:
 
 
 def load_result(path: str | Path) -> Any:
-    """Read any result saved by ``save`` (its type is recorded in the file), or a vocabulary
-    sweep's parquet file."""
+    """Read any result saved by ``save`` (its type is recorded in the file and must be a
+    registered result type), or a vocabulary sweep's parquet file; a
+    :class:`~tl_reward.errors.ResultFileError` names what is wrong with any other file."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    try:
+        for start, name in _OTHER_FILES.items():
+            if magic.startswith(start):
+                return _class(name).from_file(path)  # type: ignore[attr-defined]
+        return _read_zip(path)
+    except ResultFileError as e:
+        raise ResultFileError(f"{path}: {e}") from None
+    except (zipfile.BadZipFile, KeyError, TypeError, ValueError, AttributeError, IndexError,
+            RuntimeError) as e:  # damaged or hand-edited
+        raise ResultFileError(f"{path} is malformed ({type(e).__name__}: {e})") from None
+
+
+def _read_zip(path: Path) -> Any:
     import numpy as np
     import pandas as pd
     import torch
 
-    path = Path(path)
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic == b"PAR1":  # a vocabulary sweep keeps the sweep store's format
-        from tl_reward.sweep.vocab_sweep import load_sweep
-
-        return load_sweep(path)
-    if magic[:1] == b"{":  # a FaithfulnessReport written as JSON before this format
-        from tl_reward.analysis.faithfulness import FaithfulnessReport
-
-        d = json.loads(path.read_text())
-        return FaithfulnessReport(d["level"], d["objective"], d["names"],
-                                  {k: torch.tensor(v) for k, v in d["scores"].items()},
-                                  torch.tensor(d["deltas"]), d["pair_ids"], d.get("meta", {}))
     if not zipfile.is_zipfile(path):
-        raise TLRewardError(f"{path} is not a saved tl_reward result")
+        raise ResultFileError("not a saved tl_reward result (not a zip file, or a damaged one)")
     with zipfile.ZipFile(path) as z:
-        head = json.loads(z.read("result.json"))
-        if head.get("format") != FORMAT:
-            raise TLRewardError(f"{path}: format {head.get('format')!r}, expected {FORMAT!r}")
         names = z.namelist()
+        if "result.json" not in names:
+            raise ResultFileError("no result.json: not a saved tl_reward result")
+        try:
+            head = json.loads(z.read("result.json"))
+        except ValueError as e:
+            raise ResultFileError(f"result.json is not valid JSON ({e})") from None
+        if not isinstance(head, dict) or head.get("format") != FORMAT:
+            found = head.get("format") if isinstance(head, dict) else None
+            raise ResultFileError(f"format {found!r}, expected {FORMAT!r}")
         blobs: dict[str, Any] = {}
         if "tensors.pt" in names:
             blobs |= torch.load(io.BytesIO(z.read("tensors.pt")), weights_only=True)
@@ -280,4 +339,4 @@ def load_result(path: str | Path) -> Any:
                 frame = pd.read_parquet(io.BytesIO(z.read(name)))
                 key, kind, _ = name.split(".")
                 blobs[key] = frame.iloc[:, 0] if kind == "series" else frame
-    return _decode(head["value"], blobs)
+    return _decode(head.get("value"), blobs)

@@ -30,7 +30,7 @@ from typing import Any
 from tl_reward.errors import StoreMismatchError
 
 __all__ = ["ChunkStore", "EntryCache", "Manifest", "RunIdentity", "StoreMismatchError",
-           "atomic_write", "digest", "entry_key", "function_digest", "refusal"]
+           "atomic_write", "check_resume", "digest", "entry_key", "function_digest", "refusal"]
 
 FORMAT = "tl_reward.store/1"
 
@@ -48,12 +48,31 @@ def digest(obj: Any) -> str:
 
 
 def _value(v: Any) -> Any:
-    """``v`` when it is JSON data (hashed as it is), else the name of its type."""
-    try:
-        json.dumps(v, sort_keys=True)
+    """``v`` as canonical JSON data, by value: sets sorted, tuples and dicts item by item,
+    arrays and tensors by dtype, shape and bytes; anything else by its type's name."""
+    if v is None or isinstance(v, bool | int | float | str):
         return v
-    except (TypeError, ValueError):
-        return type(v).__qualname__
+    if isinstance(v, list | tuple):
+        return [type(v).__name__, [_value(x) for x in v]]
+    if isinstance(v, set | frozenset):
+        return ["set", sorted((_value(x) for x in v), key=json.dumps)]
+    if isinstance(v, dict):
+        return ["dict", sorted(([_value(k), _value(x)] for k, x in v.items()), key=json.dumps)]
+    if hasattr(v, "dtype") and hasattr(v, "shape") and hasattr(v, "tolist"):  # array, tensor
+        import numpy as np
+
+        a = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+        return [type(v).__name__, str(v.dtype), list(a.shape),
+                hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()]
+    return type(v).__qualname__
+
+
+def _codes(code: Any) -> Any:
+    """``code`` and the code objects nested in it (comprehensions, lambdas, inner functions)."""
+    yield code
+    for c in code.co_consts:
+        if inspect.iscode(c):
+            yield from _codes(c)
 
 
 def _fn_parts(fn: Any, seen: set[int], out: list[Any]) -> None:
@@ -78,7 +97,8 @@ def _fn_parts(fn: Any, seen: set[int], out: list[Any]) -> None:
         body: Any = inspect.getsource(fn)
     except (OSError, TypeError):  # no source (e.g. exec'd): the code object itself
         body = [code.co_code.hex(), repr(code.co_consts), code.co_names]
-    out.append([fn.__module__, fn.__qualname__, body, [_value(d) for d in fn.__defaults__ or ()]])
+    out.append([fn.__module__, fn.__qualname__, body, [_value(d) for d in fn.__defaults__ or ()],
+                {k: _value(d) for k, d in sorted((fn.__kwdefaults__ or {}).items())}])
     for cell in fn.__closure__ or ():
         try:
             v = cell.cell_contents
@@ -89,16 +109,20 @@ def _fn_parts(fn: Any, seen: set[int], out: list[Any]) -> None:
         else:
             out.append(_value(v))
     glb = getattr(fn, "__globals__", {})
-    for name in code.co_names:  # helpers of the same module, called by name
-        g = glb.get(name)
-        if inspect.isfunction(g) and g.__module__ == fn.__module__:
-            _fn_parts(g, seen, out)
+    for name in sorted({n for c in _codes(code) for n in c.co_names if n in glb}):
+        g = glb[name]  # the module globals it reads: functions followed, constants by value
+        if inspect.isfunction(g):
+            if g.__module__ == fn.__module__:  # others: their library's version covers them
+                _fn_parts(g, seen, out)
+        elif not (inspect.ismodule(g) or isinstance(g, type) or callable(g)):
+            out.append([name, _value(g)])
 
 
 def function_digest(fn: Callable[..., Any]) -> str:
     """SHA-256 of what a function computes, as far as its text shows: its source (or, without
-    source, its code object), its plain defaults, its closure (functions followed, plain values
-    included) and the functions of its own module that it calls by name."""
+    source, its code object), its defaults, its closure and the module globals it (or code nested
+    in it) reads by name: functions of its own module followed, constants hashed by value
+    (sets, tuples, dicts, arrays and tensors included)."""
     parts: list[Any] = []
     _fn_parts(fn, set(), parts)
     return digest(parts)
@@ -136,6 +160,22 @@ def refusal(error: type[StoreMismatchError], what: str, diff: Sequence[str], fix
                  f"differ from this run's); its results cannot be reused. {fix}")
 
 
+def check_resume(found: Manifest, identity: Manifest, error: type[StoreMismatchError],
+                 what: str, fix: str) -> None:
+    """Refuse to continue ``found`` (a stored run) as ``identity``: when either run had hooks or
+    foreign modules attached (their code is not part of the identity), or with
+    :func:`refusal` when any checked field differs."""
+    attached = [*getattr(found, "attachments", ()), *getattr(identity, "attachments", ())]
+    if attached:
+        raise error(f"cannot resume: {what} or this run has hooks or modules attached to the "
+                    f"model ({'; '.join(dict.fromkeys(attached))}), and those are not part of a "
+                    "run's identity, so its results cannot be reused. Remove them and start "
+                    "again with overwrite=True, or write to another output")
+    diff = found.differences(identity)
+    if diff:
+        raise refusal(error, what, diff, fix)
+
+
 @dataclass(frozen=True)
 class RunIdentity(Manifest):
     """Everything that determines a job's results; equal identities give equal results.
@@ -150,7 +190,10 @@ class RunIdentity(Manifest):
         inputs: SHA-256 of the inputs (item texts or token ids).
         functions: name -> :func:`function_digest` of each user function the job calls.
         settings: the job's other settings (JSON values).
-        library: ``tl_reward.__version__``; format: the store's format.
+        library: :func:`tl_reward.library_version` (version and source digest); format: the
+            store's format.
+        attachments: :func:`~tl_reward.model.fingerprint.attachments`: hooks and foreign
+            modules on the model (a run with any is never resumed).
     """
 
     _UNCHECKED = ("model_name",)  # names the folder only
@@ -165,6 +208,7 @@ class RunIdentity(Manifest):
     settings: dict[str, Any] = field(default_factory=dict)
     library: str = ""
     format: str = FORMAT
+    attachments: list[str] = field(default_factory=list)
 
     @classmethod
     def of_model(cls, kind: str, model: Any, tokenizer: Any = None) -> RunIdentity:
@@ -172,12 +216,16 @@ class RunIdentity(Manifest):
         library); :meth:`with_job` adds the job's part. ``tokenizer``: default
         ``model.tokenizer``."""
         import tl_reward
-        from tl_reward.model.fingerprint import model_fingerprint, tokenizer_fingerprint
+        from tl_reward.model.fingerprint import (
+            attachments,
+            model_fingerprint,
+            tokenizer_fingerprint,
+        )
 
         tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         return cls(kind, str(model.cfg.model_name), model_fingerprint(model),
                    tokenizer_fingerprint(tok), digest(getattr(tok, "chat_template", None)),
-                   "", library=tl_reward.__version__)
+                   "", attachments=attachments(model), library=tl_reward.library_version())
 
     def with_job(self, inputs: Any, functions: Mapping[str, Callable[..., Any]] | None = None,
                  settings: Mapping[str, Any] | None = None) -> RunIdentity:
@@ -194,7 +242,7 @@ class RunIdentity(Manifest):
         """The identity in ``text``; fields it lacks are empty (so they count as differing)."""
         raw = json.loads(text) if text.strip() else {}
         raw = raw if isinstance(raw, dict) else {}
-        empty: dict[str, Any] = {"functions": {}, "settings": {}}
+        empty: dict[str, Any] = {"functions": {}, "settings": {}, "attachments": []}
         return cls(**{f.name: raw.get(f.name, empty.get(f.name, "")) for f in fields(cls)})
 
     def folder_name(self) -> str:
@@ -226,10 +274,8 @@ class ChunkStore:
         manifest = self.folder / "manifest.json"
         if manifest.exists():
             found = type(identity).from_json(manifest.read_text())
-            diff = found.differences(identity)
-            if diff:
-                kind = getattr(found, "kind", "") or "tl_reward"
-                raise refusal(error, what or f"the {kind} run in {self.folder}", diff, fix)
+            kind = getattr(found, "kind", "") or "tl_reward"
+            check_resume(found, identity, error, what or f"the {kind} run in {self.folder}", fix)
         else:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.save("manifest.json", lambda p: p.write_text(identity.to_json()))
@@ -257,7 +303,13 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
 
 def entry_key(identity: RunIdentity, content: Any) -> str:
     """16 hex digits naming one result in an :class:`EntryCache`: a hash of ``content`` and of
-    every identity field but the model's name (a renamed copy of a model shares entries)."""
+    every identity field but the model's name (a renamed copy of a model shares entries). A
+    model with attachments has no key (their code is not in the identity): refused."""
+    if identity.attachments:
+        raise StoreMismatchError(
+            f"cannot cache results of a model with hooks or modules attached "
+            f"({'; '.join(identity.attachments)}): they are not part of a cache key. Remove "
+            "them, or run without a cache folder")
     return digest([{k: v for k, v in asdict(identity).items() if k != "model_name"},
                    content])[:16]
 

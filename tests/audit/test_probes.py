@@ -229,6 +229,26 @@ def test_redefined_dimension_function_refuses_to_resume(model, tmp_path: Path) -
     assert fresh.rows[fresh.rows.dimension == "shout"].perturbed_reply.str.endswith("!").all()
 
 
+def test_changed_module_constant_of_a_builtin_edit_refuses_to_resume(
+        model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Issue 28's report: the built-in edits read module constants (``FLATTERY``); one changed
+    between two runs resumed the old rows. Now the digest covers them: the folder is refused,
+    naming the edit; the reference is a fresh run under the new constant."""
+    from tl_reward.audit import perturbations
+
+    first = run_probes(model, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=4,
+                       n_bootstrap=100)
+    monkeypatch.setattr(perturbations, "FLATTERY", ("Wow.",))
+    with pytest.raises(ProbeError, match=r"functions\.flattery"):
+        run_probes(model, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=4,
+                   n_bootstrap=100)
+    fresh = run_probes(model, ITEMS, ["flattery"], n_bootstrap=100)
+    edited = fresh.rows[fresh.rows.dimension == "flattery"].perturbed_reply
+    assert edited.str.startswith("Wow. ").all()
+    assert not first.rows[first.rows.dimension == "flattery"].perturbed_reply.str.startswith(
+        "Wow.").any()
+
+
 def test_changed_armorm_transform_refuses_to_resume(tmp_path: Path) -> None:
     """Issue 17's report: an ArmoRM-style transform changed in place after a first run; the
     stale fingerprint resumed the old chunks (mean 0.224 where a fresh run gave 0.181). Now the

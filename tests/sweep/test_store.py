@@ -155,3 +155,38 @@ def test_resume_refuses_another_tokenizer(reference, tmp_path) -> None:
     from tl_reward.store import StoreMismatchError
 
     assert isinstance(err.value, StoreMismatchError)  # the one refusal of every store
+
+
+def test_a_hooked_sweep_never_resumes(reference, tmp_path) -> None:
+    """Issue 28: a sweep killed under a zero-ablation hook and resumed without it wrote a
+    half-ablated file. Attachments are part of the run: resuming with or without the hook is
+    refused naming it; a fresh run without the hook is the reference."""
+    model, ref, ref_path = reference
+    out = tmp_path / "run.parquet"
+
+    def stop(done: int, total: int) -> None:
+        if done >= 120:
+            raise Interrupt
+
+    handle = model.blocks[0].mlp.register_forward_hook(lambda m, i, o: o * 0)
+    try:
+        with pytest.raises(Interrupt):
+            sweep(model, output=out, callback=stop)
+        with pytest.raises(SweepStoreError, match=r"blocks\.0\.mlp"):  # the same hook again
+            sweep(model, output=out, resume=True)
+    finally:
+        handle.remove()
+    with pytest.raises(SweepStoreError, match=r"blocks\.0\.mlp") as err:
+        sweep(model, output=out, resume=True)
+    assert "overwrite=True" in str(err.value) and not out.exists()
+    fresh = sweep(model, output=out, overwrite=True)
+    assert out.read_bytes() == ref_path.read_bytes() and torch.equal(fresh.scores, ref.scores)
+    finished = tmp_path / "hooked.parquet"  # a finished hooked file is not reused either
+    handle = model.blocks[0].mlp.register_forward_hook(lambda m, i, o: o * 0)
+    try:
+        hooked = sweep(model, output=finished)
+        assert not torch.allclose(hooked.scores, ref.scores)
+    finally:
+        handle.remove()
+    with pytest.raises(SweepStoreError, match=r"blocks\.0\.mlp"):
+        sweep(model, output=finished, resume=True)

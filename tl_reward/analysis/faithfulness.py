@@ -27,6 +27,7 @@ without losing work and a changed model never reads another's pairs.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -122,6 +123,14 @@ class FaithfulnessReport(ShortRepr):
 
     def __len__(self) -> int:
         return len(self.pair_ids)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> FaithfulnessReport:
+        """A report written as JSON by the save of earlier versions (``load_result`` calls it)."""
+        d = json.loads(Path(path).read_text())
+        return cls(d["level"], d["objective"], d["names"],
+                   {k: torch.tensor(v) for k, v in d["scores"].items()},
+                   torch.tensor(d["deltas"]), d["pair_ids"], d.get("meta", {}))
 
     def rho(self) -> pd.DataFrame:
         """Per pair, Spearman rho of every pairing (columns ``obs|causal|signed/abs``)."""

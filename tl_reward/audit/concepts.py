@@ -38,7 +38,7 @@ from jaxtyping import Float
 from tl_reward.audit.pooled import pooled_residual, resid_hook, residual_batches
 from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import is_layernorm, normalise, resolve_objectives
-from tl_reward.results import ShortRepr
+from tl_reward.results import ShortRepr, result_type
 from tl_reward.stats.paired import share_interval, sign_flip_test
 
 
@@ -103,6 +103,7 @@ def concept_vector(
     return concept_from_activations(name, layer, h_pos, h_neg)
 
 
+@result_type
 @dataclass
 class Separability:
     """Cross-validated accuracy of a linear probe separating the concept's two classes."""

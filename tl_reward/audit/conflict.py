@@ -42,13 +42,14 @@ from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.heads import LinearRewardHead
 from tl_reward.model.readout import is_layernorm, resolve_objectives
-from tl_reward.results import ShortRepr
+from tl_reward.results import ShortRepr, result_type
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import benjamini_hochberg, sign_flip_test
 from tl_reward.stats.ranks import paired_arrays
 from tl_reward.stats.resampling import bootstrap_indices
 
 
+@result_type
 @dataclass(frozen=True)
 class Thresholds:
     """Verdict thresholds (parameters, not truths): see the module doc."""
@@ -213,6 +214,7 @@ class GramLedoitWolf:
         return q / (sd[:, None] * sd[None, :]), a
 
 
+@result_type
 @dataclass
 class PairStat:
     """One statistic for one pair of terms, with its interval and verdict."""

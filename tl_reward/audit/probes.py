@@ -39,7 +39,7 @@ from tl_reward.audit.perturbations import (
     user_items,
 )
 from tl_reward.compat.effect_size import published_cohens_d
-from tl_reward.results import ShortRepr
+from tl_reward.results import ShortRepr, result_type
 from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
 from tl_reward.scale.jobs import run_chunked
 from tl_reward.stats.estimate import Estimate
@@ -109,6 +109,7 @@ def score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, Any
 
 
 # -- statistics --------------------------------------------------------------------------------
+@result_type
 @dataclass(frozen=True)
 class DimensionStats:
     """One dimension's probe statistics (reward units unless ``_std``).

@@ -32,7 +32,7 @@ from jaxtyping import Float
 from tl_reward.compare.layers import activations, model_label
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
-from tl_reward.results import ShortRepr
+from tl_reward.results import ShortRepr, result_type
 from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
 from tl_reward.scale.jobs import run_chunked
 from tl_reward.stats.agreement import RankAgreement, rank_agreement
@@ -43,6 +43,7 @@ from tl_reward.stats.ranks import paired_arrays
 DEFAULT_ALPHAS: tuple[float, ...] = tuple(float(a) for a in np.logspace(-3, 5, 17))
 
 
+@result_type
 @dataclass
 class PreferenceAgreement:
     """Share of preference pairs on which two models prefer the same reply."""
@@ -54,6 +55,7 @@ class PreferenceAgreement:
     accuracy_b: float
 
 
+@result_type
 @dataclass
 class Readability:
     """Held-out R^2 of a ridge from ``source``'s activations (``hook``) to ``target``'s reward.

@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 
 from tl_reward.data.conversation import Conversation, Message, as_conversation
 from tl_reward.errors import EmptyResponseError
+from tl_reward.results import result_type
 
 
+@result_type
 @dataclass(frozen=True)
 class PreferencePair:
     """A prompt (the shared dialogue so far) with a chosen and a rejected assistant reply.

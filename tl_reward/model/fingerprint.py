@@ -98,7 +98,7 @@ def model_fingerprint(model: Any, refresh: bool = False) -> str:
         "dtype": str(getattr(model.cfg, "dtype", None)),
         "pooling": getattr(model, "pooling", None),
         "pad_token_id": getattr(model, "pad_token_id", None),
-        "library": tl_reward.__version__,
+        "library": tl_reward.library_version(),
     }, sort_keys=True, default=str).encode())
     return h.hexdigest()[:32]
 
@@ -126,3 +126,32 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     h = hashlib.sha256(body.encode())
     h.update(json.dumps(fields, sort_keys=True, default=str).encode())
     return h.hexdigest()[:32]
+
+
+def attachments(model: Any, only: tuple[str, ...] = (), skip: tuple[str, ...] = (),
+                hook_points: bool = True) -> list[str]:
+    """Everything attached to ``model`` beyond its stock forward, one description each: global
+    torch module hooks, forward or pre-forward hooks on any submodule (on hook points too unless
+    ``hook_points=False``), and modules that are neither TransformerLens's, torch's, HF's
+    (which a bridge wraps) nor the library's own (an attached SAE, a replaced MLP, a wrapped
+    hook point). ``only`` / ``skip`` restrict to / leave out submodules under these top-level
+    names. Empty for a stock model."""
+    from torch.nn.modules import module as nn_module
+    from transformer_lens.hook_points import HookPoint
+
+    out = []
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        out.append("a global torch module hook")
+    for name, mod in model.named_modules():
+        top = name.split(".")[0]
+        if not name or (only and top not in only) or top in skip:
+            continue
+        n_hooks = len(mod._forward_hooks) + len(mod._forward_pre_hooks)
+        if n_hooks and (hook_points or not isinstance(mod, HookPoint)):
+            out.append(f"a hook on {name}")
+        cls = type(mod)
+        if not cls.__module__.startswith(("transformer_lens.", "torch.nn.", "tl_reward.",
+                                          "transformers.")):  # a bridge wraps HF's modules
+            what = " (an attached SAE)" if cls.__module__.startswith("sae_lens") else ""
+            out.append(f"{name} is a {cls.__module__}.{cls.__qualname__}{what}")
+    return out

@@ -6,7 +6,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tl_reward.results import result_type
 
+
+@result_type
 @dataclass(frozen=True)
 class Estimate:
     """A reported number: ``value``, its ``confidence`` interval and test ``p_value`` (NaN when

@@ -15,7 +15,10 @@ import numpy as np
 import pandas as pd
 from scipy import special, stats
 
+from tl_reward.results import result_type
 
+
+@result_type
 @dataclass(frozen=True)
 class OLSFit:
     """``y = X beta + e`` fitted by least squares (an intercept first).

@@ -26,7 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tl_reward.errors import TLRewardError
-from tl_reward.store import ChunkStore, Manifest, StoreMismatchError, atomic_write, refusal
+from tl_reward.results import result_type
+from tl_reward.store import ChunkStore, Manifest, StoreMismatchError, atomic_write, check_resume
 
 FORMAT = "tl_reward.vocab_sweep/1"
 METADATA_KEY = b"tl_reward.vocab_sweep"
@@ -43,6 +44,7 @@ class SweepMismatchError(SweepStoreError, StoreMismatchError):
     """A sweep to resume that was made with other settings (named in the message)."""
 
 
+@result_type
 @dataclass(frozen=True)
 class SweepSpec(Manifest):
     """Everything that determines a sweep's rows. Two files belong to one sweep iff their specs
@@ -65,6 +67,8 @@ class SweepSpec(Manifest):
         batch_size: candidates per forward pass (chunks on disk have this size).
         n_candidates, candidates_digest: the whole candidate list, before any id range.
         id_range: ``[lo, hi)`` of token ids this file covers.
+        attachments: hooks and foreign modules on the model
+            (:func:`~tl_reward.model.fingerprint.attachments`); a sweep with any never resumes.
         format: the file format.
     """
 
@@ -85,6 +89,7 @@ class SweepSpec(Manifest):
     n_candidates: int
     candidates_digest: str
     id_range: tuple[int, int]
+    attachments: tuple[str, ...] = ()
     format: str = FORMAT
 
     @classmethod
@@ -92,10 +97,12 @@ class SweepSpec(Manifest):
         raw = json.loads(text)
         if raw.get("format") != FORMAT:
             raise SweepStoreError(f"not a tl_reward vocabulary sweep (expected format {FORMAT})")
-        conv = (dict.fromkeys(("labels", "prompts", "objectives", "id_range"), tuple)
+        conv = (dict.fromkeys(("labels", "prompts", "objectives", "id_range", "attachments"),
+                              tuple)
                 | dict.fromkeys(("prefixes", "suffixes"), lambda v: tuple(map(tuple, v))))
         raw.setdefault("pooling", "unknown")  # written before the rule was recorded
         raw.setdefault("tokenizer", "unknown")  # written before the tokenizer was recorded
+        raw.setdefault("attachments", ())
         return cls(**{f.name: conv.get(f.name, lambda v: v)(raw[f.name]) for f in fields(cls)})
 
     def columns(self) -> list[str]:
@@ -207,9 +214,8 @@ class SweepWriter:
         if not resume:
             raise SweepStoreError(f"{what} already exists; pass resume=True to continue it, or "
                                   "overwrite=True (--overwrite) to start again")
-        diff = found.differences(self.spec) if found is not None else []
-        if diff:
-            raise refusal(SweepMismatchError, what, diff, _FIX)
+        if found is not None:
+            check_resume(found, self.spec, SweepMismatchError, what, _FIX)
 
     def _chunk_path(self, index: int) -> Path:
         return self.parts / f"chunk-{index:07d}.parquet"

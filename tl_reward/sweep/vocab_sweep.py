@@ -178,6 +178,11 @@ class VocabSweep(ShortRepr):
         return write_table(table, self.spec, path)  # type: ignore[arg-type]
 
     @classmethod
+    def from_file(cls, path: str | Path) -> VocabSweep:
+        """Read a finished sweep file (:func:`load_sweep`; what ``load_result`` calls)."""
+        return cls.from_table(*read_table(path))
+
+    @classmethod
     def from_table(cls, table: pa.Table, spec: SweepSpec) -> VocabSweep:
         """Rebuild a sweep from its table and spec."""
         table = table.sort_by("token_id")
@@ -200,8 +205,7 @@ class VocabSweep(ShortRepr):
 
 def load_sweep(path: str | Path) -> VocabSweep:
     """Read a finished sweep file."""
-    table, spec = read_table(path)
-    return VocabSweep.from_table(table, spec)
+    return VocabSweep.from_file(path)
 
 
 # -- candidates ----------------------------------------------------------------------------------
@@ -525,7 +529,8 @@ def plan_sweep(
         prompts=tuple(convs), prefixes=tuple(t.prefix for t in templates),
         suffixes=tuple(t.suffix for t in templates), objectives=tuple(model.objectives),
         has_score=model.has_score, batch_size=batch_size, n_candidates=len(candidates),
-        candidates_digest=digest_ids(candidates), id_range=(lo, hi))
+        candidates_digest=digest_ids(candidates), id_range=(lo, hi),
+        attachments=tuple(tl_backend.attachments(model)))
     chunks = [todo[i: i + batch_size] for i in range(0, len(todo), batch_size)]
     return SweepPlan(spec, templates, todo, chunks, method)
 

@@ -18,7 +18,7 @@ _EXPORTS = {
     "run_after_prefix": "tl_reward.tl_backend.continuation",
     "FusedQKV": "tl_reward.tl_backend.prefix_cache",
     "PrefixCache": "tl_reward.tl_backend.prefix_cache",
-    "attachments": "tl_reward.tl_backend.prefix_cache",
+    "attachments": "tl_reward.model.fingerprint",
     "build_prefix_cache": "tl_reward.tl_backend.prefix_cache",
     "cache_keys": "tl_reward.tl_backend.prefix_cache",
     "continuation_method": "tl_reward.tl_backend.prefix_cache",

@@ -14,7 +14,8 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
-from transformer_lens.hook_points import HookPoint
+
+from tl_reward.model.fingerprint import attachments
 
 if TYPE_CHECKING:  # TransformerLens 4 has no HookedTransformerConfig
     from transformer_lens import HookedTransformerConfig
@@ -197,34 +198,6 @@ def expand_stock_cache(cache: TransformerLensKeyValueCache, batch: int
     return frozen_kv_cache([e.past_keys.expand(batch, -1, -1, -1) for e in cache.entries],
                            [e.past_values.expand(batch, -1, -1, -1) for e in cache.entries],
                            cache.previous_attention_mask.expand(batch, -1))
-
-
-def attachments(model: Any, only: tuple[str, ...] = (), skip: tuple[str, ...] = (),
-                hook_points: bool = True) -> list[str]:
-    """Everything attached to ``model`` beyond its stock forward, one description each: global
-    torch module hooks, forward or pre-forward hooks on any submodule (on hook points too unless
-    ``hook_points=False``), and modules that are neither TransformerLens's, torch's, HF's
-    (which a bridge wraps) nor the library's own (an attached SAE, a replaced MLP, a wrapped
-    hook point). ``only`` / ``skip`` restrict to / leave out submodules under these top-level
-    names. Empty for a stock model."""
-    from torch.nn.modules import module as nn_module
-
-    out = []
-    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
-        out.append("a global torch module hook")
-    for name, mod in model.named_modules():
-        top = name.split(".")[0]
-        if not name or (only and top not in only) or top in skip:
-            continue
-        n_hooks = len(mod._forward_hooks) + len(mod._forward_pre_hooks)
-        if n_hooks and (hook_points or not isinstance(mod, HookPoint)):
-            out.append(f"a hook on {name}")
-        cls = type(mod)
-        if not cls.__module__.startswith(("transformer_lens.", "torch.nn.", "tl_reward.",
-                                          "transformers.")):  # a bridge wraps HF's modules
-            what = " (an attached SAE)" if cls.__module__.startswith("sae_lens") else ""
-            out.append(f"{name} is a {cls.__module__}.{cls.__qualname__}{what}")
-    return out
 
 
 def nonstock_module(model: Any) -> str | None:
