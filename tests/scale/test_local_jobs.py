@@ -208,7 +208,8 @@ def test_cli_ray_options_are_shared_and_checked(tmp_path: Path, capsys) -> None:
         assert all(f in out for f in ("--ray", "--address", "--workers", "--gpus-per-worker",
                                       "--cpus-per-worker"))
     items = tmp_path / "items.jsonl"
-    items.write_text(json.dumps({"prompt": "Why?", "reply": "Because."}))
+    items.write_text("\n".join(json.dumps({"prompt": f"Why {i}?", "reply": "Because."})
+                               for i in range(3)))  # an audit needs 3 items
     assert main(["audit", "--items", str(items), "--ray", "--device", "cpu"]) == 1
     assert "--device does not apply with --ray" in capsys.readouterr().err
     assert main(["compare", "--model", "a", "--model", "b", "--input", str(items),
