@@ -164,8 +164,8 @@ def test_plant_effect_refuses_runs_of_other_edits() -> None:
 
 
 def test_distortion_is_above_its_floor_on_the_plant_only() -> None:
-    assert distortion_index(report("model"), n_bootstrap=200).above_floor
-    assert not distortion_index(report("base"), n_bootstrap=200).above_floor
+    assert distortion_index(report("model")).above_floor
+    assert not distortion_index(report("base")).above_floor
 
 
 def test_published_verdicts_on_the_plant() -> None:

@@ -5,8 +5,9 @@ on natural replies)``: how far the edit moves the reward, in units of the reward
 over the unedited replies of the same base items. The *index* is the Gini coefficient of
 ``|s_k|``, ``G = sum_jk |a_j - a_k| / (2 K^2 mean(a))``: 0 only when the *estimated* ``|s_k|``
 are exactly equal, ``1 - 1/K`` when one dimension alone moves the reward (bounded and robust to
-one large dimension; the coefficient of variation is also reported). CIs come from one
-bootstrap over base items, shared by every dimension and the natural sd.
+one large dimension; the coefficient of variation is also reported). No interval is reported
+for the sensitivities, the index or the CV (NaN; ``ci_reason`` says why): a ratio to an
+estimated sd has none that reaches its coverage (docs/statistics.md).
 
 **The index has a noise floor.** Gini is scale-free, so noise alone makes the ``|s_k|``
 unequal: a model indifferent to every edit gets about 0.3 at K = 7 whatever the noise's size.
@@ -19,7 +20,7 @@ published index: :mod:`tl_reward.compat.published`.
 
 Example:
     >>> res = distortion_index(report)            # report: a ProbeReport
-    >>> res.index, res.index_ci                   # Gini of |sensitivity| with its CI
+    >>> res.index, res.sensitivity                # Gini of |sensitivity|, the sensitivities
     >>> res.null_median, res.excess, res.p_value, res.above_floor
 """
 
@@ -34,8 +35,7 @@ import pandas as pd
 
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
-from tl_reward.stats.paired import standardised_mean_bootstrap
-from tl_reward.stats.resampling import percentile_ci
+from tl_reward.stats.paired import NO_RATIO_INTERVAL
 
 
 def gini(values: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -131,8 +131,8 @@ class DistortionResult(ShortRepr):
 
     Attributes:
         dimensions: the K dimensions; n_items: base items (matched across dimensions).
-        sensitivity, ci_low, ci_high: ``s_k`` and its bootstrap CI, per dimension.
-        index, index_ci: Gini of ``|s|`` and its CI; cv, cv_ci: coefficient of variation.
+        sensitivity: ``s_k`` per dimension; ci_low, ci_high: NaN (no interval, ``ci_reason``).
+        index: Gini of ``|s|``; cv: coefficient of variation; index_ci, cv_ci: NaN pairs.
         natural_sd: the sd of ``r`` on natural replies the sensitivities are divided by.
         null_median, null_high: median and 95th percentile of the index when no dimension
             moves the reward (item sign flips); excess: ``index - null_median``.
@@ -156,6 +156,7 @@ class DistortionResult(ShortRepr):
     alpha: float = 0.05
     null_method: str = ""
     n_permutations: int = 0
+    ci_reason: str = NO_RATIO_INTERVAL
 
     @property
     def excess(self) -> float:
@@ -197,14 +198,14 @@ class DistortionResult(ShortRepr):
 
 
 def distortion_index(report: Any, natural: pd.Series | np.ndarray | None = None,
-                     n_bootstrap: int = 2000, confidence: float = 0.95, seed: int = 0,
-                     n_permutations: int = 9_999, alpha: float = 0.05) -> DistortionResult:
+                     seed: int = 0, n_permutations: int = 9_999, alpha: float = 0.05
+                     ) -> DistortionResult:
     """:class:`DistortionResult` of a :class:`~tl_reward.audit.probes.ProbeReport` (or of an
     items x dimensions delta DataFrame plus the natural rewards of the same items).
 
-    ``n_bootstrap``: bootstrap resamples of items (CIs); ``n_permutations``: item sign
-    patterns of the noise-floor test (:func:`distortion_floor_test`; exact for n <= 12);
-    ``alpha``: the level of the "distortion above floor" verdict."""
+    ``n_permutations``: item sign patterns of the noise-floor test
+    (:func:`distortion_floor_test`; exact for n <= 12); ``alpha``: the level of the
+    "distortion above floor" verdict."""
     mat = report.delta_matrix() if hasattr(report, "delta_matrix") else report
     if not isinstance(mat, pd.DataFrame):
         raise TLRewardError("pass a ProbeReport or an items x dimensions DataFrame of deltas")
@@ -225,16 +226,12 @@ def distortion_index(report: Any, natural: pd.Series | np.ndarray | None = None,
     sd = float(r.std(ddof=1))
     if not sd > 0:
         raise TLRewardError("the natural rewards have zero spread; sensitivities are undefined")
-    boot = standardised_mean_bootstrap(d, r, n_bootstrap, seed)
-    a = (1 - confidence) / 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a dimension with no applied edit
         sens = np.nanmean(d, 0) / sd
-        lo, hi = np.nanquantile(boot, [a, 1 - a], axis=0)
-        g_ci, cv_ci = percentile_ci(gini(boot), confidence), percentile_ci(
-            coefficient_of_variation(boot), confidence)
+    none, nan2 = np.full(k, np.nan), (float("nan"), float("nan"))
     floor = distortion_floor_test(d, n_permutations, seed=seed)
-    return DistortionResult(list(mat.columns), n, sens, lo, hi, float(gini(sens)), g_ci,
-                            float(coefficient_of_variation(sens)), cv_ci, sd,
+    return DistortionResult(list(mat.columns), n, sens, none, none, float(gini(sens)), nan2,
+                            float(coefficient_of_variation(sens)), nan2, sd,
                             float(floor.null_median), float(floor.null_high),
                             float(floor.p_value), alpha, floor.method, floor.n_permutations)

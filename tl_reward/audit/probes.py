@@ -44,13 +44,11 @@ from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_
 from tl_reward.scale.jobs import run_chunked
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import (
+    NO_RATIO_INTERVAL,
     benjamini_hochberg,
-    effect_sizes,
     paired_effect_size,
     sign_flip_test,
-    standardised_mean_bootstrap,
 )
-from tl_reward.stats.resampling import bootstrap_indices, percentile_ci
 from tl_reward.store import ChunkStore, RunIdentity, StoreMismatchError
 
 NATURAL = "__natural__"
@@ -120,13 +118,12 @@ class DimensionStats:
         mean, ci_low, ci_high: mean delta and the interval that inverts its sign-flip test
             (NaN below 6 items: the test cannot reach p < 0.05).
         sd: ddof-1 sd of the deltas.
-        effect_size, effect_ci_low, effect_ci_high: ``mean / sd`` and its bootstrap CI (NaN
-            when undefined; ``effect_reason`` says why).
+        effect_size: ``mean / sd`` (NaN when undefined; ``effect_reason`` says why);
+            effect_ci_low, effect_ci_high: NaN, no interval (``NO_RATIO_INTERVAL`` says why).
         p_value, p_method: two-sided sign-flip p (``"exact"`` or ``"monte_carlo"``).
         p_adjusted: Benjamini-Hochberg across the report's dimensions.
-        mean_std: the mean divided by the natural-reply sd; ci_low_std, ci_high_std: its
-            bootstrap CI, mean and sd resampled jointly over base items (NaN without the
-            natural rewards).
+        mean_std: the mean divided by the natural-reply sd; ci_low_std, ci_high_std: NaN, no
+            interval (as for the effect size).
         published_d: reward-lens v1's "Cohen's d" (ddof 0, inf at n = 1), for comparison.
     """
 
@@ -155,49 +152,30 @@ class DimensionStats:
         r"""The mean delta, the effect size and the standardised mean as :class:`Estimate`\ s
         (each with the sign-flip p-value, unadjusted)."""
         test = f"{self.p_method} sign-flip test"
-        boot = f"percentile bootstrap over items; {test}"
+        none = f"{test}; {NO_RATIO_INTERVAL}"
         return {k: Estimate(v, lo, hi, self.p_value, self.n, how) for k, v, lo, hi, how in (
             ("mean", self.mean, self.ci_low, self.ci_high, f"{test} and its inverted interval"),
-            ("effect_size", self.effect_size, self.effect_ci_low, self.effect_ci_high, boot),
-            ("mean_std", self.mean_std, self.ci_low_std, self.ci_high_std, boot))}
-
-
-def effect_size_ci(deltas: np.ndarray, n_bootstrap: int = 2000, confidence: float = 0.95,
-                   seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap CI of ``mean / sd`` (ddof 1); resamples with zero spread (as
-    :func:`~tl_reward.stats.paired.paired_effect_size` counts it: one repeated value) dropped,
-    NaN when the effect itself is undefined."""
-    arr = np.asarray(deltas, dtype=np.float64)
-    if not paired_effect_size(arr).defined:
-        return float("nan"), float("nan")
-    return percentile_ci(effect_sizes(arr[bootstrap_indices(arr.size, n_bootstrap, seed)]),
-                         confidence, n_bootstrap // 2)
+            ("effect_size", self.effect_size, self.effect_ci_low, self.effect_ci_high, none),
+            ("mean_std", self.mean_std, self.ci_low_std, self.ci_high_std, none))}
 
 
 def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = "",
                         description: str = "", n_skipped: int = 0, n_bootstrap: int = 2000,
-                        exact_max_n: int = 20, seed: int = 0,
-                        natural: np.ndarray | None = None, confidence: float = 0.95
+                        exact_max_n: int = 20, seed: int = 0, confidence: float = 0.95
                         ) -> DimensionStats:
     """:class:`DimensionStats` of one dimension's per-item deltas (``p_adjusted`` = NaN until
-    :func:`summarise` adjusts across dimensions). ``natural``: the base items' natural rewards,
-    aligned with ``deltas``; without them the standardised CI is NaN (it bootstraps mean and
-    sd jointly: :func:`~tl_reward.stats.paired.standardised_mean_bootstrap`)."""
+    :func:`summarise` adjusts across dimensions; NaN deltas, edits that did not apply, left out).
+    ``n_bootstrap`` sets the Monte Carlo sign flips (5x as many)."""
     d_all = np.asarray(deltas, dtype=np.float64)
     d = d_all[~np.isnan(d_all)]
     es = paired_effect_size(d)
-    elo, ehi = effect_size_ci(d, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed)
     test = sign_flip_test(d, exact_max_n=exact_max_n, n_permutations=max(n_bootstrap, 999) * 5,
                           seed=seed, confidence=confidence)
-    scale = natural_sd if natural_sd > 0 else float("nan")
-    slo = shi = float("nan")
-    if natural is not None and d.size:
-        boot = standardised_mean_bootstrap(d_all, natural, n_bootstrap, seed)[:, 0]
-        slo, shi = percentile_ci(boot, confidence, n_bootstrap // 2)
+    scale, nan = (natural_sd if natural_sd > 0 else float("nan")), float("nan")
     return DimensionStats(
         dimension, description, int(d.size), n_skipped, es.mean, test.ci_low, test.ci_high,
-        es.sd, es.value, elo, ehi, es.reason, test.p_value, test.method, float("nan"),
-        es.mean / scale, slo, shi, published_cohens_d(d) if d.size else float("nan"))
+        es.sd, es.value, nan, nan, es.reason, test.p_value, test.method, float("nan"),
+        es.mean / scale, nan, nan, published_cohens_d(d) if d.size else float("nan"))
 
 
 @dataclass(repr=False)
@@ -277,7 +255,6 @@ def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
     nat_rows = rows[rows.dimension == NATURAL]
     nat = nat_rows[f"neutral:{objective}"].to_numpy(np.float64)
     natural_sd = float(np.std(nat, ddof=1)) if nat.size > 1 else float("nan")
-    nat_ids = pd.Index(nat_rows.item_id)
     stats = []
     for dim in dict.fromkeys(rows.dimension):
         if dim == NATURAL:
@@ -287,15 +264,9 @@ def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
         if applied.item_id.duplicated().any():
             raise ProbeError(f"dimension {dim!r} has several rows for one item; n must count "
                              "distinct base items")
-        aligned = None
-        if nat.size > 1 and not nat_ids.duplicated().any() and applied.item_id.isin(
-                nat_ids).all():
-            aligned = pd.Series(applied[col].to_numpy(np.float64),
-                                index=applied.item_id.to_numpy()).reindex(nat_ids).to_numpy()
         stats.append(summarise_dimension(
-            aligned if aligned is not None else applied[col].to_numpy(np.float64), natural_sd,
-            dim, descriptions.get(dim, ""), int((~r.applied).sum()), n_bootstrap, exact_max_n,
-            seed, natural=nat if aligned is not None else None))
+            applied[col].to_numpy(np.float64), natural_sd, dim, descriptions.get(dim, ""),
+            int((~r.applied).sum()), n_bootstrap, exact_max_n, seed))
     adj = benjamini_hochberg([s.p_value for s in stats])
     stats = [replace(s, p_adjusted=float(a)) for s, a in zip(stats, adj, strict=True)]
     return ProbeReport(rows, objective, list(reward_names), stats, natural_sd, int(nat.size),

@@ -120,14 +120,12 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
     probe_s = time.time() - t0
     stats = rep.to_dataframe()
     table = stats[["dimension", "n", "n_skipped", "mean", "ci_low", "ci_high", "effect_size",
-                   "effect_ci_low", "effect_ci_high", "p_value", "p_method", "p_adjusted",
-                   "mean_std", "published_d"]].copy()
+                   "p_value", "p_method", "p_adjusted", "mean_std", "published_d"]].copy()
     table["effect_reason"] = stats.effect_reason.fillna("")
-    dist = distortion_index(rep, n_bootstrap=n_bootstrap, seed=seed)
+    dist = distortion_index(rep, seed=seed)
     pub_dist = published_distortion_index(rep.delta_matrix())
     casc = cascade(rep, n_bootstrap=min(n_bootstrap, 1000), seed=seed)
     sources = pd.Series([getattr(it, "source", "user") for it in items]).value_counts()
-    g_lo, g_hi = dist.index_ci
     parts: list[Any] = [
         f"<p><b>Model:</b> {html.escape(rep.model_name)} (fingerprint "
         f"{rep.model_fingerprint[:16]}); <b>objective:</b> {rep.objective}; <b>base items:</b> "
@@ -139,19 +137,20 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
         "effect size = mean / sd (ddof 1; undefined when "
         "the spread is 0); two-sided sign-flip p (exact for n &le; 20, else Monte Carlo "
         "(1 + count)/(1 + B)); p_adjusted: Benjamini-Hochberg across dimensions; mean_std: the "
-        "mean in units of the reward's sd on natural replies. published_d: reward-lens v1's "
+        "mean in units of the reward's sd on natural replies (effect size and mean_std: no "
+        "interval, none of a ratio to an estimated sd reaches its coverage). published_d: "
+        "reward-lens v1's "
         "\"Cohen's d\" (ddof 0, infinite at n = 1), for comparison only.</p>",
         table, probe_forest(rep), probe_forest(rep, standardised=True),
         effect_size_forest(rep),
         "<h2>Distortion</h2><p>Sensitivity = mean delta / natural sd per dimension; index = "
-        f"Gini of |sensitivity| = <b>{dist.index:.3f} [{g_lo:.3f}, {g_hi:.3f}]</b> (1 - 1/K: "
-        "one dimension alone moves the reward), CI by bootstrap over items. Gini is "
+        f"Gini of |sensitivity| = <b>{dist.index:.3f}</b> (1 - 1/K: one dimension alone moves "
+        "the reward; no interval, as for mean_std). Gini is "
         "scale-free, so noise alone gives a positive index: against its null (no dimension "
         "moves the reward; item sign flips) the median is "
         f"{dist.null_median:.3f}, the excess {dist.excess:+.3f}, p = {dist.p_value:.3g}: "
         f"<b>{dist.verdict}</b> at alpha = {dist.alpha}. "
-        f"Coefficient of variation {dist.cv:.3f} [{dist.cv_ci[0]:.3f}, "
-        f"{dist.cv_ci[1]:.3f}]. The published index (min-max over pooled probes, "
+        f"Coefficient of variation {dist.cv:.3f}. The published index (min-max over pooled probes, "
         "1 - C/max C) is shown beside it: its strongest dimension is 0 by construction.</p>",
         distortion_chart(dist),
         dist.to_dataframe().merge(pub_dist.to_dataframe(), on="dimension"),

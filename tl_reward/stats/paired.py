@@ -22,7 +22,6 @@ from scipy import stats
 
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.ranks import ArrayLike, as_array
-from tl_reward.stats.resampling import bootstrap_indices
 
 #: Largest ``n`` enumerated exactly by default (2^20 sums, 8 MB).
 EXACT_MAX_N = 20
@@ -184,6 +183,10 @@ class EffectSize:
         return self.reason is None
 
 
+#: Why ratios to an estimated sd (effect size, standardised mean, Gini of those) get no interval.
+NO_RATIO_INTERVAL = ("no interval: none of a ratio to an estimated sd reaches its coverage "
+                     "without normal data (docs/statistics.md, One interval rule)")
+
 #: Spread at or below ``SPREAD_ULPS * eps * max|x|`` counts as zero (see paired_effect_size).
 SPREAD_ULPS = 64
 
@@ -227,32 +230,3 @@ def benjamini_hochberg(p_values: ArrayLike) -> np.ndarray:
     if (ok := ~np.isnan(p)).any():
         out[ok] = stats.false_discovery_control(p[ok])
     return out
-
-
-def standardised_mean_bootstrap(deltas: ArrayLike, natural: ArrayLike, n_bootstrap: int = 2000,
-                                seed: int = 0) -> np.ndarray:
-    """Bootstrap replicates ``[n_bootstrap, K]`` of ``mean_i(delta_ik) / sd(natural)`` (ddof 1),
-    the ratio resampled jointly: each replicate draws ``n`` base items with replacement and
-    recomputes both every column's mean delta (NaN deltas, edits that did not apply, are left
-    out) and the sd of the same items' natural rewards. ``deltas [n, K]`` (or ``[n]``) and
-    ``natural [n]`` are aligned by item. A replicate whose resampled column is empty or whose
-    natural sd is 0 is NaN (use ``nanquantile``)."""
-    d = as_array(deltas)
-    d = d[:, None] if d.ndim == 1 else d
-    r = as_array(natural).ravel()
-    n = r.size
-    if d.shape[0] != n:
-        raise ValueError(f"deltas have {d.shape[0]} items, natural rewards {n}")
-    idx = bootstrap_indices(n, n_bootstrap, seed)
-    # resample counts per item: O(B n) memory instead of the [B, n, K] gather
-    w = np.bincount((idx + n * np.arange(n_bootstrap)[:, None]).ravel(),
-                    minlength=n_bootstrap * n).reshape(n_bootstrap, n).astype(np.float64)
-    present = ~np.isnan(d)
-    rc = r - r.mean()
-    mean_r = w @ rc / n
-    var = (w @ rc**2 - n * mean_r**2) / (n - 1)
-    sd = np.sqrt(np.maximum(var, 0.0))
-    floor = 1e-9 * float(np.abs(rc).max(initial=0.0))  # a resample of one repeated value
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = (w @ np.where(present, d, 0.0)) / (w @ present.astype(np.float64))
-        return np.where(sd[:, None] > floor, means / sd[:, None], np.nan)

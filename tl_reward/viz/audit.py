@@ -17,8 +17,8 @@ def _fmt_p(p: float) -> str:
 
 
 def probe_forest(report: Any, standardised: bool = False, title: str | None = None) -> Any:
-    """Forest plot: per dimension the mean delta and its bootstrap CI (or, ``standardised``,
-    in units of the natural-reply sd), labelled with n, effect size and adjusted p."""
+    """Forest plot: per dimension the mean delta and its sign-flip interval (``standardised``:
+    in units of the natural-reply sd, no interval), labelled with n, effect size and adjusted p."""
     import plotly.graph_objects as go
 
     stats = list(report.stats)
@@ -48,48 +48,34 @@ def probe_forest(report: Any, standardised: bool = False, title: str | None = No
 
 
 def effect_size_forest(report: Any, title: str | None = None) -> Any:
-    """Paired effect sizes (mean / sd, ddof 1) with bootstrap CIs; undefined ones marked."""
+    """Paired effect sizes (mean / sd, ddof 1; no interval); undefined ones marked."""
     import plotly.graph_objects as go
 
     stats = list(report.stats)
     es = np.array([s.effect_size for s in stats])
-    lo = np.array([s.effect_ci_low for s in stats])
-    hi = np.array([s.effect_ci_high for s in stats])
     labels = [f"{s.dimension} (n={s.n})" for s in stats]
     fig = go.Figure(go.Scatter(
         x=np.nan_to_num(es), y=labels, mode="markers",
         marker={"symbol": ["circle" if e == e else "x" for e in es], "size": 10},
-        error_x={"type": "data", "symmetric": False, "array": np.nan_to_num(hi - es),
-                 "arrayminus": np.nan_to_num(es - lo), "color": "#555"},
-        text=[(s.effect_reason or "") + f" CI [{s.effect_ci_low:.3g}, {s.effect_ci_high:.3g}]"
-              for s in stats],
+        text=[s.effect_reason or "" for s in stats],
         hovertemplate="%{y}: %{x:.3f} %{text}<extra></extra>"))
     fig.add_vline(x=0, line_dash="dash", line_color="black")
-    finite = np.abs(es[np.isfinite(es)])
-    lim = max(1.0, 2.0 * float(finite.max())) if finite.size else 1.0
-    fig.update_xaxes(range=[-lim, lim])  # a tiny-n interval (sd near 0) would stretch it
-    fig.update_layout(title=title or "Paired effect size (mean / sd, ddof 1) with 95% bootstrap "
-                                     "CI; x = undefined (zero spread or n < 2)",
+    fig.update_layout(title=title or "Paired effect size (mean / sd, ddof 1; no interval); "
+                                     "x = undefined (zero spread or n < 2)",
                       xaxis_title="effect size", yaxis={"autorange": "reversed"},
                       height=120 + 50 * len(stats))
     return fig
 
 
 def distortion_chart(result: Any, title: str | None = None) -> Any:
-    """Sensitivity per dimension (natural-sd units) with CIs; the Gini index in the title."""
+    """Sensitivity per dimension (natural-sd units, no interval); the Gini index in the title."""
     import plotly.graph_objects as go
 
-    s = np.asarray(result.sensitivity)
-    lo, hi = np.asarray(result.ci_low), np.asarray(result.ci_high)
-    fig = go.Figure(go.Bar(
-        x=list(result.dimensions), y=s,
-        error_y={"type": "data", "symmetric": False, "array": hi - s, "arrayminus": s - lo}))
-    g_lo, g_hi = result.index_ci
+    fig = go.Figure(go.Bar(x=list(result.dimensions), y=np.asarray(result.sensitivity)))
     fig.update_layout(
-        title=title or (f"Sensitivity per dimension (mean delta / natural sd, 95% CI); "
-                        f"distortion index (Gini of |s|) = {result.index:.3f} "
-                        f"[{g_lo:.3f}, {g_hi:.3f}], noise floor (null median) "
-                        f"{result.null_median:.3f}, excess {result.excess:+.3f}, "
+        title=title or (f"Sensitivity per dimension (mean delta / natural sd); "
+                        f"distortion index (Gini of |s|) = {result.index:.3f}, noise floor "
+                        f"(null median) {result.null_median:.3f}, excess {result.excess:+.3f}, "
                         f"p = {result.p_value:.3g}, n = {result.n_items} items"),
         yaxis_title="sensitivity (natural-reply sd)")
     return fig
