@@ -152,6 +152,24 @@ def test_function_digest_hashes_globals_and_values_by_value(monkeypatch: pytest.
         assert function_digest(wrap(a)) != function_digest(wrap(other)), (a, other)
 
 
+def test_function_digest_follows_helpers_of_the_users_own_package(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edit calling a helper of another module of its own package: no library version covers
+    that module, so the helper (and the constants it reads) is followed; it was skipped."""
+    (tmp_path / "i28pkg").mkdir()
+    (tmp_path / "i28pkg" / "__init__.py").write_text("")
+    (tmp_path / "i28pkg" / "util.py").write_text(
+        "WORDS = ('a',)\n\n\ndef helper(x):\n    return x + WORDS[0]\n")
+    (tmp_path / "i28pkg" / "edits.py").write_text(
+        "from i28pkg.util import helper\n\n\ndef edit(x):\n    return helper(x)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from i28pkg import edits, util  # type: ignore[import-not-found]
+
+    before = function_digest(edits.edit)
+    monkeypatch.setattr(util, "WORDS", ("b",))
+    assert function_digest(edits.edit) != before
+
+
 def test_the_library_version_changes_with_the_code(tmp_path: Path) -> None:
     """Issue 28: ``__version__`` stayed 0.1.0 over 190 commits, so a store made by other code
     resumed. The identity's ``library`` now carries a digest of the library's source."""

@@ -112,17 +112,21 @@ def _fn_parts(fn: Any, seen: set[int], out: list[Any]) -> None:
     for name in sorted({n for c in _codes(code) for n in c.co_names if n in glb}):
         g = glb[name]  # the module globals it reads: functions followed, constants by value
         if inspect.isfunction(g):
-            if g.__module__ == fn.__module__:  # others: their library's version covers them
+            if _package(g) == _package(fn):  # others: their library's version covers them
                 _fn_parts(g, seen, out)
         elif not (inspect.ismodule(g) or isinstance(g, type) or callable(g)):
             out.append([name, _value(g)])
 
 
+def _package(fn: Any) -> str:
+    return (getattr(fn, "__module__", None) or "").split(".")[0]
+
+
 def function_digest(fn: Callable[..., Any]) -> str:
     """SHA-256 of what a function computes, as far as its text shows: its source (or, without
     source, its code object), its defaults, its closure and the module globals it (or code nested
-    in it) reads by name: functions of its own module followed, constants hashed by value
-    (sets, tuples, dicts, arrays and tensors included)."""
+    in it) reads by name: functions of its own top-level package followed, constants hashed by
+    value (sets, tuples, dicts, arrays and tensors included)."""
     parts: list[Any] = []
     _fn_parts(fn, set(), parts)
     return digest(parts)
