@@ -1,8 +1,9 @@
 """The published reward-lens v1.0.0 definitions live in one compatibility module, each named
-with the flaw it reproduces; the probe report's run keeps its name in the probes module."""
+with the flaw it reproduces; the probe report shows the same published d (one definition)."""
 
 from __future__ import annotations
 
+import tl_reward.audit.probes as probes
 import tl_reward.compat.published as published
 
 FUNCTIONS = ["published_cohens_d", "published_probe_texts", "run_published_probes",
@@ -17,3 +18,4 @@ def test_every_published_function_is_documented_with_its_flaw() -> None:
         assert f"``{name}``" in published.__doc__, name  # the module's list names its flaw
         assert getattr(published, name).__doc__
     assert published.published_cohens_d([0.3]) == float("inf")  # its flaw, reproduced
+    assert probes.published_cohens_d is published.published_cohens_d
