@@ -31,7 +31,7 @@ def test_compare_command_writes_one_offline_report(tmp_path, capsys):
     assert len(corpus) == 14 and len(pairs) == 8
     out = tmp_path / "compare.html"
     rc = main(["compare", "--model", str(a), "--model", str(b), "--input", str(jsonl),
-               "--device", "cpu", "--layers", "--permutations", "9", "--bootstrap", "100",
+               "--device", "cpu", "--layers", "--permutations", "9",
                "--output", str(out)])
     assert rc == 0 and "wrote" in capsys.readouterr().out
     text = out.read_text()
@@ -69,7 +69,7 @@ def test_compare_a_single_reward_rm_with_one_objective_of_another(tmp_path, caps
                                for i in range(12)))
     corpus, _ = read_compare_input(jsonl)
     base = ["compare", "--model", str(a), "--model", str(b), "--input", str(jsonl), "--device",
-            "cpu", "--bootstrap", "50", "--output", str(tmp_path / "c.html")]
+            "cpu", "--output", str(tmp_path / "c.html")]
     assert main(base) == 1
     assert "no combined score" in capsys.readouterr().err
     assert main([*base, "--objective", "score", "--objective", "objective_1"]) == 0

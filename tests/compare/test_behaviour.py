@@ -19,7 +19,6 @@ from tl_reward.compare.behaviour import (
 from tl_reward.compare.layers import activations
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
-from tl_reward.stats.resampling import bootstrap_indices
 
 WORDS = ["Is the sky blue?", "Yes, on a clear day.", "No.", "I cannot help with that.",
          "Love. Friendship. Music.", "Drink water and sleep well.", "Hate. War.", "Sure!",
@@ -44,7 +43,7 @@ def test_rank_agreement_against_scipy_and_brute_force():
     a = rng.normal(size=40)
     b = 0.6 * a + rng.normal(size=40)
     b[:5] = b[0]  # ties
-    res = rank_agreement(a, b, n_bootstrap=300, seed=4)
+    res = rank_agreement(a, b)
     assert res.kendall_tau_b.value == pytest.approx(stats.kendalltau(a, b).statistic, abs=1e-12)
     assert res.spearman_rho.value == pytest.approx(stats.spearmanr(a, b).statistic, abs=1e-12)
     # p-values: scipy's (tau-b with ties: asymptotic; rho: t approximation)
@@ -54,10 +53,9 @@ def test_rank_agreement_against_scipy_and_brute_force():
     order_a = list(np.argsort(-a, kind="stable"))
     order_b = list(np.argsort(-b, kind="stable"))
     assert res.rbo_top.value == pytest.approx(brute_rbo(order_a, order_b, 0.9), abs=1e-12)
-    # the CI: percentile bootstrap of scipy's tau over the same resampled items
-    boot = [stats.kendalltau(a[i], b[i]).statistic for i in bootstrap_indices(40, 300, 4)]
-    lo, hi = np.quantile(boot, [0.025, 0.975])
-    assert (res.kendall_tau_b.ci_low, res.kendall_tau_b.ci_high) == pytest.approx((lo, hi))
+    # the CI: tau-b's (tests/stats/test_correlation_intervals.py); none for rho and RBO
+    assert res.kendall_tau_b.ci_low < res.kendall_tau_b.value < res.kendall_tau_b.ci_high
+    assert np.isnan([res.spearman_rho.ci_low, res.rbo_top.ci_high]).all()
     assert res.kendall_tau_b.ci_low < res.kendall_tau_b.value < res.kendall_tau_b.ci_high
 
 
@@ -125,7 +123,7 @@ def _ridge_r2(x: np.ndarray, y: np.ndarray) -> tuple[float, list[float]]:
 
 def test_compare_models_against_hf_forward(tiny):
     (a, hf_a, tok), (b, hf_b, _) = tiny("llama", 1, 0), tiny("llama", 1, 1)
-    rep = compare_models({"A": a, "B": b}, CORPUS, pairs=PAIRS, n_bootstrap=200)
+    rep = compare_models({"A": a, "B": b}, CORPUS, pairs=PAIRS)
     ra = np.array([_hf_score(hf_a, tok, c) for c in CORPUS])
     rb = np.array([_hf_score(hf_b, tok, c) for c in CORPUS])
     np.testing.assert_allclose(rep.rewards["A"], ra, atol=1e-4)  # float32 parity scale
@@ -184,7 +182,7 @@ def test_own_reward_is_readable_from_the_final_norm(tiny):
 
 def test_pairs_as_data_and_bad_input(tiny):
     a, b = tiny("llama", 1, 0)[0], tiny("llama", 1, 1)[0]
-    rep = compare_models([a, b], PAIRS, readability_hook=None, n_bootstrap=50)
+    rep = compare_models([a, b], PAIRS, readability_hook=None)
     assert len(rep.models) == 2 and rep.preference and rep.rank and not rep.readability
     with pytest.raises(TLRewardError, match="at least two"):
         compare_models([a], CORPUS)

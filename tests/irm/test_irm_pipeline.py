@@ -22,6 +22,7 @@ from tl_reward.irm.pipeline import (
 )
 from tl_reward.model.inputs import encode
 from tl_reward.model.response_template import response_template
+from tl_reward.stats.ranks import kendall_interval
 from tl_reward.testing.causal import tiny_causal_lm, tiny_causal_lm_pair
 
 
@@ -70,14 +71,14 @@ def test_reconstruction_recovers_signal_and_does_not_leak_words():
     x = np.abs(rng.normal(size=(n, f)))
     w = rng.normal(size=f)
     u = x @ w + 0.3 * rng.normal(size=n)
-    rec = reconstruct_utilities(x, u, words, "signal", n_bootstrap=200)
+    rec = reconstruct_utilities(x, u, words, "signal")
     assert rec.agreement.kendall_tau_b.value > 0.6 and rec.r2 > 0.5
     # noise features, every word twice with identical rows: folds grouped by word cannot
     # memorise the twin, so tau stays near 0 (ungrouped folds would score the twin highly)
     noise = np.abs(rng.normal(size=(n, 100)))
     u2 = rng.normal(size=n)
     rec2 = reconstruct_utilities(np.vstack([noise, noise]), np.r_[u2, u2], words + words,
-                                 "noise", n_bootstrap=200)
+                                 "noise")
     assert abs(rec2.agreement.kendall_tau_b.value) < 0.2
     assert len(rec2.to_dataframe()) == 2 * n
 
@@ -93,58 +94,55 @@ def _clustered(rng: np.random.Generator, n_words: int, per_word: int, rho: float
     return xy[:, 0], xy[:, 1], np.repeat([f"w{i}" for i in range(n_words)], per_word)
 
 
-def test_word_bootstrap_is_a_brute_force_cluster_bootstrap():
+def test_word_interval_counts_words_as_units():
+    """With words as units the interval is kendall_interval's cluster-robust one (brute force:
+    tests/stats/test_correlation_intervals.py); one item per unit is the item interval."""
     rng = np.random.default_rng(11)
     x, y, words = _clustered(rng, 12, 3, 0.5)
-    got = rank_agreement(x, y, n_bootstrap=60, seed=4, units=words, unit="word").kendall_tau_b
-    taus = []
-    for drawn in np.random.default_rng(4).integers(0, 12, size=(60, 12)):  # words, in order
-        idx = [k for w in drawn for k in range(len(words)) if words[k] == f"w{w}"]
-        taus.append(scipy.stats.kendalltau(x[idx], y[idx]).statistic)
-    assert (got.ci_low, got.ci_high) == pytest.approx(tuple(np.quantile(taus, [0.025, 0.975])),
-                                                      abs=1e-12)
-    assert got.method.startswith("percentile bootstrap over words") and got.value == (
-        pytest.approx(scipy.stats.kendalltau(x, y).statistic, abs=1e-12))
-    # one item per group: exactly the item bootstrap
-    one = rank_agreement(x, y, n_bootstrap=60, seed=4, units=np.arange(len(x))).kendall_tau_b
-    item = rank_agreement(x, y, n_bootstrap=60, seed=4).kendall_tau_b
-    assert (one.ci_low, one.ci_high) == (item.ci_low, item.ci_high)
-    assert item.method.startswith("percentile bootstrap over items")
+    got = rank_agreement(x, y, units=words, unit="word").kendall_tau_b
+    tau = scipy.stats.kendalltau(x, y).statistic
+    assert (got.ci_low, got.ci_high) == kendall_interval(x, y, tau, units=words)[:2]
+    assert got.method.startswith("U-statistic variance over words") and got.n == 12
+    assert got.value == pytest.approx(tau, abs=1e-12)
+    one = rank_agreement(x, y, units=np.arange(len(x))).kendall_tau_b
+    item = rank_agreement(x, y).kendall_tau_b
+    assert (one.ci_low, one.ci_high) == (item.ci_low, item.ci_high) and item.n == 36
+    assert item.method.startswith("U-statistic variance over items")
 
 
-def test_word_bootstrap_covers_and_token_bootstrap_does_not():
-    """30 words x 4 near-identical tokens, true tau (2 / pi) arcsin(0.5) = 1/3, 100 simulations:
-    the word (cluster) bootstrap's 95% CI covers it in 0.93 of runs (measured); resampling
-    tokens (main's bootstrap) treats 120 near-duplicates as independent, so its CI is half as
-    wide and covers in 0.73. Monte Carlo sd of a coverage near 0.95 over 100 runs: 0.022."""
+def test_word_interval_covers_and_token_interval_does_not():
+    """30 words x 4 near-identical tokens, true tau (2 / pi) arcsin(0.5) = 1/3, 200 simulations:
+    the word (cluster-robust) interval covers it in 0.95 of runs (measured); counting 120
+    near-duplicate tokens as independent gives an interval about half as wide that covers in
+    0.71. Monte Carlo sd of a coverage near 0.95 over 200 runs: 0.015."""
     rng = np.random.default_rng(2025)
     truth = 2 / np.pi * np.arcsin(0.5)
     cover_word = cover_token = 0
-    n_sim = 100
-    for s in range(n_sim):
+    n_sim = 200
+    for _ in range(n_sim):
         x, y, words = _clustered(rng, 30, 4, 0.5)
-        w = rank_agreement(x, y, n_bootstrap=100, seed=s, units=words).kendall_tau_b
-        t = rank_agreement(x, y, n_bootstrap=100, seed=s).kendall_tau_b
+        w = rank_agreement(x, y, units=words).kendall_tau_b
+        t = rank_agreement(x, y).kendall_tau_b
         cover_word += w.ci_low <= truth <= w.ci_high
         cover_token += t.ci_low <= truth <= t.ci_high
-    assert 0.88 <= cover_word / n_sim <= 0.99
+    assert 0.91 <= cover_word / n_sim <= 0.99
     assert cover_token / n_sim < 0.8
 
 
 def test_reconstruction_resamples_words():
-    """reconstruct_utilities' CI is the word bootstrap of its own out-of-fold predictions."""
+    """reconstruct_utilities' interval counts words as units on its own out-of-fold predictions."""
     rng = np.random.default_rng(5)
     n_words, per = 20, 3
     base = np.abs(rng.normal(size=(n_words, 15)))
     x = np.repeat(base, per, axis=0) + 1e-3 * np.abs(rng.normal(size=(n_words * per, 15)))
     u = np.repeat(base @ rng.normal(size=15), per)
     words = np.repeat([f"w{i}" for i in range(n_words)], per).tolist()
-    rec = reconstruct_utilities(x, u, words, "clustered", n_bootstrap=80, seed=3)
-    want = rank_agreement(rec.reconstructed, u, n_bootstrap=80, seed=3, units=words).kendall_tau_b
+    rec = reconstruct_utilities(x, u, words, "clustered", seed=3)
+    want = rank_agreement(rec.reconstructed, u, units=words).kendall_tau_b
     got = rec.agreement.kendall_tau_b
-    assert got.method.startswith("percentile bootstrap over words")
+    assert got.method.startswith("U-statistic variance over words")
     assert (got.ci_low, got.ci_high) == (want.ci_low, want.ci_high)
-    item = rank_agreement(rec.reconstructed, u, n_bootstrap=80, seed=3).kendall_tau_b
+    item = rank_agreement(rec.reconstructed, u).kendall_tau_b
     assert item.ci_high - item.ci_low < got.ci_high - got.ci_low
 
 
@@ -181,7 +179,7 @@ def test_seed_pipeline_runs_on_tiny_models(tl_pair):
              "Love. Friendship. Music. Hate. War.", "Drink water, sleep well, be kind."] * 6
     corpus = [encode(tok, t) for t in texts]
     res = run_seed_pipeline(pol, ref, corpus, lex, n_layers=1, d_sae=32, k=4, sae_epochs=1,
-                            batch_size_tokens=128, n_folds=3, n_bootstrap=50)
+                            batch_size_tokens=128, n_folds=3)
     assert len(res.layers) == 1 and set(res.reconstructions) == {"policy", "reference", "both"}
     df = res.to_dataframe().set_index("features")
     assert (df["n_tokens"] == len(ids)).all() and (df["n_words"] == len(set(words))).all()
@@ -194,8 +192,7 @@ def test_seed_pipeline_runs_on_tiny_models(tl_pair):
             scipy.stats.spearmanr(rec.reconstructed, rec.utilities).statistic, abs=1e-12)
         assert df.loc[name, "r2"] == pytest.approx(r2_score(rec.utilities, rec.reconstructed),
                                                    abs=1e-12)
-        want = rank_agreement(rec.reconstructed, rec.utilities, n_bootstrap=50,
-                              units=words).kendall_tau_b
+        want = rank_agreement(rec.reconstructed, rec.utilities, units=words).kendall_tau_b
         assert (df.loc[name, "ci_low"], df.loc[name, "ci_high"]) == (want.ci_low, want.ci_high)
     # "both" concatenates the two feature sets (dead columns dropped from each alike)
     assert df.loc["both", "n_features"] == df.loc["policy", "n_features"] + df.loc[

@@ -47,7 +47,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--permutations", type=int, default=199, help="permutations for the nulls")
     p.add_argument("--readability-layer", type=int, default=-1,
                    help="block whose residual stream (pooled token) predicts the other reward")
-    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for CIs")
     p.add_argument("--objective", action="append", default=None,
                    help="'score' or an objective name: once for every model, or once per "
                         "--model in the same order (default: score)")
@@ -119,7 +118,7 @@ def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
     from tl_reward.compare.layers import compare_grams, compare_layers, run_layer_grams
 
     kw = {"pairs": pairs or None, "readability_layer": args.readability_layer,
-          "n_bootstrap": args.bootstrap, "batch_size": args.batch_size,
+          "batch_size": args.batch_size,
           "objective": _objectives(args.objective, list(models))}
     if pool is not None:
         rep = run_compare_models(models, corpus, executor=pool, **kw)
@@ -128,8 +127,8 @@ def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
     table = rep.to_dataframe()
     parts: list[Any] = [
         f"<p>{len(models)} models ({html.escape(', '.join(models))}), {len(corpus)} corpus "
-        f"items, {len(pairs)} preference pairs. Intervals are 95%: percentile bootstrap for rank "
-        "agreement, exact binomial (Clopper-Pearson) for shares of pairs. "
+        f"items, {len(pairs)} preference pairs. Intervals are 95%: Kendall's tau-b (U-statistic "
+        "variance; none for rho and RBO), exact binomial (Clopper-Pearson) for shares of pairs. "
         "Agreement of rewards is behavioural; readability (held-out R^2 of a ridge from one "
         "model's pooled activations to the other's reward) says a reward is linearly "
         "available in a representation, not that the model computes it.</p>",

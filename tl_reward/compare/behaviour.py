@@ -232,7 +232,7 @@ def model_features(model: Any, corpus: Sequence[Any] | None,
 
 def compare_features(
     features: Mapping[str, ModelFeatures], sweeps: Mapping[str, Any] | None = None, *,
-    n_bootstrap: int = 2000, confidence: float = 0.95, seed: int = 0, rbo_p: float = 0.9,
+    confidence: float = 0.95, seed: int = 0, rbo_p: float = 0.9,
 ) -> BehaviourComparison:
     """:func:`compare_models`' statistics from each model's :class:`ModelFeatures`."""
     names = list(features)
@@ -243,8 +243,7 @@ def compare_features(
     if all(f.rewards is not None for f in features.values()):
         rewards = {n: f.rewards for n, f in features.items()}  # type: ignore[misc]
         for a, b in combinations(names, 2):
-            rank.append(rank_agreement(rewards[a], rewards[b], (a, b), n_bootstrap, confidence,
-                                       seed, rbo_p))
+            rank.append(rank_agreement(rewards[a], rewards[b], (a, b), confidence, rbo_p))
         if all(f.acts is not None for f in features.values()):
             for a, b in [*((n, n) for n in names), *permutations(names, 2)]:
                 r2, alphas, pred = ridge_readability(features[a].acts, rewards[b], seed=seed)
@@ -266,8 +265,8 @@ def compare_models(
     models: Mapping[str, Any] | Sequence[Any], data: Sequence[Any] | None = None, *,
     pairs: Sequence[PreferencePair] | None = None, sweeps: Mapping[str, Any] | None = None,
     readability_hook: str | None = "blocks.{layer}.hook_resid_post", readability_layer: int = -1,
-    objective: str | Mapping[str, str] = "score", n_bootstrap: int = 2000, confidence: float = 0.95,
-    seed: int = 0, batch_size: int = 8, rbo_p: float = 0.9,
+    objective: str | Mapping[str, str] = "score", confidence: float = 0.95, seed: int = 0,
+    batch_size: int = 8, rbo_p: float = 0.9,
 ) -> BehaviourComparison:
     """Behavioural agreement of reward models (``{name: HookedRewardModel}`` or a list).
 
@@ -293,7 +292,7 @@ def compare_models(
     return run_compare_models(named, data, pairs=pairs, sweeps=sweeps,
                               readability_hook=readability_hook,
                               readability_layer=readability_layer, objective=objective,
-                              n_bootstrap=n_bootstrap, confidence=confidence, seed=seed,
+                              confidence=confidence, seed=seed,
                               batch_size=batch_size, rbo_p=rbo_p, progress=False)
 
 
@@ -318,7 +317,6 @@ def run_compare_models(
     readability_hook: str | None = "blocks.{layer}.hook_resid_post",
     readability_layer: int = -1,
     objective: str | Mapping[str, str] = "score",
-    n_bootstrap: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
     batch_size: int = 8,
@@ -359,5 +357,4 @@ def run_compare_models(
             name = results[i][0]
             names.append(name if name not in names else f"{name}_{i}")
     features = {n: results[i][1] for i, n in enumerate(names)}
-    return compare_features(features, sweeps, n_bootstrap=n_bootstrap, confidence=confidence,
-                            seed=seed, rbo_p=rbo_p)
+    return compare_features(features, sweeps, confidence=confidence, seed=seed, rbo_p=rbo_p)

@@ -149,13 +149,13 @@ class UtilityReconstruction:
 def reconstruct_utilities(
     features: np.ndarray | torch.Tensor, utilities: np.ndarray, groups: Sequence[str],
     feature_set: str = "features", n_folds: int = 5, alphas: Sequence[float] | None = None,
-    n_bootstrap: int = 1000, seed: int = 0,
+    seed: int = 0,
 ) -> UtilityReconstruction:
     """Ridge from ``features [n, F]`` to ``utilities [n]``, predicted out of fold.
 
     Outer folds are grouped by ``groups`` (the word); inside each, ``RidgeCV`` (efficient
-    leave-one-out) picks the penalty from ``alphas`` on standardised features. Kendall's CI
-    resamples the same unit, whole groups (a cluster bootstrap).
+    leave-one-out) picks the penalty from ``alphas`` on standardised features. Kendall's interval
+    treats each group as one unit (cluster-robust).
     """
     from sklearn.linear_model import RidgeCV
     from sklearn.model_selection import GroupKFold
@@ -182,8 +182,8 @@ def reconstruct_utilities(
         pred[te] = model.predict(x[te])
         chosen.append(float(model[-1].alpha_))
     r2 = 1 - float(((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum())
-    agr = rank_agreement(pred, y, ("reconstructed utility", "true utility"), n_bootstrap,
-                         seed=seed, units=g, unit="word")
+    agr = rank_agreement(pred, y, ("reconstructed utility", "true utility"), units=g,
+                         unit="word")
     return UtilityReconstruction(feature_set, [str(w) for w in g], y, pred, agr, chosen, r2,
                                  int(x.shape[1]))
 
@@ -211,7 +211,7 @@ class IrmPipelineResult:
         for name, rec in self.reconstructions.items():
             a = rec.agreement
             rows.append({"features": name, "layers": ",".join(map(str, self.layers)),
-                         "n_words": len(set(rec.words)), "n_tokens": a.kendall_tau_b.n,
+                         "n_words": len(set(rec.words)), "n_tokens": len(rec.words),
                          "n_features": rec.n_features, "kendall_tau_b": a.kendall_tau_b.value,
                          "ci_low": a.kendall_tau_b.ci_low, "ci_high": a.kendall_tau_b.ci_high,
                          "spearman_rho": a.spearman_rho.value, "r2": rec.r2})
@@ -253,7 +253,7 @@ def run_seed_pipeline(
     prompt: Prompt = "Describe how you feel in one word.", n_layers: int = 2,
     layer_change: LayerChange | None = None, d_sae: int | None = None, k: int = 32,
     sae_epochs: float = 4.0, batch_size_tokens: int = 1024, n_folds: int = 5,
-    n_bootstrap: int = 1000, seed: int = 0,
+    seed: int = 0,
 ) -> IrmPipelineResult:
     """Layers by parameter change, SAEs on both models there, ridge from features to utilities.
 
@@ -289,6 +289,6 @@ def run_seed_pipeline(
             parts.append(sae_features(trained.sae, word_acts[la]))
         feats[name] = torch.cat(parts, 1)
     feats["both"] = torch.cat([feats["policy"], feats["reference"]], 1)
-    recs = {name: reconstruct_utilities(f, utils, words, name, n_folds, None, n_bootstrap, seed)
+    recs = {name: reconstruct_utilities(f, utils, words, name, n_folds, None, seed)
             for name, f in feats.items()}
     return IrmPipelineResult(change, layers, pd.DataFrame(metrics), recs, saes)

@@ -15,8 +15,13 @@ import pandas as pd
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 from tl_reward.stats.estimate import Estimate
-from tl_reward.stats.ranks import kendall_tau_b, rank_biased_overlap, spearman_rho, top_ranking
-from tl_reward.stats.resampling import bootstrap_indices, percentile_ci
+from tl_reward.stats.ranks import (
+    kendall_interval,
+    kendall_tau_b,
+    rank_biased_overlap,
+    spearman_rho,
+    top_ranking,
+)
 
 RANK_STATS: dict[str, Callable[[np.ndarray, np.ndarray, float], float]] = {
     "kendall_tau_b": lambda a, b, p: kendall_tau_b(a, b).statistic,
@@ -24,12 +29,15 @@ RANK_STATS: dict[str, Callable[[np.ndarray, np.ndarray, float], float]] = {
     "rbo_top": lambda a, b, p: rank_biased_overlap(top_ranking(range(len(a)), a),
                                                    top_ranking(range(len(b)), b), p),
 }
+#: Why rho and RBO carry no interval (docs/statistics.md, "One interval rule").
+NO_RANK_INTERVAL = ("no interval: none reaches its coverage under heavy-tailed data (Kendall's "
+                    "tau-b carries the interval)")
 
 
 @dataclass(repr=False)
 class RankAgreement(ShortRepr):
     """Kendall tau-b, Spearman rho and rank-biased overlap (top-weighted, ``p``) of two rewards
-    on the same items, each an :class:`Estimate` with a percentile bootstrap CI over items;
+    on the same items, each an :class:`Estimate`; tau-b has an interval (:func:`rank_agreement`);
     tau-b and rho carry their test's p-value (exact for small untied samples).
 
     Attributes:
@@ -61,15 +69,16 @@ class RankAgreement(ShortRepr):
 
 
 def rank_agreement(a: Any, b: Any, names: tuple[str, str] = ("a", "b"),
-                   n_bootstrap: int = 2000, confidence: float = 0.95, seed: int = 0,
-                   rbo_p: float = 0.9, units: Any = None, unit: str = "unit") -> RankAgreement:
+                   confidence: float = 0.95, rbo_p: float = 0.9, units: Any = None,
+                   unit: str = "unit") -> RankAgreement:
     """:class:`RankAgreement` of rewards ``a`` and ``b`` on the same items (NaN items dropped;
     at least 4 left).
 
-    ``units``: one label per item when items are not independent (e.g. the tokens of one
-    word): the CIs then resample whole units (a cluster bootstrap), named ``unit`` in each
-    estimate's method. Near-duplicate items resampled one by one give CIs too narrow by about
-    the square root of the items per unit."""
+    Only tau-b gets an interval (:func:`~tl_reward.stats.ranks.kendall_interval`, at least 8
+    units). ``units``: one label per item when items are not independent (e.g. the tokens of
+    one word): its variance then sums each unit's items (cluster-robust), and ``n`` counts
+    units. Near-duplicates counted one by one give intervals too narrow by about the square
+    root of the items per unit."""
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if x.shape != y.shape or x.ndim != 1:
         raise TLRewardError(f"need two reward vectors of the same length, got {x.shape} and "
@@ -78,18 +87,17 @@ def rank_agreement(a: Any, b: Any, names: tuple[str, str] = ("a", "b"),
         raise TLRewardError(f"{len(units)} unit labels for {x.size} items")
     keep = ~(np.isnan(x) | np.isnan(y))
     x, y = x[keep], y[keep]
-    labels = None if units is None else np.asarray(units)[keep]
+    labels = None if units is None else np.asarray(units, dtype=object)[keep].astype(str)
     if x.size < 4:
         raise TLRewardError(f"rank agreement needs at least 4 items without NaN, got {x.size}")
-    idx = bootstrap_indices(x.size, n_bootstrap, seed, labels)
+    n = int(x.size) if labels is None else len(set(labels))
     over = "items" if units is None else f"{unit}s"
-    p_values = {"kendall_tau_b": kendall_tau_b(x, y).p_value,
-                "spearman_rho": spearman_rho(x, y).p_value}
-    out = {}
-    for name, fn in RANK_STATS.items():
-        boot = np.array([fn(x[i], y[i], rbo_p) for i in idx])
-        out[name] = Estimate(fn(x, y, rbo_p), *percentile_ci(boot, confidence),
-                             p_values.get(name, float("nan")), int(x.size),
-                             f"percentile bootstrap over {over}" + (
-                                 "; rank test" if name in p_values else ""), confidence)
+    tau = kendall_tau_b(x, y)
+    lo, hi, why = kendall_interval(x, y, tau.statistic, confidence, labels)
+    tau_how = f"U-statistic variance over {over}, Fisher z; rank test"
+    out = {"kendall_tau_b": Estimate(tau.statistic, lo, hi, tau.p_value, n,
+                                     f"{tau_how} ({why})" if why else tau_how, confidence),
+           "spearman_rho": Estimate(spearman_rho(x, y).statistic, p_value=spearman_rho(
+               x, y).p_value, n=n, method=f"rank test; {NO_RANK_INTERVAL}"),
+           "rbo_top": Estimate(RANK_STATS["rbo_top"](x, y, rbo_p), n=n, method=NO_RANK_INTERVAL)}
     return RankAgreement(**out, x=x, y=y, model_a=names[0], model_b=names[1])

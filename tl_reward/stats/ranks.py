@@ -75,6 +75,75 @@ def kendall_tau_b(a: ArrayLike, b: ArrayLike) -> RankCorrelation:
     return RankCorrelation(float(res.statistic), float(res.pvalue), len(x))
 
 
+def concordance(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per item ``i``: ``sum_j sign(x_i - x_j) sign(y_i - y_j)`` (ties 0), by a Fenwick tree
+    over ``y``'s ranks in two sweeps of ``x`` (O(n log n) time, O(n) memory)."""
+    n = len(x)
+    ry = stats.rankdata(y, method="dense").astype(np.int64)
+    out = np.zeros(n, dtype=np.int64)
+    for sign, order in ((1, np.argsort(x, kind="stable")), (-1, np.argsort(-x, kind="stable"))):
+        tree = np.zeros(int(ry.max()) + 1, dtype=np.int64)
+        xs, done, k = x[order], 0, 0
+        while k < n:
+            e = int(np.searchsorted(xs, xs[k], side="right")) if sign == 1 else int(
+                np.searchsorted(-xs, -xs[k], side="right"))
+            for i in order[k:e]:  # earlier items: x below (sign 1) or above (sign -1) x_i
+                below = at_or_below = 0
+                j = int(ry[i]) - 1
+                while j > 0:
+                    below += tree[j]
+                    j -= j & -j
+                j = int(ry[i])
+                while j > 0:
+                    at_or_below += tree[j]
+                    j -= j & -j
+                out[i] += sign * (below - (done - at_or_below))
+            for i in order[k:e]:
+                j = int(ry[i])
+                while j < len(tree):
+                    tree[j] += 1
+                    j += j & -j
+            done, k = done + e - k, e
+    return out
+
+
+#: Smallest number of independent units for which :func:`kendall_interval` gives an interval.
+KENDALL_MIN_N = 8
+
+
+def kendall_interval(x: ArrayLike, y: ArrayLike, tau_b: float, confidence: float = 0.95,
+                     units: np.ndarray | None = None) -> tuple[float, float, str]:
+    """``(low, high, reason)``: the interval of Kendall's tau-b on the Fisher-z scale with the
+    U-statistic (Hoeffding) variance, ``4 / n^2 * U / (U - 1) * sum_u d_u^2 + 2 (1 - tau^2) /
+    (n (n - 1))`` with ``d_u`` the summed centred concordances of unit ``u`` (one unit per item
+    without ``units``: a cluster-robust variance with them), scaled by tau-b's tie correction.
+    Distribution-free: simulated coverage (``tests/stats/test_correlation_intervals.py``) at
+    least nominal from ``KENDALL_MIN_N`` units, normal and bivariate-t(3) data; NaN below that
+    and at ``|tau| = 1`` (``reason`` says why, else ``""``)."""
+    a, b = as_array(x), as_array(y)
+    n = len(a)
+    codes = np.arange(n) if units is None else np.unique(units, return_inverse=True)[1]
+    n_units = int(codes.max()) + 1 if n else 0
+    if n_units < KENDALL_MIN_N:
+        return math.nan, math.nan, (f"no interval below {KENDALL_MIN_N} independent units "
+                                    f"(got {n_units})")
+    if not abs(tau_b) < 1:
+        return math.nan, math.nan, "no interval at |tau| = 1"
+    c = concordance(a, b) / (n - 1)
+    tau_a = float(c.mean())
+    d = np.bincount(codes, weights=c - tau_a)
+    var_a = 4 / n**2 * n_units / (n_units - 1) * float((d**2).sum()) + 2 * (1 - tau_a**2) / (
+        n * (n - 1))
+    pairs = n * (n - 1) / 2  # tau-b = tau-a * pairs / sqrt((pairs - tied x) (pairs - tied y))
+    tied = [float((t * (t - 1) / 2).sum()) for t in (np.unique(v, return_counts=True)[1]
+                                                      for v in (a, b))]
+    se_z = math.sqrt(var_a) * pairs / math.sqrt((pairs - tied[0]) * (pairs - tied[1])) / (
+        1 - tau_b**2)
+    q = float(stats.norm.ppf(0.5 + confidence / 2))
+    z = math.atanh(tau_b)
+    return math.tanh(z - q * se_z), math.tanh(z + q * se_z), ""
+
+
 #: Largest ``n`` for which ``spearman_rho`` enumerates all ``n!`` permutations (40,320).
 SPEARMAN_EXACT_MAX_N = 8
 
