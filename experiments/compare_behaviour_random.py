@@ -41,7 +41,7 @@ def main() -> None:
             pairs.append(p)
         if len(pairs) >= args.n:
             break
-    rep = compare_models({"demo": demo, "random": random_copy(0)}, pairs, n_bootstrap=2000)
+    rep = compare_models({"demo": demo, "random": random_copy(0)}, pairs)
     df = rep.to_dataframe()
     df.to_csv(OUT / "compare_behaviour_random.csv", index=False)
     print(f"{len(pairs)} pairs")

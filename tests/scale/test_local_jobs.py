@@ -227,8 +227,7 @@ def test_compare_models_on_workers_equals_compare_models(job_models) -> None:
     names = ("qwen2", "llama1")
     loaded = [job_models[a][1] for a in names]
     paths = [job_models[a][0] for a in names]
-    kw = {"pairs": [p for i, p in enumerate(PAIRS) if i != 4], "n_bootstrap": 200,
-          "batch_size": 5}
+    kw = {"pairs": [p for i, p in enumerate(PAIRS) if i != 4], "batch_size": 5}
     ref = one_thread(lambda: compare_models(loaded, INPUTS[:20], **kw))
     assert ref.readability and ref.preference and ref.rank  # every part is compared
     assert ref.models == list(paths)  # list models are named by their model_name (the path)

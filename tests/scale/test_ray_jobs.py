@@ -80,7 +80,7 @@ def test_jobs_on_one_ray_pool_equal_single_process(pool, job_models, references)
 
     from tl_reward.compare.behaviour import compare_models
 
-    kw = {"pairs": PAIRS[:4], "n_bootstrap": 200, "batch_size": 5}
+    kw = {"pairs": PAIRS[:4], "batch_size": 5}
     ref = one_thread(lambda: compare_models([job_models["qwen2"][1], job_models["llama1"][1]],
                                             INPUTS[:20], **kw))
     assert_same_behaviour(run_compare_models([qwen2, job_models["llama1"][0]], INPUTS[:20],
@@ -226,7 +226,7 @@ def test_cli_compare_on_ray_equal_single_process(cluster, job_models, tmp_path: 
     assert len(maps) == 1 and maps[0].measures == want.measures
     names = [Path(a).name, Path(b).name]
     assert_same_behaviour(reps[0], one_thread(lambda: compare_models(
-        dict(zip(names, (ma, mb), strict=True)), corpus, n_bootstrap=50)))
+        dict(zip(names, (ma, mb), strict=True)), corpus)))
     for m in want.measures:
         np.testing.assert_array_equal(maps[0].observed[m], want.observed[m])
         np.testing.assert_array_equal(maps[0].p_value[m], want.p_value[m])
