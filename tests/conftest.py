@@ -15,7 +15,25 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # other busy process (a Ray actor, a kernel, chromium) made the same tests 2-30x slower
 torch.set_num_threads(1)
 
-from helpers import SHARED, tiny_models  # noqa: E402
+from helpers import SHARED, smollm2_unavailable, tiny_models  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def _demo_rm_once():  # noqa: ANN202
+    from tl_reward import DEMO_MODEL_NAME, HookedRewardModel
+
+    if (reason := smollm2_unavailable()) is not None:
+        pytest.skip(reason)
+    return HookedRewardModel.from_pretrained(DEMO_MODEL_NAME, device="cpu")
+
+
+@pytest.fixture
+def demo_rm(_demo_rm_once):  # noqa: ANN001, ANN201
+    """The demo RM, loaded once per session (about 8 s a load); its hooks are reset around each
+    test, and a test must not change its weights."""
+    _demo_rm_once.reset_hooks(including_permanent=True)
+    yield _demo_rm_once
+    _demo_rm_once.reset_hooks(including_permanent=True)
 
 
 @pytest.fixture(scope="session")

@@ -191,7 +191,7 @@ def test_compare_report_renders_completely(tmp_path: Path) -> None:
                                            "rejected": words[(i + 5) % 8]}) for i in range(12)))
     out = tmp_path / "compare.html"
     assert main(["compare", "--model", str(a), "--model", str(b), "--input", str(jsonl),
-                 "--device", "cpu", "--layers", "--permutations", "9", "--bootstrap", "100",
+                 "--device", "cpu", "--layers", "--permutations", "9",
                  "--output", str(out)]) == 0
     page = render_page(out)
     assert page_problems(page) == []

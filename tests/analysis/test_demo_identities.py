@@ -13,13 +13,10 @@ from tl_reward.data import PreferencePair
 from tl_reward.data.pairs import tokenize_pair
 
 
-@pytest.fixture(scope="module")
-def demo():  # noqa: ANN201
-    """The demo RM; a loading error fails these tests (the head ships in the package and the
-    README's setup installs the backbone), it is never turned into a skip."""
-    from tl_reward import HookedRewardModel
-
-    return HookedRewardModel.from_pretrained("tl-reward/smollm2-135m-hh", device="cpu")
+@pytest.fixture
+def demo(demo_rm):  # noqa: ANN001, ANN201
+    """The demo RM (conftest's ``demo_rm``, loaded once per session)."""
+    return demo_rm
 
 
 @pytest.mark.slow

@@ -137,14 +137,13 @@ def test_resume_after_interruption_gives_the_identical_table(model, tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_published_probes_flaw_on_the_demo_rm() -> None:
-    from tl_reward import HookedRewardModel
+def test_published_probes_flaw_on_the_demo_rm(demo_rm) -> None:
     from tl_reward.model.demo import HEAD_FILE
 
     assert HEAD_FILE.exists(), "the demo head ships with the package"
     if (reason := smollm2_unavailable()) is not None:
         pytest.skip(reason)
-    demo = HookedRewardModel.from_pretrained("tl-reward/smollm2-135m-hh", device="cpu")
+    demo = demo_rm
     pub = run_published_probes(demo).table.set_index("dimension")
     assert pub.n.to_dict() == {"length": 3, "confidence": 2, "formatting": 2, "sycophancy": 2,
                                "repetition": 1}

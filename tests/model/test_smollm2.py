@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 import torch
 from helpers import CONVERSATIONS, parity_atol
 
-from tl_reward import DEMO_MODEL_NAME, HookedRewardModel
+from tl_reward import HookedRewardModel
 
 pytestmark = pytest.mark.slow
 
@@ -60,12 +61,12 @@ def test_smollm2_matches_hf(padding_side: str) -> None:
     assert (unfolded - ref).abs().max() > 100 * tol
 
 
-def test_demo_reward_model_by_name() -> None:
+def test_demo_reward_model_by_name(demo_rm) -> None:
     from tl_reward.model.demo import HEAD_FILE, demo_hf_reward_model, load_demo_head
 
     if not HEAD_FILE.exists():
         pytest.skip("demo head not trained yet")
-    model = HookedRewardModel.from_pretrained(DEMO_MODEL_NAME, device="cpu")
+    model = demo_rm
     weight, _ = load_demo_head()
     assert weight.shape == (1, model.cfg.d_model)
     hf, _ = demo_hf_reward_model()
@@ -89,7 +90,7 @@ def train_demo_head_script() -> Any:
     return train
 
 
-def test_demo_head_heldout_accuracy(hh_path) -> None:
+def test_demo_head_heldout_accuracy(hh_path, demo_rm) -> None:
     """The README's held-out accuracy, recomputed rather than read back: the training script's
     own held-out split (its tokenisation and seed-0 permutation of the used pairs), the first
     N = 80 held-out pairs scored by the loaded demo RM from their token ids. Their accuracy is a
@@ -103,7 +104,7 @@ def test_demo_head_heldout_accuracy(hh_path) -> None:
 
     train = train_demo_head_script()
     _, meta = load_demo_head()
-    model = HookedRewardModel.from_pretrained(DEMO_MODEL_NAME, device="cpu")
+    model = demo_rm
     pairs, _ = train.tokenise_pairs(model.tokenizer, load_hh_rlhf(hh_path), meta["max_tokens"])
     assert len(pairs) == meta["n_pairs_used"]
     perm = np.random.default_rng(meta["seed"]).permutation(len(pairs))
@@ -111,9 +112,16 @@ def test_demo_head_heldout_accuracy(hh_path) -> None:
     assert len(held) == meta["n_heldout"]
     n = 80
     sample = [pairs[i] for i in held[:n]]
-    res = model.rewards([ids for p in sample for ids in (p.chosen_ids, p.rejected_ids)],
-                        batch_size=16)
-    acc = float((res.score[0::2] > res.score[1::2]).float().mean())
+    ids = [ids for p in sample for ids in (p.chosen_ids, p.rejected_ids)]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # batches of like lengths
+    score = torch.empty(len(ids), dtype=torch.float64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)  # the suite's one big forward: every core
+    try:
+        score[order] = model.rewards([ids[i] for i in order], batch_size=16).score.double()
+    finally:
+        torch.set_num_threads(threads)
+    acc = float((score[0::2] > score[1::2]).float().mean())
     p, big_n = float(meta["heldout_accuracy"]), len(held)
     se = float(np.sqrt(p * (1 - p) / n * (big_n - n) / (big_n - 1)))
     assert abs(acc - p) <= 3 * se, (acc, p, se)

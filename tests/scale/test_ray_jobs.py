@@ -216,7 +216,7 @@ def test_cli_compare_on_ray_equal_single_process(cluster, job_models, tmp_path: 
     monkeypatch.setattr(layers, "layer_grams", lambda *a, **k: pytest.fail("read here"))
     (a, ma), (b, mb) = job_models["llama1"], job_models["qwen2"]  # one reward each
     assert main(["compare", "--model", a, "--model", b, "--input", str(src), "--layers",
-                 "--permutations", "9", "--bootstrap", "50", "--output",
+                 "--permutations", "9", "--output",
                  str(tmp_path / "c.html"), "--ray", "--workers", "1", "--cpus-per-worker",
                  "0.5"]) == 0
     assert "Layer x layer" in (tmp_path / "c.html").read_text()

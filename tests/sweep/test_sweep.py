@@ -156,14 +156,11 @@ def test_bad_inputs_are_explained(tiny) -> None:
 
 
 @pytest.mark.slow
-def test_demo_rm_cached_equals_naive_and_hf() -> None:
+def test_demo_rm_cached_equals_naive_and_hf(demo_rm) -> None:
     """The demo RM (ChatML, pad = <|im_end|> inside the suffix) on the paper's prompts."""
-    from tl_reward import DEMO_MODEL_NAME, HookedRewardModel
-    from tl_reward.model.demo import HEAD_FILE, demo_hf_reward_model
+    from tl_reward.model.demo import demo_hf_reward_model
 
-    if not HEAD_FILE.exists():
-        pytest.skip("demo head not trained yet")
-    model = HookedRewardModel.from_pretrained(DEMO_MODEL_NAME, device="cpu")
+    model = demo_rm
     tok = model.tokenizer
     ids = list(range(0, 49152, 2999)) + [tok.convert_tokens_to_ids("ĠLove")]
     sweep = score_vocabulary(model, PAPER_PROMPTS, ids, batch_size=32, progress=False)
