@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,6 +78,25 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         adds_bos = len(tokenizer.encode("")) > 0
         model.cfg.tokenizer_prepends_bos = model.cfg.default_prepend_bos = adds_bos
         return model  # type: ignore[return-value]
+
+    @property
+    @torch.no_grad()
+    def folded_head(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(W [d_model, K], b [K])`` in float32: HF's head with its final norm's gain (and a
+        LayerNorm's bias) folded in, read off a float32 copy of the norm (Gemma's ``1 + w``
+        included) as ``norm(x) = N(x) g + beta``: at ``0`` (``beta``) and at an ``x`` of mean 0
+        with no zero entry (``N(x) = x / sqrt(mean(x^2) + eps)``)."""
+        norm = copy.deepcopy(self.ln_final.original_component).float()
+        d = self.cfg.d_model
+        x = torch.ones(d, device=self.cfg.device)
+        x[1::2] = -1.0
+        if d % 2:
+            x[-3:] = torch.tensor([-1.0, -1.0, 2.0])
+        beta = norm(torch.zeros_like(x)[None])[0]
+        gain = (norm(x[None])[0] - beta) * (x.pow(2).mean() + self.cfg.eps).sqrt() / x
+        w_u, b_u = self.unembed.W_U.float(), self.unembed.b_U
+        b_u = torch.zeros(w_u.shape[1], device=w_u.device) if b_u is None else b_u.float()
+        return gain[:, None] * w_u, b_u + beta @ w_u
 
     @torch.no_grad()
     def pooled_outputs(
