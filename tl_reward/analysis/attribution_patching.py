@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from tl_reward import tl_backend
 from tl_reward.data.pairs import as_tokenized_pair
 from tl_reward.model.readout import (
     accumulation_dtype,
@@ -110,6 +111,7 @@ def attribution_patching(
 ) -> AttributionPatchingResult:
     """First-order estimates of denoising and noising at every site of one preference pair,
     from one forward and one backward pass (chosen and rejected batched)."""
+    tl_backend.require_hooked(model, "attribution patching")
     tp = as_tokenized_pair(model, pair)
     obj = resolve_objectives(model, objective)[0]
     n_layers = model.cfg.n_layers
@@ -147,18 +149,19 @@ def attribution_patching(
         leaf.append(x)
         return x + 0
 
-    def save(kind: str) -> Any:
+    def save(kind: str, name: str) -> Any:  # name as asked (a bridge names its aliases)
         def fn(act: torch.Tensor, hook: Any) -> None:
             a = act.detach()
-            act.register_hook(on_grad(hook.name, (a[0, rows_c] - a[1, rows_r]).to(acc), kind))
+            act.register_hook(on_grad(name, (a[0, rows_c] - a[1, rows_r]).to(acc), kind))
         return fn
 
     fwd = [("hook_embed", start)]
-    fwd += [(f"blocks.{layer}.{h}", save(kind)) for layer in range(n_layers)
-            for kind, h in SITE_HOOKS.items()]
-    fwd.append((final_hook, save("resid")))
+    for layer in range(n_layers):
+        fwd += [(f"blocks.{layer}.{h}", save(kind, f"blocks.{layer}.{h}"))
+                for kind, h in SITE_HOOKS.items()]
+    fwd.append((final_hook, save("resid", final_hook)))
     with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
-        resid = model(tokens, attention_mask=mask, stop_at_layer=n_layers)
+        resid = model.final_residual(tokens, mask)
         values = objective_at_pooled(model, resid, tokens, mask, [obj])[:, 0]
         del resid
         torch.autograd.grad(values.sum(), leaf)

@@ -49,6 +49,7 @@ from tl_reward.model.readout import (
     resolve_objectives,
 )
 from tl_reward.results import ShortRepr
+from tl_reward import tl_backend
 from tl_reward.tl_backend import cache_keys, frozen_kv_cache
 
 MODES = ("denoising", "noising", "zero", "mean")
@@ -376,6 +377,7 @@ def activation_patching(
         reuse_prefix: for denoising and noising, recompute only the positions after the shared
             prompt (which no swap can change), attending to its cached keys and values.
     """
+    tl_backend.require_hooked(model, "activation patching")
     if mode not in MODES:
         raise TLRewardError(f"unknown mode {mode!r}; choose from {MODES}")
     if positions not in ("each", "all"):
@@ -462,6 +464,7 @@ def patch_components(
     """Whole-sequence denoising or noising of named components (``"embed"``, ``"L3.attn"``,
     ``"L3.mlp"``, ``"L3.H2"``) on the aligned positions, batched; normalised effects ``[C]``.
     Attention biases (equal in both runs) get 0. ``by_layer``: see :func:`run_patched`."""
+    tl_backend.require_hooked(model, "patch_components")
     if mode not in ("denoising", "noising"):
         raise TLRewardError(f"component patching mode must be 'denoising' or 'noising', "
                             f"got {mode!r}")

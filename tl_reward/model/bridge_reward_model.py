@@ -98,6 +98,19 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         b_u = torch.zeros(w_u.shape[1], device=w_u.device) if b_u is None else b_u.float()
         return gain[:, None] * w_u, b_u + beta @ w_u
 
+    def final_residual(self, tokens: torch.Tensor, attention_mask: torch.Tensor
+                       ) -> torch.Tensor:
+        """The last block's ``hook_resid_post`` of a padded batch, as HF's forward computes it
+        (differentiable; the bridge cannot stop early, so the head runs too)."""
+        seen: dict[str, torch.Tensor] = {}
+
+        def grab(act: torch.Tensor, hook: Any) -> None:
+            seen["resid"] = act
+
+        with self.hooks(fwd_hooks=[(f"blocks.{self.cfg.n_layers - 1}.hook_resid_post", grab)]):
+            self(tokens, attention_mask=attention_mask, return_type=None)
+        return seen["resid"]
+
     @torch.no_grad()
     def pooled_outputs(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor, pooling: str | None = None,

@@ -248,6 +248,11 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
                 "return_type='reward'")
         return score
 
+    def final_residual(self, tokens: torch.Tensor, attention_mask: torch.Tensor
+                       ) -> Float[torch.Tensor, "batch pos d_model"]:
+        """The last block's ``hook_resid_post`` of a padded batch (differentiable)."""
+        return self(tokens, attention_mask=attention_mask, stop_at_layer=self.cfg.n_layers)
+
     @torch.no_grad()
     def pooled_outputs(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor, pooling: str | None = None,
@@ -257,7 +262,7 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
         model): what every scoring path of this backend calls."""
         from tl_reward.model.readout import normalise, read_rewards
 
-        resid = self(tokens, attention_mask=attention_mask, stop_at_layer=self.cfg.n_layers)
+        resid = self.final_residual(tokens, attention_mask)
         pos = self.pool_positions(tokens, attention_mask, pooling)
         rewards, score = read_rewards(self, resid, tokens, pos)
         gating = None

@@ -36,6 +36,7 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
+from tl_reward import tl_backend
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
 from tl_reward.model.readout import ObjectiveSpec, resolve_objectives, reward_readout
@@ -335,6 +336,7 @@ def sae_attribution(
     """
     from tl_reward.model.inputs import as_items
 
+    tl_backend.require_hooked(model, "SAE attribution")
     model = as_sae_model(model)
     check_sae(model, sae)
     check_affine_sae(sae)

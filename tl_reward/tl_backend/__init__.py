@@ -28,6 +28,7 @@ _EXPORTS = {
     "fuse_qkv": "tl_reward.tl_backend.prefix_cache",
     "hooks_active": "tl_reward.tl_backend.prefix_cache",
     "nonstock_module": "tl_reward.tl_backend.prefix_cache",
+    "require_hooked": "tl_reward.tl_backend.bridge",
     "PROCESSING": "tl_reward.tl_backend.weights",
     "convert_state_dict": "tl_reward.tl_backend.weights",
     "cpu_config": "tl_reward.tl_backend.weights",
