@@ -19,7 +19,6 @@ attribution, patching and the faithfulness report.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 from typing import Any
 

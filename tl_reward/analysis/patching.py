@@ -40,6 +40,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
+from tl_reward import tl_backend
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import (
@@ -49,7 +50,6 @@ from tl_reward.model.readout import (
     resolve_objectives,
 )
 from tl_reward.results import ShortRepr
-from tl_reward import tl_backend
 from tl_reward.tl_backend import cache_keys, frozen_kv_cache
 
 MODES = ("denoising", "noising", "zero", "mean")

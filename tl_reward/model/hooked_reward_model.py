@@ -22,7 +22,7 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
-from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, Objective, RewardHead
+from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead
 from tl_reward.model.inputs import (
     as_items,
     is_single,
