@@ -26,6 +26,23 @@ from tl_reward.model.protocol import RewardModelMixin
 from tl_reward.model.readout import accumulation_dtype
 from tl_reward.tl_backend.bridge import REWARD_ADAPTERS, RewardBridge, build_reward_bridge
 
+#: HF class -> the custom reward head a reward bridge does not map (its unembed is one linear
+#: layer read at the pooled token); HookedRewardModel loads each of them.
+CUSTOM_HEADS = {
+    "LlamaForRewardModelWithGating": "ArmoRM's gating head (objectives combined by a gate)",
+    "LlamaForRewardModelWithGating31": "QRM's quantile heads and gating",
+    "INFORMForSequenceClassification": "INF-ORM's two-layer MLP head",
+    "InternLM2ForRewardModel": "InternLM2's reward token (v_head at an appended token)",
+}
+
+
+def refuse_custom_head(head: str) -> UnsupportedArchitectureError:
+    """The error for a reward head the bridge does not support, naming it and the fix."""
+    return UnsupportedArchitectureError(
+        f"{head} is not supported on the TransformerBridge: a reward bridge reads one linear "
+        "head at the pooled token. Load this model with HookedRewardModel.from_pretrained "
+        "(TransformerLens 3), which supports it")
+
 
 class BridgeRewardModel(RewardModelMixin, RewardBridge):
     """A :class:`~tl_reward.tl_backend.bridge.RewardBridge` with the reward-model methods.
@@ -42,13 +59,18 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         dtype: torch.dtype | None = None,
         pooling: str = "hf",
         objective_names: Sequence[str] | None = None,
+        lm_head_rows: Sequence[int] | None = None,
         **hf_kwargs: Any,
     ) -> BridgeRewardModel:
         """Wrap an HF sequence-classification reward model (a hub name, a local directory or
         an in-memory ``hf_model``) without converting its weights. ``device`` and ``dtype``
-        move and cast the HF model first; the bridge itself never does."""
+        move and cast the HF model first; the bridge itself never does. The custom heads
+        (:data:`CUSTOM_HEADS`) and ``lm_head_rows`` refuse, naming HookedRewardModel."""
         import transformers
 
+        if lm_head_rows is not None or (
+                hf_model is not None and type(hf_model).__name__.endswith("ForCausalLM")):
+            raise refuse_custom_head("LM-head rows as the reward (a causal LM, lm_head_rows=)")
         if hf_model is None:
             if name_or_path is None:
                 raise ValueError("pass name_or_path or hf_model")
@@ -58,6 +80,8 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
             tokenizer = transformers.AutoTokenizer.from_pretrained(
                 name_or_path or hf_model.config._name_or_path)
         arch = type(hf_model).__name__
+        if arch in CUSTOM_HEADS:
+            raise refuse_custom_head(CUSTOM_HEADS[arch])
         if arch not in REWARD_ADAPTERS:
             raise UnsupportedArchitectureError(
                 f"no reward bridge for {arch}; supported: {sorted(REWARD_ADAPTERS)}. Load it "
