@@ -123,6 +123,7 @@ def test_analysis_equal_on_both_backends(models: dict[str, Any], analysis: str) 
     want = EQUAL[analysis](*args)
     got = EQUAL[analysis](models["bridge"], *args[1:])
     assert want.keys() == got.keys()
+    assert models["bridge"].cfg.model_name == models["hooked"].cfg.model_name  # same labels
     n_layers = models["hooked"].cfg.n_layers
     for key, ref in want.items():
         ref, new = (torch.from_numpy(np.array(x, dtype=np.float64)) for x in (ref, got[key]))

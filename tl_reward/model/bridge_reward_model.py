@@ -91,6 +91,8 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         hf_model = hf_model.to(device=device, dtype=dtype).eval()
         model = build_reward_bridge(hf_model, arch)
         model.__class__ = cls
+        model.cfg.model_name = name_or_path or str(  # as HookedRewardModel names it
+            getattr(hf_model.config, "name_or_path", "") or arch)
         k = int(hf_model.config.num_labels)
         names = list(objective_names) if objective_names is not None else (
             ["reward"] if k == 1 else [f"objective_{i}" for i in range(k)])
