@@ -4,9 +4,10 @@ One tiny seeded Llama RM loaded both ways (the bridge wraps HF's module and runs
 the hooked model runs TransformerLens's own on processed weights), the same inputs. The two
 forwards differ only by float32 rounding, so each quantity is compared at
 :func:`~helpers.parity_atol` of its own magnitude (about 1e-4 here; a wrong pooled token, an
-unfolded norm gain or a missing component moves them by their own size). The analyses that need
-HookedTransformer's layer-by-layer forward refuse a bridge with a TLRewardError naming the
-analysis and the fix. Skipped under TransformerLens 4 (no HookedTransformer to compare with).
+unfolded norm gain or a missing component moves them by their own size). What needs
+HookedTransformer itself (hooked SAEs, the prefix caches) refuses a bridge with a TLRewardError
+naming the analysis and the fix. Skipped under TransformerLens 4 (no HookedTransformer to
+compare with).
 """
 
 from __future__ import annotations
@@ -68,6 +69,24 @@ def _direct_path(m: Any) -> dict[str, Any]:
     return {"head": head.effect, "sublayer": sub.effect, "patched": sub.patched}
 
 
+def _patching(m: Any) -> dict[str, Any]:
+    from tl_reward.analysis.patching import activation_patching, patch_components
+
+    out = {f"{site} {mode}": activation_patching(
+        m, PAIR, site, mode, positions="all" if site == "head" else "each").patched
+        for site in ("resid", "attn_out", "mlp_out", "head") for mode in ("denoising", "zero")}
+    out["components"] = patch_components(m, PAIR, ["embed", "L0.attn", "L1.mlp", "L2.H1"])
+    return out
+
+
+def _attribution_patching(m: Any) -> dict[str, Any]:
+    from tl_reward.analysis.attribution_patching import attribution_patching
+
+    ap = attribution_patching(m, PAIR)
+    return {f"{site} {mode}": getattr(ap, site)[mode] for mode in ("denoising", "noising")
+            for site in ("resid", "attn_out", "mlp_out", "head", "neuron")}
+
+
 def _probes(m: Any) -> dict[str, Any]:
     from tl_reward.audit.perturbations import user_items
     from tl_reward.audit.probes import run_probes
@@ -110,6 +129,8 @@ EQUAL: dict[str, Callable[..., dict[str, Any]]] = {
     "lens": _lens,
     "direct reward attribution": _dra,
     "direct-path patching": _direct_path,
+    "activation patching": _patching,
+    "attribution patching": _attribution_patching,
     "probes": _probes,
     "concepts": _concepts,
     "vocabulary sweep": _sweep,
@@ -151,12 +172,6 @@ def test_rewards_and_readout_equal_hf(models: dict[str, Any]) -> None:
 
 REFUSED: dict[str, tuple[str, str, tuple[Any, ...], dict[str, Any]]] = {
     # analysis (as the error names it): module, function, arguments after the model
-    "activation patching": ("tl_reward.analysis.patching", "activation_patching",
-                            (PAIR, "resid"), {}),
-    "patch_components": ("tl_reward.analysis.patching", "patch_components",
-                         (PAIR, ["L0.attn"]), {}),
-    "attribution patching": ("tl_reward.analysis.attribution_patching",
-                             "attribution_patching", (PAIR,), {}),
     "SAE attribution": ("tl_reward.sae.attribution", "sae_attribution",
                         (None, CONVERSATIONS), {}),
     "the 'fast' prefix cache": ("tl_reward.sweep.vocab_sweep", "score_vocabulary",

@@ -24,7 +24,6 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from tl_reward import tl_backend
 from tl_reward.data.pairs import as_tokenized_pair
 from tl_reward.model.readout import (
     accumulation_dtype,
@@ -111,7 +110,6 @@ def attribution_patching(
 ) -> AttributionPatchingResult:
     """First-order estimates of denoising and noising at every site of one preference pair,
     from one forward and one backward pass (chosen and rejected batched)."""
-    tl_backend.require_hooked(model, "attribution patching")
     tp = as_tokenized_pair(model, pair)
     obj = resolve_objectives(model, objective)[0]
     n_layers = model.cfg.n_layers
@@ -150,9 +148,11 @@ def attribution_patching(
         return x + 0
 
     def save(kind: str, name: str) -> Any:  # name as asked (a bridge names its aliases)
-        def fn(act: torch.Tensor, hook: Any) -> None:
+        def fn(act: torch.Tensor, hook: Any) -> torch.Tensor:
             a = act.detach()
             act.register_hook(on_grad(name, (a[0, rows_c] - a[1, rows_r]).to(acc), kind))
+            return act  # returned: a bridge hands its hook a reshaped view (attn.hook_z) and
+            # uses it downstream only when it is returned, or no gradient reaches it
         return fn
 
     fwd = [("hook_embed", start)]

@@ -40,7 +40,6 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
-from tl_reward import tl_backend
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import (
@@ -181,12 +180,13 @@ def run_patched(
     live = [i for i, s in enumerate(sites)
             if (pos := positions(s)).numel() and int(pos.min()) <= t_star]
     order = sorted(live, key=lambda i: sites[i].layer)
-    p = prefix_len
+    # a model that cannot start at a layer (a bridge runs HF's forward) runs every sequence
+    # whole, the patch hooks writing at the same positions: the same values, more compute
+    p = prefix_len if model.starts_at_layer else 0
     for idx in _chunks(order, [sites[i].layer for i in order], chunk_size, by_layer):
         chunk = [sites[i] for i in idx]
         b = len(chunk)
         first = min(s.layer for s in chunk)
-        resid = clean[f"blocks.{first}.hook_resid_pre"][:, p:].expand(b, -1, -1).contiguous()
         by_hook: dict[str, list[tuple[int, Site]]] = {}
         for j, s in enumerate(chunk):
             by_hook.setdefault(s.hook, []).append((j, s))
@@ -211,10 +211,15 @@ def run_patched(
 
         fwd = [(name, make_hook(items)) for name, items in by_hook.items()]
         tokens = tokens_1.expand(b, -1)
-        kv = _prefix_cache(model, clean, p, b) if p else None
         with model.hooks(fwd_hooks=fwd):
-            final = model(resid, start_at_layer=first, stop_at_layer=n_layers, tokens=tokens,
-                          attention_mask=torch.ones_like(tokens), past_kv_cache=kv)
+            if not model.starts_at_layer:
+                final = model.final_residual(tokens, torch.ones_like(tokens))
+            else:
+                resid = clean[f"blocks.{first}.hook_resid_pre"][:, p:].expand(b, -1, -1)
+                kv = _prefix_cache(model, clean, p, b) if p else None
+                final = model(resid.contiguous(), start_at_layer=first, stop_at_layer=n_layers,
+                              tokens=tokens, attention_mask=torch.ones_like(tokens),
+                              past_kv_cache=kv)
         if p:
             final = torch.cat([clean[final_hook][:, :p].expand(b, -1, -1), final], 1)
         out[idx] = objective_value(model, final, tokens, objective).to(out.dtype).cpu()
@@ -377,7 +382,6 @@ def activation_patching(
         reuse_prefix: for denoising and noising, recompute only the positions after the shared
             prompt (which no swap can change), attending to its cached keys and values.
     """
-    tl_backend.require_hooked(model, "activation patching")
     if mode not in MODES:
         raise TLRewardError(f"unknown mode {mode!r}; choose from {MODES}")
     if positions not in ("each", "all"):
@@ -464,7 +468,6 @@ def patch_components(
     """Whole-sequence denoising or noising of named components (``"embed"``, ``"L3.attn"``,
     ``"L3.mlp"``, ``"L3.H2"``) on the aligned positions, batched; normalised effects ``[C]``.
     Attention biases (equal in both runs) get 0. ``by_layer``: see :func:`run_patched`."""
-    tl_backend.require_hooked(model, "patch_components")
     if mode not in ("denoising", "noising"):
         raise TLRewardError(f"component patching mode must be 'denoising' or 'noising', "
                             f"got {mode!r}")

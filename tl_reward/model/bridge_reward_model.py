@@ -48,6 +48,8 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
     """A :class:`~tl_reward.tl_backend.bridge.RewardBridge` with the reward-model methods.
     Build it with :meth:`from_pretrained`."""
 
+    starts_at_layer = False
+
     @classmethod
     def from_pretrained(
         cls,

@@ -40,6 +40,9 @@ class RewardModelMixin:
     #: ids appended after every text or conversation input (InternLM2's reward token); token-id
     #: inputs are taken as given.
     suffix_ids: tuple[int, ...] = ()
+    #: whether the forward can start at a layer from a cached residual and a key/value prefix
+    #: (HookedTransformer's ``start_at_layer``); a bridge runs HF's forward whole.
+    starts_at_layer: bool = True
     #: ``(W [d_model, K], b [K])``: the head with the final norm's gain (and bias) folded in,
     #: so that ``rewards = normalise(h) @ W + b`` (each backend provides it).
     folded_head: tuple[torch.Tensor, torch.Tensor]

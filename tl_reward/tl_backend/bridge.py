@@ -123,13 +123,13 @@ def build_reward_bridge(hf_model: torch.nn.Module, architecture: str | None = No
 
 
 def require_hooked(model: object, analysis: str) -> None:
-    """Refuse ``analysis`` on a ``TransformerBridge`` (it reads ``HookedTransformer``'s own
-    forward: ``start_at_layer``, key/value caches, hooked SAEs), naming the fix."""
+    """Refuse ``analysis`` on a ``TransformerBridge`` (it needs ``HookedTransformer`` itself:
+    its key/value prefix caches, ``HookedSAETransformer``), naming the fix."""
     if isinstance(model, TransformerBridge):
         from tl_reward.errors import TLRewardError
 
         raise TLRewardError(
             f"{analysis} does not run on a TransformerBridge ({type(model).__name__}): it "
-            "needs HookedTransformer's layer-by-layer forward. Load the model with "
+            "needs HookedTransformer itself. Load the model with "
             "HookedRewardModel.from_pretrained (TransformerLens 3) for it; see docs/bridge.md "
             "for the analyses the bridge runs")
