@@ -87,6 +87,16 @@ def _attribution_patching(m: Any) -> dict[str, Any]:
             for site in ("resid", "attn_out", "mlp_out", "head", "neuron")}
 
 
+def _sae_attribution(m: Any) -> dict[str, Any]:
+    from tests.sae.test_sae_attribution import make_sae
+    from tl_reward.sae.attribution import sae_attribution
+
+    sae = make_sae(m.cfg.d_model, f"blocks.{m.cfg.n_layers - 1}.hook_resid_post")
+    a = sae_attribution(m, sae, CONVERSATIONS)  # exact: the final residual's split
+    return {k: getattr(a, k) for k in ("features", "b_dec", "error", "reward",
+                                       "reconstruction_gap", "activations", "scale")}
+
+
 def _probes(m: Any) -> dict[str, Any]:
     from tl_reward.audit.perturbations import user_items
     from tl_reward.audit.probes import run_probes
@@ -132,6 +142,7 @@ EQUAL: dict[str, Callable[..., dict[str, Any]]] = {
     "activation patching": _patching,
     "attribution patching": _attribution_patching,
     "probes": _probes,
+    "SAE attribution (exact)": _sae_attribution,
     "concepts": _concepts,
     "vocabulary sweep": _sweep,
     "compare": _compare,
@@ -170,10 +181,12 @@ def test_rewards_and_readout_equal_hf(models: dict[str, Any]) -> None:
                                rtol=0)
 
 
+SAE_L0 = "blocks.0.hook_resid_post"  # replaced by an SAE reading it (below the final residual)
 REFUSED: dict[str, tuple[str, str, tuple[Any, ...], dict[str, Any]]] = {
     # analysis (as the error names it): module, function, arguments after the model
-    "SAE attribution": ("tl_reward.sae.attribution", "sae_attribution",
-                        (None, CONVERSATIONS), {}),
+    "SAE attribution by gradient": ("tl_reward.sae.attribution", "sae_attribution",
+                                    (SAE_L0, CONVERSATIONS), {}),
+    "sae_fit": ("tl_reward.sae.fit", "sae_fit", (SAE_L0, CONVERSATIONS), {}),
     "the 'fast' prefix cache": ("tl_reward.sweep.vocab_sweep", "score_vocabulary",
                                 ("hi",), {"ids": [10, 11], "cache": "fast"}),
 }
@@ -182,7 +195,11 @@ REFUSED: dict[str, tuple[str, str, tuple[Any, ...], dict[str, Any]]] = {
 @pytest.mark.parametrize("analysis", sorted(REFUSED))
 def test_hooked_only_analyses_refuse_a_bridge_by_name(models: dict[str, Any],
                                                       analysis: str) -> None:
+    module, fn, args, kwargs = REFUSED[analysis]
+    if args and args[0] == SAE_L0:
+        from tests.sae.test_sae_attribution import make_sae
+
+        args = (make_sae(models["bridge"].cfg.d_model, SAE_L0), *args[1:])
     with pytest.raises(TLRewardError, match=rf"^{analysis} does not run on a TransformerBridge"
                        r".*HookedRewardModel\.from_pretrained"):
-        module, fn, args, kwargs = REFUSED[analysis]
         getattr(importlib.import_module(module), fn)(models["bridge"], *args, **kwargs)

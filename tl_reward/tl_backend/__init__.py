@@ -27,6 +27,7 @@ _EXPORTS = {
     "frozen_kv_cache": "tl_reward.tl_backend.prefix_cache",
     "fuse_qkv": "tl_reward.tl_backend.prefix_cache",
     "hooks_active": "tl_reward.tl_backend.prefix_cache",
+    "is_bridge": "tl_reward.tl_backend.bridge",
     "nonstock_module": "tl_reward.tl_backend.prefix_cache",
     "require_hooked": "tl_reward.tl_backend.bridge",
     "PROCESSING": "tl_reward.tl_backend.weights",

@@ -122,10 +122,15 @@ def build_reward_bridge(hf_model: torch.nn.Module, architecture: str | None = No
     return bridge  # type: ignore[return-value]
 
 
+def is_bridge(model: object) -> bool:
+    """Whether ``model`` runs on TransformerLens's ``TransformerBridge``."""
+    return isinstance(model, TransformerBridge)
+
+
 def require_hooked(model: object, analysis: str) -> None:
     """Refuse ``analysis`` on a ``TransformerBridge`` (it needs ``HookedTransformer`` itself:
     its key/value prefix caches, ``HookedSAETransformer``), naming the fix."""
-    if isinstance(model, TransformerBridge):
+    if is_bridge(model):
         from tl_reward.errors import TLRewardError
 
         raise TLRewardError(

@@ -217,9 +217,9 @@ def continuation_method(model: Any, requested: str = "auto") -> str:
     ``TransformerBridge`` gets ``"none"`` (every sequence run whole) and refuses the others."""
     if requested not in ("auto", "fast", "stock"):
         raise ValueError(f"method must be 'auto', 'fast' or 'stock', got {requested!r}")
-    from tl_reward.tl_backend.bridge import TransformerBridge, require_hooked
+    from tl_reward.tl_backend.bridge import is_bridge, require_hooked
 
-    if requested == "auto" and isinstance(model, TransformerBridge):
+    if requested == "auto" and is_bridge(model):
         return "none"  # a bridge runs HF's forward, which has no prefix cache: each sequence
     require_hooked(model, f"the {requested!r} prefix cache")
     if requested == "stock":
