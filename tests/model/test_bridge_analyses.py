@@ -181,6 +181,24 @@ def test_rewards_and_readout_equal_hf(models: dict[str, Any]) -> None:
                                rtol=0)
 
 
+@pytest.mark.parametrize("arch", ["gemma2", "gpt2"])
+def test_lens_and_dra_equal_on_other_norms(arch: str) -> None:
+    """The folded head read off HF's norm module covers Gemma-2's ``1 + w`` gain and sandwich
+    norms, and GPT-2's LayerNorm (bias folded into the head's bias, directions centred)."""
+    from tl_reward import HookedRewardModel
+    from tl_reward.model.bridge_reward_model import BridgeRewardModel
+    from tl_reward.testing import tiny_hf_reward_model
+
+    hf, tok = tiny_hf_reward_model(arch)
+    hooked = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu")
+    bridge = BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok)
+    for name in ("lens", "direct reward attribution"):
+        want, got = EQUAL[name](hooked), EQUAL[name](bridge)
+        for key, ref in want.items():
+            torch.testing.assert_close(got[key], ref, rtol=0, msg=f"{arch} {name}: {key}",
+                                       atol=parity_atol(ref, hooked.cfg.n_layers))
+
+
 SAE_L0 = "blocks.0.hook_resid_post"  # replaced by an SAE reading it (below the final residual)
 REFUSED: dict[str, tuple[str, str, tuple[Any, ...], dict[str, Any]]] = {
     # analysis (as the error names it): module, function, arguments after the model

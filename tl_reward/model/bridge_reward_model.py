@@ -93,6 +93,9 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         hf_model = hf_model.to(device=device, dtype=dtype).eval()
         model = build_reward_bridge(hf_model, arch)
         model.__class__ = cls
+        # Gemma-2's sandwich norms, as HookedTransformer's config says (the bridge's leaves it
+        # False, and the decompositions would skip the post-norms' scale)
+        model.cfg.use_normalization_before_and_after = hasattr(model.blocks[0], "ln1_post")
         model.cfg.model_name = name_or_path or str(  # as HookedRewardModel names it
             getattr(hf_model.config, "name_or_path", "") or arch)
         k = int(hf_model.config.num_labels)
@@ -107,24 +110,43 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         model.cfg.tokenizer_prepends_bos = model.cfg.default_prepend_bos = adds_bos
         return model  # type: ignore[return-value]
 
-    @property
     @torch.no_grad()
-    def folded_head(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(W [d_model, K], b [K])`` in float32: HF's head with its final norm's gain (and a
-        LayerNorm's bias) folded in, read off a float32 copy of the norm (Gemma's ``1 + w``
-        included) as ``norm(x) = N(x) g + beta``: at ``0`` (``beta``) and at an ``x`` of mean 0
-        with no zero entry (``N(x) = x / sqrt(mean(x^2) + eps)``)."""
-        norm = copy.deepcopy(self.ln_final.original_component).float()
+    def norm_affine(self, norm: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(gain, beta)`` in float32 of one of HF's norm modules (as wrapped by the bridge),
+        read off a float32 copy (Gemma's ``1 + w`` included) as ``norm(x) = N(x) g + beta``:
+        at ``0`` (``beta``) and at an ``x`` of mean 0 with no zero entry
+        (``N(x) = x / sqrt(mean(x^2) + eps)``)."""
+        norm = copy.deepcopy(norm.original_component).float()
         d = self.cfg.d_model
         x = torch.ones(d, device=self.cfg.device)
         x[1::2] = -1.0
         if d % 2:
             x[-3:] = torch.tensor([-1.0, -1.0, 2.0])
         beta = norm(torch.zeros_like(x)[None])[0]
-        gain = (norm(x[None])[0] - beta) * (x.pow(2).mean() + self.cfg.eps).sqrt() / x
-        w_u, b_u = self.unembed.W_U.float(), self.unembed.b_U
+        return (norm(x[None])[0] - beta) * (x.pow(2).mean() + self.cfg.eps).sqrt() / x, beta
+
+    def norm_gain(self, norm: Any) -> torch.Tensor:
+        """The gain of one of the model's norms (:meth:`norm_affine`; the raw ``w`` a bridge
+        shows is Gemma's ``w``, not its ``1 + w``)."""
+        return self.norm_affine(norm)[0]
+
+    @torch.no_grad()
+    def value_bias(self, layer: int) -> torch.Tensor:
+        """HF's ``b_V`` plus the first norm's bias through ``W_V`` (``[kv_heads, d_head]``): what
+        HookedTransformer's processing folds into ``b_O``."""
+        attn = self.blocks[layer].attn
+        _, beta = self.norm_affine(self.blocks[layer].ln1)
+        b = torch.einsum("d,hde->he", beta, attn.W_V.detach().float())
+        return b if attn.b_V is None else b + attn.b_V.detach().float()
+
+    @property
+    def folded_head(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(W [d_model, K], b [K])`` in float32: HF's head with its final norm's gain and
+        bias (:meth:`norm_affine`) folded in."""
+        gain, beta = self.norm_affine(self.ln_final)
+        w_u, b_u = self.unembed.W_U.detach().float(), self.unembed.b_U
         b_u = torch.zeros(w_u.shape[1], device=w_u.device) if b_u is None else b_u.float()
-        return gain[:, None] * w_u, b_u + beta @ w_u
+        return gain[:, None] * w_u, b_u.detach() + beta @ w_u
 
     def final_residual(self, tokens: torch.Tensor, attention_mask: torch.Tensor
                        ) -> torch.Tensor:

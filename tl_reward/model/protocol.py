@@ -128,6 +128,15 @@ class RewardModelMixin:
         return score_inputs(self, inputs, batch_size=batch_size, padding_side=padding_side,
                             pooling=pooling, progress=progress, labels=labels)
 
+    def norm_gain(self, norm: Any) -> torch.Tensor | None:
+        """The gain of one of the model's norm modules (``None``: folded away)."""
+        return getattr(norm, "w", None)
+
+    def value_bias(self, layer: int) -> torch.Tensor | None:
+        """What block ``layer``'s values carry whatever the input (``[heads, d_head]``): 0
+        once HookedTransformer's processing has folded it into ``b_O``."""
+        return getattr(self.blocks[layer].attn, "b_V", None)  # type: ignore[attr-defined]
+
     # -- the readout ---------------------------------------------------------------------------
     def reward_direction(
         self,
