@@ -40,6 +40,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
+from tl_reward.analysis.components import _value_bias
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import (
@@ -426,6 +427,11 @@ def activation_patching(
                 rows = whole_s if s.row is None else src_rows[s.row : s.row + 1]
                 act = src[s.hook][0, rows]
                 return act if s.unit is None else act[:, s.unit]
+            if mode == "zero" and s.hook.endswith("attn.hook_z"):
+                # a head's zero is that of its processed z, the value bias counted with b_O
+                # (0 on HookedTransformer, which folds it there; HF's b_V on a bridge)
+                b = _value_bias(model, s.layer, cur)
+                return (b if s.unit is None else b[s.unit]).expand_as(cur)
             if mode == "zero":
                 return torch.zeros_like(cur)
             m = means[s.hook]
