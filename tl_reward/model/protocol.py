@@ -5,7 +5,10 @@ config (``n_ctx``, ``d_vocab``, ``device``), ``reward_head``, ``pooling``, ``pad
 ``suffix_ids``; :class:`~tl_reward.model.hooked_reward_model.HookedRewardModel` (TransformerLens's
 ``HookedTransformer``) and :class:`~tl_reward.model.bridge_reward_model.BridgeRewardModel`
 (its ``TransformerBridge``) each add :meth:`pooled_outputs`, the one place a backend reads its
-rewards from its own forward.
+rewards from its own forward, and what the decompositions read off the weights:
+``folded_head``, ``final_residual``, and (where the default is wrong) :meth:`norm_gain` and
+:meth:`value_bias`; besides these the analyses read hooks by their HookedTransformer names and
+the writing weights ``W_O`` and ``W_out``.
 """
 
 from __future__ import annotations
