@@ -179,8 +179,27 @@ def test_architectures_only_the_bridge_loads(family: str) -> None:
         assert name in cache, name
 
 
-def test_unsupported_architecture_names_the_fix() -> None:
-    hf, tok = tiny_hf_reward_model("inform")
+CUSTOM = {"armorm": ("ArmoRM's gating head", 3), "qrm": ("QRM's quantile heads", 4),
+          "inform": ("INF-ORM's two-layer MLP head", 1),
+          "internlm2": ("InternLM2's reward token", 1),
+          "nemotron": ("LM-head rows", 1)}
+
+
+@pytest.mark.parametrize("arch", sorted(CUSTOM))
+def test_custom_heads_refuse_by_name(arch: str) -> None:
+    """The custom heads (and LM-head rows) refuse, naming the head and HookedRewardModel,
+    which loads them (their reward tests: tests/model/test_qrm.py, test_internlm2.py, ...)."""
+    head, k = CUSTOM[arch]
+    hf, tok = tiny_hf_reward_model(arch, num_labels=k)
+    with pytest.raises(UnsupportedArchitectureError,
+                       match=rf"^{head}.*HookedRewardModel\.from_pretrained"):
+        BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok,
+                                          lm_head_rows=[0] if arch == "nemotron" else None)
+
+
+def test_unknown_architecture_names_the_fix() -> None:
+    hf, tok = tiny_hf_reward_model("llama")
+    hf.__class__ = type("FooForSequenceClassification", (type(hf),), {})
     with pytest.raises(UnsupportedArchitectureError, match="register a reward adapter"):
         BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok)
 

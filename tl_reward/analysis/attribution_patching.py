@@ -147,18 +147,21 @@ def attribution_patching(
         leaf.append(x)
         return x + 0
 
-    def save(kind: str) -> Any:
-        def fn(act: torch.Tensor, hook: Any) -> None:
+    def save(kind: str, name: str) -> Any:  # name as asked (a bridge names its aliases)
+        def fn(act: torch.Tensor, hook: Any) -> torch.Tensor:
             a = act.detach()
-            act.register_hook(on_grad(hook.name, (a[0, rows_c] - a[1, rows_r]).to(acc), kind))
+            act.register_hook(on_grad(name, (a[0, rows_c] - a[1, rows_r]).to(acc), kind))
+            return act  # returned: a bridge hands its hook a reshaped view (attn.hook_z) and
+            # uses it downstream only when it is returned, or no gradient reaches it
         return fn
 
     fwd = [("hook_embed", start)]
-    fwd += [(f"blocks.{layer}.{h}", save(kind)) for layer in range(n_layers)
-            for kind, h in SITE_HOOKS.items()]
-    fwd.append((final_hook, save("resid")))
+    for layer in range(n_layers):
+        fwd += [(f"blocks.{layer}.{h}", save(kind, f"blocks.{layer}.{h}"))
+                for kind, h in SITE_HOOKS.items()]
+    fwd.append((final_hook, save("resid", final_hook)))
     with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
-        resid = model(tokens, attention_mask=mask, stop_at_layer=n_layers)
+        resid = model.final_residual(tokens, mask)
         values = objective_at_pooled(model, resid, tokens, mask, [obj])[:, 0]
         del resid
         torch.autograd.grad(values.sum(), leaf)

@@ -18,6 +18,7 @@ attribution, patching and the faithfulness report.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,8 +79,8 @@ def pooled_run(
     pooled: dict[str, torch.Tensor] = {}
     full: dict[str, torch.Tensor] = {}
 
-    def keep(act: torch.Tensor, hook: Any) -> None:
-        name = hook.name
+    def keep(act: torch.Tensor, hook: Any, name: str) -> None:  # name as asked: a bridge
+        # calls the hook with its own name for an alias (blocks.{l}.hook_out)
         if name == last or name.endswith("attn.hook_v"):
             full[name] = act
         elif name.endswith("hook_pattern"):
@@ -87,7 +88,8 @@ def pooled_run(
         else:
             pooled[name] = act[rows, positions]
 
-    hooks = [(n, keep) for n in component_hooks(model, per_position, neurons)]
+    hooks = [(n, functools.partial(keep, name=n))
+             for n in component_hooks(model, per_position, neurons)]
     with model.hooks(fwd_hooks=hooks):
         model(tokens, attention_mask=mask, return_type=None)
     if last in full:
@@ -101,6 +103,22 @@ def _at(acts: Any, name: str, rows: torch.Tensor, positions: torch.Tensor) -> to
         return acts[name]
     t = acts[name]
     return t[rows, :, positions] if name.endswith("hook_pattern") else t[rows, positions]
+
+
+def _bias(b: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """A writing bias as ``[1, d_model]`` in ``like``'s dtype (a bridge has ``None``: no bias)."""
+    d = like.shape[-1]
+    return (torch.zeros(d, device=like.device) if b is None else b).to(like.dtype)[None]
+
+
+def _value_bias(model: Any, layer: int, like: torch.Tensor) -> torch.Tensor:
+    """The value bias ``[n_heads, d_head]`` of ``layer`` in ``like``'s dtype
+    (``model.value_bias``), which every head writes whatever it attends to: the decompositions
+    count it in the attention bias, as HookedTransformer's processed weights do."""
+    b = model.value_bias(layer)
+    if b is None:
+        return torch.zeros(like.shape[-2:], dtype=like.dtype, device=like.device)
+    return torch.repeat_interleave(b, model.cfg.n_heads // b.shape[0], dim=0).to(like.dtype)
 
 
 def _full(acts: Any, name: str) -> torch.Tensor:
@@ -119,7 +137,7 @@ def _post_factor(
         return None
     acc = accumulation_dtype(model)
     scale = _at(cache, f"blocks.{layer}.{which}.hook_scale", rows, positions).to(acc)  # [b, 1]
-    w = getattr(norm, "w", None)
+    w = model.norm_gain(norm)  # type: ignore[attr-defined]
     gain = torch.ones_like(scale) if w is None else w[None].to(acc)
     return gain / scale
 
@@ -205,8 +223,9 @@ def final_components(
     for layer in range(cfg.n_layers):
         attn = model.blocks[layer].attn  # type: ignore[attr-defined]
         z = _at(cache, f"blocks.{layer}.attn.hook_z", rows, positions).to(acc)  # [b, h, d_head]
-        out = torch.einsum("bhe,hed->bhd", z, attn.W_O.to(acc))
-        bias = attn.b_O.to(acc)[None].expand(z.shape[0], -1)
+        b_v, w_o = _value_bias(model, layer, z), attn.W_O.to(acc)
+        out = torch.einsum("bhe,hed->bhd", z - b_v, w_o)
+        bias = (_bias(attn.b_O, out) + torch.einsum("he,hed->d", b_v, w_o)).expand(z.shape[0], -1)
         post = _post_factor(model, cache, layer, "ln1_post", rows, positions)
         if post is not None:
             out, bias = out * post[:, None], bias * post
@@ -236,7 +255,7 @@ def neuron_projections(
         acts = _at(cache, f"blocks.{layer}.mlp.hook_post", rows, positions).to(u.dtype)
         w_u = torch.einsum("nd,bkd->bnk", mlp.W_out.to(u.dtype), u)
         neurons.append(acts[..., None] * w_u)
-        biases.append(torch.einsum("d,bkd->bk", mlp.b_out.to(u.dtype), u))
+        biases.append(torch.einsum("d,bkd->bk", _bias(mlp.b_out, u)[0], u))
     return torch.stack(neurons, 1), torch.stack(biases, 1)
 
 
@@ -259,6 +278,7 @@ def head_position_projections(
         v = _full(cache, f"blocks.{layer}.attn.hook_v").to(u.dtype)  # [b, src, kv, d_head]
         if v.shape[2] != cfg.n_heads:
             v = torch.repeat_interleave(v, cfg.n_heads // v.shape[2], dim=2)
+        v = v - _value_bias(model, layer, v)
         ou = torch.einsum("hed,bkd->bhek", attn.W_O.to(u.dtype), u)  # [b, head, d_head, n_obj]
         vu = torch.einsum("bshe,bhek->bhsk", v, ou)
         out.append(pattern[..., None] * vu)

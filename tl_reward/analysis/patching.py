@@ -40,6 +40,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
+from tl_reward.analysis.components import _value_bias
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import (
@@ -180,12 +181,13 @@ def run_patched(
     live = [i for i, s in enumerate(sites)
             if (pos := positions(s)).numel() and int(pos.min()) <= t_star]
     order = sorted(live, key=lambda i: sites[i].layer)
-    p = prefix_len
+    # a model that cannot start at a layer (a bridge runs HF's forward) runs every sequence
+    # whole, the patch hooks writing at the same positions: the same values, more compute
+    p = prefix_len if model.starts_at_layer else 0
     for idx in _chunks(order, [sites[i].layer for i in order], chunk_size, by_layer):
         chunk = [sites[i] for i in idx]
         b = len(chunk)
         first = min(s.layer for s in chunk)
-        resid = clean[f"blocks.{first}.hook_resid_pre"][:, p:].expand(b, -1, -1).contiguous()
         by_hook: dict[str, list[tuple[int, Site]]] = {}
         for j, s in enumerate(chunk):
             by_hook.setdefault(s.hook, []).append((j, s))
@@ -210,10 +212,15 @@ def run_patched(
 
         fwd = [(name, make_hook(items)) for name, items in by_hook.items()]
         tokens = tokens_1.expand(b, -1)
-        kv = _prefix_cache(model, clean, p, b) if p else None
         with model.hooks(fwd_hooks=fwd):
-            final = model(resid, start_at_layer=first, stop_at_layer=n_layers, tokens=tokens,
-                          attention_mask=torch.ones_like(tokens), past_kv_cache=kv)
+            if not model.starts_at_layer:
+                final = model.final_residual(tokens, torch.ones_like(tokens))
+            else:
+                resid = clean[f"blocks.{first}.hook_resid_pre"][:, p:].expand(b, -1, -1)
+                kv = _prefix_cache(model, clean, p, b) if p else None
+                final = model(resid.contiguous(), start_at_layer=first, stop_at_layer=n_layers,
+                              tokens=tokens, attention_mask=torch.ones_like(tokens),
+                              past_kv_cache=kv)
         if p:
             final = torch.cat([clean[final_hook][:, :p].expand(b, -1, -1), final], 1)
         out[idx] = objective_value(model, final, tokens, objective).to(out.dtype).cpu()
@@ -420,6 +427,11 @@ def activation_patching(
                 rows = whole_s if s.row is None else src_rows[s.row : s.row + 1]
                 act = src[s.hook][0, rows]
                 return act if s.unit is None else act[:, s.unit]
+            if mode == "zero" and s.hook.endswith("attn.hook_z"):
+                # a head's zero is that of its processed z, the value bias counted with b_O
+                # (0 on HookedTransformer, which folds it there; HF's b_V on a bridge)
+                b = _value_bias(model, s.layer, cur)
+                return (b if s.unit is None else b[s.unit]).expand_as(cur)
             if mode == "zero":
                 return torch.zeros_like(cur)
             m = means[s.hook]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -176,15 +177,17 @@ def read_rows(
         items.append(np.asarray(idx)[r.numpy()])
         r, c = r.to(device), c.to(device)
 
-        def grab(act: torch.Tensor, hook: Any, r: torch.Tensor = r, c: torch.Tensor = c) -> None:
-            rows[hook.name].append(act[r, c].float().cpu())
+        def grab(act: torch.Tensor, hook: Any, name: str, r: torch.Tensor = r,
+                 c: torch.Tensor = c) -> None:  # name as asked: a bridge names its aliases
+            rows[name].append(act[r, c].float().cpu())
 
         kwargs: dict[str, Any] = {"attention_mask": batch.attention_mask}
         if stop is not None and stop < model.cfg.n_layers:
             kwargs["stop_at_layer"] = stop
         else:
             kwargs["return_type"] = None
-        model.run_with_hooks(batch.tokens, fwd_hooks=[(h, grab) for h in hooks], **kwargs)
+        model.run_with_hooks(batch.tokens, fwd_hooks=[(h, partial(grab, name=h)) for h in hooks],
+                             **kwargs)
     item_of_row = np.concatenate(items)
     # rows in input order (stable within an input, so response tokens keep their order)
     perm = np.argsort(item_of_row, kind="stable")

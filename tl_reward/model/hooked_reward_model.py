@@ -22,7 +22,7 @@ from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
-from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, Objective, RewardHead
+from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead
 from tl_reward.model.inputs import (
     as_items,
     is_single,
@@ -248,6 +248,11 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
                 "return_type='reward'")
         return score
 
+    def final_residual(self, tokens: torch.Tensor, attention_mask: torch.Tensor
+                       ) -> Float[torch.Tensor, "batch pos d_model"]:
+        """The last block's ``hook_resid_post`` of a padded batch (differentiable)."""
+        return self(tokens, attention_mask=attention_mask, stop_at_layer=self.cfg.n_layers)
+
     @torch.no_grad()
     def pooled_outputs(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor, pooling: str | None = None,
@@ -257,7 +262,7 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
         model): what every scoring path of this backend calls."""
         from tl_reward.model.readout import normalise, read_rewards
 
-        resid = self(tokens, attention_mask=attention_mask, stop_at_layer=self.cfg.n_layers)
+        resid = self.final_residual(tokens, attention_mask)
         pos = self.pool_positions(tokens, attention_mask, pooling)
         rewards, score = read_rewards(self, resid, tokens, pos)
         gating = None
@@ -276,41 +281,8 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
             return self.reward_head.outputs(normed)
         return self.unembed(normed)
 
-    # -- convenience ---------------------------------------------------------------------------
-    def reward_direction(
-        self,
-        objective: Objective = "score",
-        normed: Float[torch.Tensor, "batch pos d_model"] | None = None,
-        tokens: Int[torch.Tensor, "batch pos"] | None = None,
-        positions: Int[torch.Tensor, " batch"] | None = None,
-    ) -> tuple[Float[torch.Tensor, "batch d_model"], Float[torch.Tensor, " batch"]]:
-        """``(w, b)`` with ``objective = w . ln_final(h) + b`` at the pooled position, per row.
-
-        For ArmoRM's ``"score"`` this is the prompt-dependent ``w_eff(x) = W_U T g(x)``, which
-        needs ``normed`` (``ln_final`` output) and ``tokens``; for a fixed objective it does not.
-        Returned in float32 (float64 for a float64 model) whatever the weights' dtype.
-        For an MLP head it is the exact local linearisation at the pooled input,
-        ``w_eff(x) = W1^T D(x) w2`` and ``b = w2 . D(x) b1 + b2`` (float32), which needs
-        ``normed``, ``tokens`` and the pooled ``positions`` (``batch.pooled`` of :meth:`build`:
-        the pooling rule applied with the attention mask, so padding never moves it).
-        """
-        acc = torch.float64 if self.cfg.dtype == torch.float64 else torch.float32
-        device = self.W_U.device
-        head = self.reward_head
-        if head.nonlinear:
-            if normed is None or tokens is None or positions is None:
-                raise TLRewardError(
-                    "this model's reward head is nonlinear (an MLP), so its direction depends "
-                    "on the input: pass normed= (ln_final output), tokens= and positions= "
-                    "(the pooled positions, e.g. batch.pooled from model.build)"
-                )
-            rows = torch.arange(tokens.shape[0], device=normed.device)
-            w_all, b_all = head.linearise(normed[rows, positions.to(normed.device)])
-            c = head.objective_weights(objective, normed, tokens).to(w_all.dtype)
-            return torch.einsum("bk,bkd->bd", c, w_all), (c * b_all).sum(-1)
-        if tokens is None:
-            tokens = torch.zeros((1, 1), dtype=torch.long, device=device)
-        if normed is None:
-            normed = torch.zeros(*tokens.shape, self.cfg.d_model, device=device, dtype=acc)
-        c = head.objective_weights(objective, normed, tokens).to(acc)
-        return c @ self.W_U.to(acc).T, c @ self.b_U.to(acc)
+    @property
+    def folded_head(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(W_U [d_model, K], b_U [K])``: the processed weights already fold the final norm's
+        gain into the head."""
+        return self.W_U, self.b_U

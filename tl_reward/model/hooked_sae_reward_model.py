@@ -92,7 +92,7 @@ class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
                 "the SAE's cfg.metadata.hook_name is empty; set it to the hook it was trained "
                 "on, e.g. sae.cfg.metadata.hook_name = 'blocks.3.hook_resid_post'"
             )
-        if hook not in self.hook_dict and hook not in self._acts_to_saes:
+        if hook not in self.hook_dict and hook not in getattr(self, "_acts_to_saes", {}):
             near = [n for n in self.hook_dict if n.split(".")[-1] == hook.split(".")[-1]][:3]
             raise SAEHookError(
                 f"the SAE reads {hook!r}, which is not a hook of this model "
@@ -106,7 +106,7 @@ class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
                 f"{self.cfg.d_head}): the SAE belongs to another model or another hook; use one "
                 "trained on this hook of this model"
             )
-        self.place_sae(sae)
+        HookedSAERewardModel.place_sae(self, sae)  # self may be a bridge (sae.splice.check_sae)
         return hook
 
     def place_sae(self, sae: SAE[Any]) -> SAE[Any]:

@@ -5,7 +5,10 @@ config (``n_ctx``, ``d_vocab``, ``device``), ``reward_head``, ``pooling``, ``pad
 ``suffix_ids``; :class:`~tl_reward.model.hooked_reward_model.HookedRewardModel` (TransformerLens's
 ``HookedTransformer``) and :class:`~tl_reward.model.bridge_reward_model.BridgeRewardModel`
 (its ``TransformerBridge``) each add :meth:`pooled_outputs`, the one place a backend reads its
-rewards from its own forward.
+rewards from its own forward, and what the decompositions read off the weights:
+``folded_head``, ``final_residual``, and (where the default is wrong) :meth:`norm_gain` and
+:meth:`value_bias`; besides these the analyses read hooks by their HookedTransformer names and
+the writing weights ``W_O`` and ``W_out``.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 
-from tl_reward.model.heads import RewardHead
+from tl_reward.errors import TLRewardError
+from tl_reward.model.heads import Objective, RewardHead
 from tl_reward.model.inputs import (
     EncodedInput,
     RewardBatch,
@@ -39,6 +43,12 @@ class RewardModelMixin:
     #: ids appended after every text or conversation input (InternLM2's reward token); token-id
     #: inputs are taken as given.
     suffix_ids: tuple[int, ...] = ()
+    #: whether the forward can start at a layer from a cached residual and a key/value prefix
+    #: (HookedTransformer's ``start_at_layer``); a bridge runs HF's forward whole.
+    starts_at_layer: bool = True
+    #: ``(W [d_model, K], b [K])``: the head with the final norm's gain (and bias) folded in,
+    #: so that ``rewards = normalise(h) @ W + b`` (each backend provides it).
+    folded_head: tuple[torch.Tensor, torch.Tensor]
 
     # -- objectives ------------------------------------------------------------------------
     @property
@@ -120,3 +130,52 @@ class RewardModelMixin:
 
         return score_inputs(self, inputs, batch_size=batch_size, padding_side=padding_side,
                             pooling=pooling, progress=progress, labels=labels)
+
+    def norm_gain(self, norm: Any) -> torch.Tensor | None:
+        """The gain of one of the model's norm modules (``None``: folded away)."""
+        return getattr(norm, "w", None)
+
+    def value_bias(self, layer: int) -> torch.Tensor | None:
+        """What block ``layer``'s values carry whatever the input (``[heads, d_head]``): 0
+        once HookedTransformer's processing has folded it into ``b_O``."""
+        return getattr(self.blocks[layer].attn, "b_V", None)  # type: ignore[attr-defined]
+
+    # -- the readout ---------------------------------------------------------------------------
+    def reward_direction(
+        self,
+        objective: Objective = "score",
+        normed: Float[torch.Tensor, "batch pos d_model"] | None = None,
+        tokens: Int[torch.Tensor, "batch pos"] | None = None,
+        positions: Int[torch.Tensor, " batch"] | None = None,
+    ) -> tuple[Float[torch.Tensor, "batch d_model"], Float[torch.Tensor, " batch"]]:
+        """``(w, b)`` with ``objective = w . ln_final(h) + b`` at the pooled position, per row.
+
+        For ArmoRM's ``"score"`` this is the prompt-dependent ``w_eff(x) = W_U T g(x)``, which
+        needs ``normed`` (``ln_final`` output) and ``tokens``; for a fixed objective it does not.
+        Returned in float32 (float64 for a float64 model) whatever the weights' dtype.
+        For an MLP head it is the exact local linearisation at the pooled input,
+        ``w_eff(x) = W1^T D(x) w2`` and ``b = w2 . D(x) b1 + b2`` (float32), which needs
+        ``normed``, ``tokens`` and the pooled ``positions`` (``batch.pooled`` of :meth:`build`:
+        the pooling rule applied with the attention mask, so padding never moves it).
+        """
+        acc = torch.float64 if self.cfg.dtype == torch.float64 else torch.float32
+        w_u, b_u = self.folded_head
+        device = w_u.device
+        head = self.reward_head
+        if head.nonlinear:
+            if normed is None or tokens is None or positions is None:
+                raise TLRewardError(
+                    "this model's reward head is nonlinear (an MLP), so its direction depends "
+                    "on the input: pass normed= (ln_final output), tokens= and positions= "
+                    "(the pooled positions, e.g. batch.pooled from model.build)"
+                )
+            rows = torch.arange(tokens.shape[0], device=normed.device)
+            w_all, b_all = head.linearise(normed[rows, positions.to(normed.device)])
+            c = head.objective_weights(objective, normed, tokens).to(w_all.dtype)
+            return torch.einsum("bk,bkd->bd", c, w_all), (c * b_all).sum(-1)
+        if tokens is None:
+            tokens = torch.zeros((1, 1), dtype=torch.long, device=device)
+        if normed is None:
+            normed = torch.zeros(*tokens.shape, self.cfg.d_model, device=device, dtype=acc)
+        c = head.objective_weights(objective, normed, tokens).to(acc)
+        return c @ w_u.to(acc).T, c @ b_u.to(acc)

@@ -191,7 +191,8 @@ def read_rewards(
             w, b = head.linearise(x)
             rewards = torch.einsum("bkd,bd->bk", w.to(acc), x) + b.to(acc)
         else:
-            rewards = x @ model.W_U.to(acc) + model.b_U.to(acc)  # type: ignore[attr-defined]
+            w_u, b_u = model.folded_head  # type: ignore[attr-defined]
+            rewards = x @ w_u.to(acc) + b_u.to(acc)
     else:
         x = normed[rows, positions].to(acc)
         unembed = model.unembed  # type: ignore[attr-defined]

@@ -209,7 +209,7 @@ def ablation_check(
     """
     from tl_reward.model.inputs import as_items
 
-    model = as_sae_model(model)
+    model = as_sae_model(model, "ablation_check")
     items = as_items(inputs)
     attr = sae_attribution(model, sae, items, objectives=resolve_objectives(model, objective)[:1],
                            method=method, progress=progress)
@@ -238,7 +238,7 @@ def pair_ablation_check(
     """As :func:`ablation_check` for the margin ``r(chosen) - r(rejected)`` of preference
     pairs: the features with the largest ``|a_i(chosen) - a_i(rejected)|`` are ablated in both
     replies."""
-    model = as_sae_model(model)
+    model = as_sae_model(model, "pair_ablation_check")
     batch = as_pair_batch(model, pairs)
     pa = differential_sae_attribution(model, sae, batch,
                                       objectives=resolve_objectives(model, objective)[:1],

@@ -335,10 +335,10 @@ def sae_attribution(
     """
     from tl_reward.model.inputs import as_items
 
-    model = as_sae_model(model)
     check_sae(model, sae)
     check_affine_sae(sae)
     method = resolve_method(model, sae, method)
+    model = as_sae_model(model, "SAE attribution by gradient" if method == "gradient" else None)
     items = as_items(inputs)
     if not items:
         raise SAEError("no inputs to attribute")
@@ -371,7 +371,7 @@ def differential_sae_attribution(
 ) -> PairSAEAttribution:
     """:func:`sae_attribution` of both replies of each preference pair (``PreferencePair`` s,
     ``(prompt, chosen, rejected)`` tuples or a :class:`~tl_reward.data.pairs.PairBatch`)."""
-    model = as_sae_model(model)
+    model = as_sae_model(model, None)  # wrapped once; sae_attribution refuses what it must
     batch: PairBatch = as_pair_batch(model, pairs)
     kw: dict[str, Any] = dict(objectives=objectives, method=method, batch_size=batch_size,
                               progress=progress)

@@ -205,7 +205,7 @@ def feature_views(
     """
     from tl_reward.model.inputs import as_items
 
-    model = as_sae_model(model)
+    model = as_sae_model(model, "feature_views")
     hook = check_sae(model, sae)
     check_affine_sae(sae)
     feats = [int(f) for f in features]

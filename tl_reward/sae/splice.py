@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
+from tl_reward import tl_backend
 from tl_reward.errors import SAEError
 from tl_reward.model.readout import objective_at_pooled
 
@@ -26,18 +27,27 @@ def final_hook(model: Any) -> str:
     return f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
 
 
-def as_sae_model(model: Any) -> Any:
+def as_sae_model(model: Any, attaching: str | None = "attaching an SAE") -> Any:
     """``model`` as a :class:`~tl_reward.model.hooked_sae_reward_model.HookedSAERewardModel`
-    (a plain ``HookedRewardModel`` is rebuilt around the same parameter tensors, no copy)."""
+    (a plain ``HookedRewardModel`` is rebuilt around the same parameter tensors, no copy). A
+    ``TransformerBridge`` is returned as it is where no SAE is attached (``attaching=None``:
+    the exact split reads the residual and decodes it), and otherwise refused naming the
+    analysis ``attaching`` (SAELens's ``HookedSAETransformer`` attaches SAEs)."""
     from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
 
+    if tl_backend.is_bridge(model):
+        if attaching is not None:
+            tl_backend.require_hooked(model, attaching)
+        return model
     return HookedSAERewardModel.from_reward_model(model)
 
 
 def check_sae(model: Any, sae: Any) -> str:
     """The hook ``sae`` reads, after checking that it fits ``model`` (see
-    ``HookedSAERewardModel.check_sae``)."""
-    return as_sae_model(model).check_sae(sae)
+    ``HookedSAERewardModel.check_sae``, which reads only the hooks and config it names)."""
+    from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
+
+    return HookedSAERewardModel.check_sae(as_sae_model(model, None), sae)
 
 
 def check_affine_sae(sae: Any) -> None:
@@ -77,7 +87,7 @@ def run_objectives(
     ``start_at_layer`` when given."""
     n_layers = model.cfg.n_layers
     if resid is None:
-        final = model(tokens, attention_mask=mask, stop_at_layer=n_layers)
+        final = model.final_residual(tokens, mask)
     else:
         final = model(resid, start_at_layer=start_at_layer, tokens=tokens, attention_mask=mask,
                       stop_at_layer=n_layers)

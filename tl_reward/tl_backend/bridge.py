@@ -120,3 +120,21 @@ def build_reward_bridge(hf_model: torch.nn.Module, architecture: str | None = No
     bridge = build_bridge_from_module(hf_model, arch, hf_config=hf_model.config)
     bridge.__class__ = RewardBridge
     return bridge  # type: ignore[return-value]
+
+
+def is_bridge(model: object) -> bool:
+    """Whether ``model`` runs on TransformerLens's ``TransformerBridge``."""
+    return isinstance(model, TransformerBridge)
+
+
+def require_hooked(model: object, analysis: str) -> None:
+    """Refuse ``analysis`` on a ``TransformerBridge`` (it needs ``HookedTransformer`` itself:
+    its key/value prefix caches, ``HookedSAETransformer``), naming the fix."""
+    if is_bridge(model):
+        from tl_reward.errors import TLRewardError
+
+        raise TLRewardError(
+            f"{analysis} does not run on a TransformerBridge ({type(model).__name__}): it "
+            "needs HookedTransformer itself. Load the model with "
+            "HookedRewardModel.from_pretrained (TransformerLens 3) for it; see docs/bridge.md "
+            "for the analyses the bridge runs")

@@ -213,9 +213,15 @@ def continuation_method(model: Any, requested: str = "auto") -> str:
     """The prefix-cache method that reproduces ``model``'s forward: ``requested`` (``"auto"``
     picks ``"fast"`` where :func:`fast_cache_unsupported` allows), except that a module tree
     that is not stock (:func:`nonstock_module`) always gets TransformerLens's own cached
-    forward (``"stock"``), which calls every module. Says so once per model and reason."""
+    forward (``"stock"``), which calls every module. Says so once per model and reason. A
+    ``TransformerBridge`` gets ``"none"`` (every sequence run whole) and refuses the others."""
     if requested not in ("auto", "fast", "stock"):
         raise ValueError(f"method must be 'auto', 'fast' or 'stock', got {requested!r}")
+    from tl_reward.tl_backend.bridge import is_bridge, require_hooked
+
+    if requested == "auto" and is_bridge(model):
+        return "none"  # a bridge runs HF's forward, which has no prefix cache: each sequence
+    require_hooked(model, f"the {requested!r} prefix cache")
     if requested == "stock":
         return "stock"
     reason = nonstock_module(model)
