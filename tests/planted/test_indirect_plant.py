@@ -145,3 +145,6 @@ def test_bad_arguments_are_named() -> None:
         plant_indirect(hf, tok, " sky", counterfactual=" sky")
     with pytest.raises(TLRewardError, match="head must lie"):
         plant_indirect(hf, tok, " sky", head=4)
+    hf, tok = tiny_hf_reward_model("mistral")  # a 6-token window: far triggers go unseen
+    with pytest.raises(TLRewardError, match="sliding-window"):
+        plant_indirect(hf, tok, " sky")

@@ -141,7 +141,8 @@ def plant_indirect(
         calibration_steps: rescalings of the neuron's write towards a median shift of ``c``.
 
     Raises:
-        TLRewardError: if an argument is out of range or the model is too narrow.
+        TLRewardError: if an argument is out of range, the model is too narrow, or some
+            calibration sequence holding the trigger shifts by less than ``c / 4``.
     """
     check_llama_like(hf)
     cfg = hf.config
@@ -224,6 +225,11 @@ def plant_indirect(
             mlp.down_proj.weight[:, neuron] = (scale * direction).to(dt)
         shift = rewards(planted, with_trigger, objective) - base_r
         scale *= c / float(shift.median())
+    if float(shift.min()) < c / 4:
+        raise TLRewardError(
+            f"the plant shifts some calibration sequences holding the trigger by only "
+            f"{float(shift.min()):.3g} (target {c}): the head does not reach the trigger "
+            "there (sliding-window attention?)")
     logits = alpha * gaps
     src = f"a{head_layer}.h"
     edges = (("input", f"{src}{kv}", "k"), ("input", f"{src}{kv}", "v"),
