@@ -121,7 +121,7 @@ def circuit_html(edges: pd.DataFrame, node_effects: Mapping[str, float] | None, 
     for row in rows:
         y -= kv_gap if row[0] == "attn" else 0
         y_of[row] = y
-        y -= row_h
+        y -= row_h + (24 if row[0] == "input" else 0)  # room for the head labels
     height = _TOP - y_of[rows[-1]] + 40
     y_of = {r: v - y_of[rows[-1]] + _TOP for r, v in y_of.items()}
     dx = max(30.0, min(90.0, 720 / n_heads))
