@@ -139,6 +139,35 @@ def test_the_head_to_mlp_path_alone_carries_it() -> None:
         model.cfg.use_hook_mlp_in = False
 
 
+def test_input_edges_into_key_and_value_carry_it_and_the_query_none() -> None:
+    """Exact edge patching by hand: in the clean run, swap the input's contribution to one of
+    the head's q/k/v inputs for the corrupted one (block 0's input is the embedding alone)."""
+    t = planted().truth
+    (layer, head), model = t.head, hooked()
+    assert layer == 0
+    model.cfg.use_split_qkv_input = True
+    try:
+        for x, y in zip(*pairs(), strict=True):
+            embeds = [model.run_with_cache(z[None], return_type=None, names_filter="hook_embed")[1]
+                      ["hook_embed"] for z in (x, y)]
+            effect = {}
+            for qkv, index in (("q", head), ("k", t.kv_head), ("v", t.kv_head)):
+                def patch(z: torch.Tensor, hook: Any, i: int = index,
+                          d: torch.Tensor = embeds[1] - embeds[0]) -> torch.Tensor:
+                    z[:, :, i] += d
+                    return z
+
+                hook = (f"blocks.{layer}.hook_{qkv}_input", patch)
+                effect[qkv] = (_reward(x, [hook]) - _reward(x)) / (_reward(x) - _reward(y))
+            assert effect["v"] == pytest.approx(-1.0, abs=1e-4)  # the value: all of it
+            assert effect["k"] == pytest.approx(-1.0, abs=5e-3)  # the key: all but ~1/len^2
+            assert abs(effect["q"]) < 1e-4  # the query reads a coordinate the swap keeps
+            assert {e for e in t.edges if e[0] == "input"} == {
+                ("input", f"a{layer}.h{t.kv_head}", "k"), ("input", f"a{layer}.h{t.kv_head}", "v")}
+    finally:
+        model.cfg.use_split_qkv_input = False
+
+
 def test_bad_arguments_are_named() -> None:
     hf, tok = tiny_hf_reward_model("llama")
     with pytest.raises(TLRewardError, match="counterfactual must differ"):
