@@ -65,6 +65,15 @@ def test_embeds_the_top_edges_and_nothing_external() -> None:
         assert f"{name}: direct effect on the reward {eff[name]:+.4g}" in text
 
 
+def test_notebook_and_page(tmp_path: Path) -> None:
+    df, eff = _table()
+    view = circuit_html(df, eff, L, H, title="My <circuit>", n_kv_heads=KV)
+    assert view._repr_html_() == str(view) and "<h3>My &lt;circuit&gt;</h3>" in view
+    page = view.save(tmp_path / "c.html").read_text()
+    assert page.count("My &lt;circuit&gt;") == 2  # the page's <title> and <h1>, no <h3>
+    assert "<h1>My &lt;circuit&gt;</h1>" in page and "<h3>" not in page
+
+
 def test_bad_tables_are_named() -> None:
     df, eff = _table()
     with pytest.raises(TLRewardError, match="lacks columns"):
