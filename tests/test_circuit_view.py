@@ -80,6 +80,8 @@ def test_bad_tables_are_named() -> None:
         circuit_html(df.drop(columns="qkv"), eff, L, H)
     with pytest.raises(TLRewardError, match="outside the model"):
         circuit_html(df, eff, L, 2)
+    with pytest.raises(TLRewardError, match="key/value head >= n_kv_heads 1"):
+        circuit_html(df, eff, L, H, n_kv_heads=1)
     with pytest.raises(TLRewardError, match="unknown node"):
         circuit_html(df.assign(src="logits"), eff, L, H)
 
