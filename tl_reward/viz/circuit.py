@@ -105,7 +105,7 @@ def circuit_html(edges: pd.DataFrame, node_effects: Mapping[str, float] | None, 
     if bad:
         raise TLRewardError(f"qkv values {bad} unknown: use 'q', 'k', 'v' or ''")
     kv_rows = top["dst"][qkv.isin(["k", "v"]).to_numpy()]
-    if rep > 1 and any(int(d.split(".h")[1]) >= n_kv for d in kv_rows):
+    if rep > 1 and any(int(d.split(".h")[1]) >= n_kv for d in kv_rows if ".h" in d):
         raise TLRewardError(f"a k/v edge names a key/value head >= n_kv_heads {n_kv}")
     names = set(top["src"]) | set(top["dst"]) | set(effects)
     parsed = {n: _parse(n, n_layers, n_heads) for n in names}
