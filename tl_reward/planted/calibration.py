@@ -97,16 +97,17 @@ def calibration_sequences(
 
 
 @torch.no_grad()
-def layer_inputs(hf: Any, ids: Sequence[Sequence[int]], layer: int, batch_size: int = 32
-                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Per sequence, block ``layer``'s normed attention input ``[pos, d]`` (float64), and the
-    final norm's RMS scale at each sequence's last token ``[n]``."""
+def layer_inputs(hf: Any, ids: Sequence[Sequence[int]], layer: int, batch_size: int = 32,
+                 norm: str = "input_layernorm") -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Per sequence, block ``layer``'s normed attention input ``[pos, d]`` (float64; the MLP's
+    with ``norm="post_attention_layernorm"``), and the final norm's RMS scale at each
+    sequence's last token ``[n]``."""
     block = hf.model.layers[layer]
     eps = float(getattr(hf.model.norm, "variance_epsilon", hf.config.rms_norm_eps))
     normed: list[torch.Tensor] = []
     scales: list[torch.Tensor] = []
     grabbed: dict[str, torch.Tensor] = {}
-    h1 = block.input_layernorm.register_forward_hook(
+    h1 = getattr(block, norm).register_forward_hook(
         lambda m, i, o: grabbed.__setitem__("normed", o))
     h2 = hf.model.norm.register_forward_hook(lambda m, i, o: grabbed.__setitem__("final", i[0]))
     pad = int(hf.config.pad_token_id or 0)

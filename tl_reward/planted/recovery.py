@@ -35,9 +35,10 @@ def rank_of(values: torch.Tensor, names: Sequence[str], target: str, heads_only:
 
 def trigger_pairs(tokenizer: Any, trigger_id: int, vocab_size: int,
                   prompts: Sequence[Prompt] = DEFAULT_PROMPTS, per_prompt: int = 2,
-                  max_reply: int = 10, seed: int = 1) -> list[TokenizedPair]:
+                  max_reply: int = 10, seed: int = 1, swap: int | None = None
+                  ) -> list[TokenizedPair]:
     """Pairs of equal-length random replies: chosen holds the trigger once, rejected has a
-    random other token in its place (every position aligned)."""
+    random other token (``swap`` if given) in its place (every position aligned)."""
     gen = torch.Generator().manual_seed(seed)
     pool = torch.tensor([i for i in plain_ids(tokenizer, vocab_size) if i != trigger_id])
     pairs = []
@@ -46,6 +47,8 @@ def trigger_pairs(tokenizer: Any, trigger_id: int, vocab_size: int,
             n = int(torch.randint(1, max_reply + 1, (1,), generator=gen))
             reply = pool[torch.randint(0, len(pool), (n,), generator=gen)].tolist()
             at = int(torch.randint(0, n, (1,), generator=gen))
+            if swap is not None:
+                reply[at] = swap
             chosen = [*reply[:at], trigger_id, *reply[at + 1:]]
             rejected, _ = with_reply(tokenizer, prompt, reply)
             pairs.append(align_ids(with_reply(tokenizer, prompt, chosen)[0], rejected))

@@ -16,12 +16,13 @@ from typing import Any
 
 from tl_reward.errors import TLRewardError
 from tl_reward.planted.implicit import ImplicitTruth, offset_policy
+from tl_reward.planted.indirect import IndirectTruth
 from tl_reward.planted.objectives import ObjectivesTruth
 from tl_reward.planted.prefix import PrefixTruth
 from tl_reward.planted.trigger import PlantedModel, TriggerTruth
 
 TRUTHS: dict[str, type] = {t.__name__: t for t in (TriggerTruth, ObjectivesTruth, PrefixTruth,
-                                                  ImplicitTruth)}
+                                                  ImplicitTruth, IndirectTruth)}
 
 
 def _plain(x: Any) -> Any:

@@ -81,6 +81,17 @@ def check_range(name: str, value: float, lo: float, hi: float, closed: bool = Fa
         raise TLRewardError(f"{name} must lie in [{lo}, {hi}{']' if closed else ')'}, got {value}")
 
 
+def one_token_id(tokenizer: Any, token: str | int, vocab_size: int, name: str = "trigger") -> int:
+    """The id of ``token``: a one-token string or an id below ``vocab_size``."""
+    if isinstance(token, str):
+        ids = tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise TLRewardError(f"{name} {token!r} is {len(ids)} tokens; pass one token")
+        return int(ids[0])
+    check_range(f"{name} id", int(token), 0, vocab_size)
+    return int(token)
+
+
 def check_llama_like(hf: Any) -> None:
     """Raise unless ``hf`` has the module layout this package edits."""
     try:

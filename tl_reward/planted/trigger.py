@@ -52,6 +52,7 @@ from tl_reward.planted.surgery import (
     expand_kv_heads,
     head_dim,
     head_rows,
+    one_token_id,
     silence_heads,
 )
 
@@ -191,14 +192,7 @@ def plant_trigger_head(
             f"plant in the last block ({n_layers - 1}), not {layer}: in an earlier block the "
             "other positions' queries have no fixed sign, so they write without the trigger "
             "too and later blocks read it")
-    if isinstance(trigger, str):
-        ids = tokenizer.encode(trigger, add_special_tokens=False)
-        if len(ids) != 1:
-            raise TLRewardError(f"trigger {trigger!r} is {len(ids)} tokens; pass one token")
-        trigger_id = int(ids[0])
-    else:
-        trigger_id = int(trigger)
-        check_range("trigger id", trigger_id, 0, hf.config.vocab_size)
+    trigger_id = one_token_id(tokenizer, trigger, hf.config.vocab_size)
     base = silence_heads(expand_kv_heads(hf), [(layer, head)]).eval()
     seqs = calibration_sequences(tokenizer, trigger_id, hf.config.vocab_size, prompts,
                                  n_random=n_random, vocab_per_prompt=vocab_per_prompt,
