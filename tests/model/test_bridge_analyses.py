@@ -127,7 +127,7 @@ def _compare(m: Any, other: Any) -> dict[str, Any]:
     from tl_reward.compare.behaviour import compare_models
     from tl_reward.compare.layers import compare_layers
 
-    cmp = compare_models({"a": m, "b": other}, CORPUS, n_bootstrap=20)
+    cmp = compare_models({"a": m, "b": other}, CORPUS)
     layers = compare_layers(m, other, CORPUS, n_permutations=0)
     return {"rewards": cmp.rewards["a"],
             "readability": np.stack([r.predicted for r in cmp.readability]),
