@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, load_model, read_jsonl
+from tl_reward.cli.common import add_model_options, item_from_record, load_model, read_jsonl
 from tl_reward.errors import TLRewardError
 
 
@@ -27,14 +27,7 @@ def add_parser(sub: Any) -> None:
 def _read_jsonl(path: Path) -> tuple[list[Any], list[str]]:
     items, labels = [], []
     for i, (where, rec) in enumerate(read_jsonl(path)):
-        if "messages" in rec:
-            items.append(rec["messages"])
-        elif "prompt" in rec and "response" in rec:
-            items.append((rec["prompt"], rec["response"]))
-        elif "text" in rec:
-            items.append(rec["text"])
-        else:
-            raise TLRewardError(f"{where}: need 'messages', 'prompt'+'response' or 'text'")
+        items.append(item_from_record(rec, where))
         labels.append(str(rec.get("id", i)))
     return items, labels
 
