@@ -31,11 +31,7 @@ from tl_reward.errors import ContextLengthError, TLRewardError, UnknownObjective
 from tl_reward.model.fingerprint import model_fingerprint, tokenizer_fingerprint
 from tl_reward.model.heads import objective_slot
 from tl_reward.model.readout import read_rewards
-from tl_reward.model.response_template import (
-    Prompt,
-    ResponseTemplate,
-    prompt_conversation,
-)
+from tl_reward.model.response_template import Prompt, ResponseTemplate, prompt_conversation
 from tl_reward.results import ShortRepr
 from tl_reward.sweep.store import (
     SweepSpec,
