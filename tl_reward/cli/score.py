@@ -24,17 +24,11 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def _read_jsonl(path: Path) -> tuple[list[Any], list[str]]:
-    items, labels = [], []
-    for i, (where, rec) in enumerate(read_jsonl(path)):
-        items.append(item_from_record(rec, where))
-        labels.append(str(rec.get("id", i)))
-    return items, labels
-
-
 def run(args: argparse.Namespace) -> int:
     if args.input:
-        items, labels = _read_jsonl(args.input)
+        records = read_jsonl(args.input)
+        items = [item_from_record(rec, where) for where, rec in records]
+        labels = [str(rec.get("id", i)) for i, (_, rec) in enumerate(records)]
     elif args.prompt and args.response:
         items = [(args.prompt, r) for r in args.response]
         labels = [r[:40] for r in args.response]
