@@ -164,17 +164,14 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
                   "triples; their biased texts also change content. n per dimension is 1-3, "
                   "so its \"Cohen's d\" is infinite at n = 1 and no p-value can reach 0.05 at "
                   "n = 2 (the smallest exact sign-flip p is 0.5).</p>", pub.table]
-    if executor is not None:  # load the model here only when a geometry section needs it
-        n_obj = len([n for n in rep.reward_names if n != "score"])
-        if not (concepts or n_obj >= 2):
-            model = None
-        else:
+    n_obj = len([n for n in rep.reward_names if n != "score"])
+    if executor is None or concepts or n_obj >= 2:  # with an executor: only if a section needs it
+        if executor is not None:  # the workers hold the model: load it here too
             import torch
 
             from tl_reward.scale.executors import as_spec
 
             model = as_spec(model).load("cuda" if torch.cuda.is_available() else "cpu")
-    if model is not None:
         parts += _geometry_parts(model, rep, items, concepts, batch_size, seed)
     raw = rep.rows.drop(columns=[c for c in rep.rows.columns if c.startswith("neutral_user")])
     parts += ["<h2>Evidence: first 200 per-item rows</h2>",
