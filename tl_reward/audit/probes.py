@@ -66,12 +66,14 @@ def reward_names(model: Any) -> list[str]:
 
 
 # -- the raw table ---------------------------------------------------------------------------
-def _rows_for_item(item: ProbeItem, dims: Sequence[Dimension], seed: int) -> list[dict[str, Any]]:
-    natural = ProbeEdit(item.user_turn, item.reply, item.user_turn, item.reply)
-    edits = [(NATURAL, natural), *((d.name, d.apply(item, seed)) for d in dims)]
-    return [{"dimension": name, "item_id": item.item_id, "source": item.source,
+def chunk_rows(chunk: Sequence[ProbeItem], dims: Sequence[Dimension], seed: int
+               ) -> list[dict[str, Any]]:
+    """The unscored rows of a chunk of items (natural row, then one per dimension, per item)."""
+    return [{"dimension": name, "item_id": it.item_id, "source": it.source,
              "applied": e is not None, **asdict(e or ProbeEdit("", "", "", ""))}
-            for name, e in edits]
+            for it in chunk
+            for name, e in [(NATURAL, ProbeEdit(it.user_turn, it.reply, it.user_turn, it.reply)),
+                            *((d.name, d.apply(it, seed)) for d in dims)]]
 
 
 def score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, Any]],
@@ -87,14 +89,9 @@ def score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, Any
             convs.append(item.conversation(reply=reply, user_turn=user))
         return keys[k]
 
-    idx = []
-    for r in rows:
-        if r["applied"]:
-            it = items[r["item_id"]]
-            idx.append((key_of(it, r["neutral_user"], r["neutral_reply"]),
-                        key_of(it, r["perturbed_user"], r["perturbed_reply"])))
-        else:
-            idx.append(None)
+    idx = [(key_of(items[r["item_id"]], r["neutral_user"], r["neutral_reply"]),
+            key_of(items[r["item_id"]], r["perturbed_user"], r["perturbed_reply"]))
+           if r["applied"] else None for r in rows]
     res = model.rewards(convs, batch_size=batch_size, progress=False) if convs else None
     values = {n: res.values(n).double().numpy() for n in names} if res is not None else {}
     df = pd.DataFrame(rows)
@@ -361,12 +358,6 @@ def score_chunks(worker: Worker, spec: Spec,
         worker.checkpoint(j, len(chunks))
         out.append(score_rows(model, by_id, rows, names, batch_size))
     return out
-
-
-def chunk_rows(chunk: Sequence[ProbeItem], dims: Sequence[Dimension], seed: int
-               ) -> list[dict[str, Any]]:
-    """The unscored rows of a chunk of items (natural row, then one per dimension, per item)."""
-    return [r for it in chunk for r in _rows_for_item(it, dims, seed)]
 
 
 def probe_identity(model_part: RunIdentity, names: list[str], dims: Sequence[Dimension],

@@ -3,8 +3,8 @@
 The report holds the probe table (per dimension: n, mean delta with CI, effect size, sign-flip
 p, Benjamini-Hochberg adjusted p, natural-sd units), the forest plots, the distortion index
 (ours and the published one), the misalignment cascade over matched items, the published
-probes with their "Cohen's d" beside ours and, when the geometry analyses are installed
-(``tl_reward.audit.conflict`` / ``concepts``), the conflict matrix. Probe runs are resumable:
+probes with their "Cohen's d" beside ours and, for a model of two or more objectives, the
+conflict matrix (``--concepts``: each dimension's concept alignment). Probe runs are resumable:
 finished chunks live in ``--runs`` (default ``<output>.runs``), so a killed audit started
 again with the same arguments continues where it stopped.
 
@@ -24,9 +24,11 @@ from typing import Any
 from tl_reward.cli.common import (
     add_model_options,
     add_ray_options,
+    add_report_options,
     load_model,
     ray_executor,
     read_jsonl,
+    write_report,
 )
 from tl_reward.errors import TLRewardError
 
@@ -60,10 +62,8 @@ def add_parser(sub: Any) -> None:
                    help="skip scoring the 10 published reward-lens probes")
     p.add_argument("--concepts", action="store_true",
                    help="also fit a concept vector per dimension and its alignment with the "
-                        "reward (needs tl_reward.audit.concepts; slower)")
-    p.add_argument("--cdn", action="store_true",
-                   help="load plotly from a CDN (smaller file, needs a network to view)")
-    p.add_argument("--output", type=Path, default=Path("audit.html"), help="HTML report path")
+                        "reward (slower)")
+    add_report_options(p, "audit.html")
     add_ray_options(p, "the probe battery's chunks of items")
     p.set_defaults(run=run)
 
@@ -164,17 +164,14 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
                   "triples; their biased texts also change content. n per dimension is 1-3, "
                   "so its \"Cohen's d\" is infinite at n = 1 and no p-value can reach 0.05 at "
                   "n = 2 (the smallest exact sign-flip p is 0.5).</p>", pub.table]
-    if executor is not None:  # load the model here only when a geometry section needs it
-        n_obj = len([n for n in rep.reward_names if n != "score"])
-        if not (concepts or (n_obj >= 2 and _has_conflict())):
-            model = None
-        else:
+    n_obj = len([n for n in rep.reward_names if n != "score"])
+    if executor is None or concepts or n_obj >= 2:  # with an executor: only if a section needs it
+        if executor is not None:  # the workers hold the model: load it here too
             import torch
 
             from tl_reward.scale.executors import as_spec
 
             model = as_spec(model).load("cuda" if torch.cuda.is_available() else "cpu")
-    if model is not None:
         parts += _geometry_parts(model, rep, items, concepts, batch_size, seed)
     raw = rep.rows.drop(columns=[c for c in rep.rows.columns if c.startswith("neutral_user")])
     parts += ["<h2>Evidence: first 200 per-item rows</h2>",
@@ -182,27 +179,17 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
     return parts
 
 
-def _has_conflict() -> bool:
-    try:
-        import tl_reward.audit.conflict  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _geometry_parts(model: Any, rep: Any, items: list[Any], concepts: bool, batch_size: int,
                     seed: int) -> list[Any]:
-    """Conflict (K >= 2 objectives) and per-dimension concept alignments, when the geometry
-    analyses (``tl_reward.audit.conflict`` / ``concepts``) are installed."""
+    """Conflict (K >= 2 objectives) and, with ``concepts``, per-dimension concept alignments."""
     import pandas as pd
+
+    from tl_reward.audit.concepts import concept_alignment, concept_vector
+    from tl_reward.audit.conflict import behavioural_conflict, geometric_conflict
 
     parts: list[Any] = []
     corpus = [it.conversation() for it in items]
-    try:
-        from tl_reward.audit.conflict import behavioural_conflict, geometric_conflict
-    except ImportError:
-        geometric_conflict = None  # type: ignore[assignment]
-    if geometric_conflict is not None and len(model.objectives) >= 2:
+    if len(model.objectives) >= 2:
         res = geometric_conflict(model, corpus=corpus, n_bootstrap=100, seed=seed,
                                  batch_size=batch_size)
         res = res + behavioural_conflict(model, corpus=corpus, seed=seed, batch_size=batch_size)
@@ -214,10 +201,6 @@ def _geometry_parts(model: Any, rep: Any, items: list[Any], concepts: bool, batc
                   *[res.plot(v) for v in res.views], res.to_dataframe()]
     if not concepts:
         return parts
-    try:
-        from tl_reward.audit.concepts import concept_alignment, concept_vector
-    except ImportError:
-        return parts + ["<p>Concept alignments need tl_reward.audit.concepts.</p>"]
     by_id = {it.item_id: it for it in items}
     rows = []
     for dim in rep.dimensions:
@@ -241,8 +224,6 @@ def _geometry_parts(model: Any, rep: Any, items: list[Any], concepts: bool, batc
 
 def run(args: argparse.Namespace) -> int:
     items = collect_items(args)
-    from tl_reward.viz.html import save_html
-
     dims = [d.strip() for d in args.dimensions.split(",")] if args.dimensions else None
     runs = args.runs or args.output.with_name(args.output.name + ".runs")
     t0 = time.time()
@@ -257,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         parts = build_report(load_model(args), items, dims, args.objective, runs, args.seed,
                              args.batch_size, args.resamples, not args.no_published,
                              args.concepts)
-    path = save_html(args.output, *parts, title="Reward model audit", offline=not args.cdn)
+    path = write_report(args, parts, "Reward model audit")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) in {time.time() - t0:.0f} s; "
           f"probe chunks in {runs}{' (Ray)' if args.ray else ''}")
     return 0

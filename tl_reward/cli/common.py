@@ -73,6 +73,21 @@ def require_objective(model: Any, objective: str | None) -> None:
                             "score; choose one with --objective NAME")
 
 
+def add_report_options(parser: argparse.ArgumentParser, output: str,
+                       cdn: str = "load plotly from a CDN") -> None:
+    """``--cdn`` and ``--output`` (an HTML report, default ``output``)."""
+    parser.add_argument("--cdn", action="store_true",
+                        help=f"{cdn} (smaller file, needs a network to view)")
+    parser.add_argument("--output", type=Path, default=Path(output), help="HTML report path")
+
+
+def write_report(args: argparse.Namespace, parts: list[Any], title: str) -> Path:
+    """Write ``parts`` to ``--output`` as one HTML file (offline unless ``--cdn``)."""
+    from tl_reward.viz.html import save_html
+
+    return save_html(args.output, *parts, title=title, offline=not args.cdn)
+
+
 def add_ray_options(parser: argparse.ArgumentParser, what: str,
                     resume: str = "rerun the same command after an interruption to resume"
                     ) -> argparse._ArgumentGroup:
@@ -105,6 +120,20 @@ def ray_executor(args: argparse.Namespace, threads: int | None = None,
     return RayExecutor(address=args.address, num_workers=args.workers,
                        num_gpus=args.gpus_per_worker, num_cpus=args.cpus_per_worker,
                        threads=threads)
+
+
+def item_from_record(rec: dict[str, Any], where: str, also: str = "") -> Any:
+    """A corpus item from one JSONL record: ``messages`` (a conversation), ``prompt`` and
+    ``response``, or ``text``; ``also`` names what else the caller accepts, for the error."""
+    from tl_reward.errors import TLRewardError
+
+    if "messages" in rec:
+        return rec["messages"]
+    if "prompt" in rec and "response" in rec:
+        return rec["prompt"], rec["response"]
+    if "text" in rec:
+        return rec["text"]
+    raise TLRewardError(f"{where}: need 'messages', 'prompt'+'response' or 'text'{also}")
 
 
 def pair_from_record(rec: dict[str, Any], where: str) -> Any:

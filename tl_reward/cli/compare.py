@@ -16,9 +16,13 @@ from typing import Any
 from tl_reward.cli.common import (
     add_device_options,
     add_ray_options,
+    add_report_options,
+    item_from_record,
     load_model,
+    pair_from_record,
     ray_executor,
     read_jsonl,
+    write_report,
 )
 from tl_reward.errors import TLRewardError
 
@@ -36,7 +40,7 @@ def add_parser(sub: Any) -> None:
                    help="a reward model (hub name, local directory or built-in name); give at "
                         "least two")
     p.add_argument("--input", type=Path, required=True, help="JSONL corpus and/or pairs")
-    p.add_argument("--output", type=Path, default=Path("compare.html"), help="HTML report path")
+    add_report_options(p, "compare.html")
     add_device_options(p)
     p.add_argument("--max-items", type=int, default=None, help="use the first N lines only")
     p.add_argument("--layers", action="store_true",
@@ -51,8 +55,6 @@ def add_parser(sub: Any) -> None:
                    help="'score' or an objective name: once for every model, or once per "
                         "--model in the same order (default: score)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--cdn", action="store_true",
-                   help="load plotly from a CDN (smaller file, needs a network to view)")
     add_ray_options(p, "every forward pass: one unit per model for the behavioural part, "
                        "units of 4 batches for the --layers activations",
                     resume="a dead actor is restarted and its unit retried (nothing is kept on "
@@ -74,26 +76,14 @@ def _objectives(given: list[str] | None, names: list[str]) -> str | dict[str, st
 
 def read_compare_input(path: Path, limit: int | None = None) -> tuple[list[Any], list[Any]]:
     """``(corpus items, preference pairs)`` from a JSONL file (see the command's help)."""
-    from tl_reward.data.preference import PreferencePair
-
     corpus: list[Any] = []
-    pairs: list[PreferencePair] = []
+    pairs: list[Any] = []
     for where, rec in read_jsonl(path, limit):
         if {"prompt", "chosen", "rejected"} <= rec.keys():
-            prompt = rec["prompt"]
-            msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-            pair = PreferencePair(prompt=msgs, chosen=rec["chosen"], rejected=rec["rejected"])
-            pairs.append(pair)
-            corpus.append(pair.chosen_conversation())
-        elif "messages" in rec:
-            corpus.append(rec["messages"])
-        elif "prompt" in rec and "response" in rec:
-            corpus.append((rec["prompt"], rec["response"]))
-        elif "text" in rec:
-            corpus.append(rec["text"])
+            pairs.append(pair_from_record(rec, where))
+            corpus.append(pairs[-1].chosen_conversation())
         else:
-            raise TLRewardError(f"{where}: need 'messages', 'prompt'+'response', 'text', "
-                                "or 'prompt'+'chosen'+'rejected'")
+            corpus.append(item_from_record(rec, where, ", or 'prompt'+'chosen'+'rejected'"))
     if len(corpus) < 10:
         raise TLRewardError(f"{path} gives {len(corpus)} items; comparing models needs at "
                             "least 10 (readability uses 5-fold cross-validation)")
@@ -165,7 +155,6 @@ def run(args: argparse.Namespace) -> int:
     executor = ray_executor(args) if args.ray else None  # checks --device first
     corpus, pairs = read_compare_input(args.input, args.max_items)
     from tl_reward.scale.executors import ModelSpec
-    from tl_reward.viz.html import save_html
 
     taken: set[str] = set()
     names = [_name(m, taken) for m in args.model]
@@ -177,7 +166,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         models = {n: load_model(args, m) for n, m in zip(names, args.model, strict=True)}
         parts = build_report(models, corpus, pairs, args)
-    path = save_html(args.output, *parts, title="Do these reward models agree?",
-                     offline=not args.cdn)
+    path = write_report(args, parts, "Do these reward models agree?")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0

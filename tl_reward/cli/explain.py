@@ -10,15 +10,18 @@ patching.
 from __future__ import annotations
 
 import argparse
+import html
 from pathlib import Path
 from typing import Any
 
 from tl_reward.cli.common import (
     add_model_options,
+    add_report_options,
     load_model,
     pair_from_record,
     read_jsonl,
     require_objective,
+    write_report,
 )
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
@@ -43,10 +46,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--top-k", type=int, default=12, help="components and heads to show")
     p.add_argument("--patching", action="store_true",
                    help="also run whole-sublayer noising and direct-path patching (slower)")
-    p.add_argument("--cdn", action="store_true",
-                   help="load plotly/circuitsvis JavaScript from CDNs (smaller file, needs a "
-                        "network to view)")
-    p.add_argument("--output", type=Path, default=Path("explain.html"), help="HTML report path")
+    add_report_options(p, "explain.html", cdn="load plotly/circuitsvis JavaScript from CDNs")
     p.set_defaults(run=run)
 
 
@@ -99,8 +99,9 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
     heads = [(int(i) // n_heads, int(i) % n_heads) for i in flat]
     last = pair.prompt[-1]["content"] if pair.prompt else ""
     parts: list[Any] = [
-        f"<p><b>Prompt (last turn):</b> {_esc(last)}<br><b>Chosen:</b> {_esc(pair.chosen)}"
-        f"<br><b>Rejected:</b> {_esc(pair.rejected)}</p>", summary,
+        f"<p><b>Prompt (last turn):</b> {html.escape(last)}<br><b>Chosen:</b> "
+        f"{html.escape(pair.chosen)}<br><b>Rejected:</b> {html.escape(pair.rejected)}</p>",
+        summary,
         "<h2>Differential reward lens</h2><p>D_l = r_l(chosen) - r_l(rejected) after each "
         "layer. Frozen scale: consecutive differences are each block's exact contribution; "
         "recompute: the final norm applied afresh (logit-lens convention).</p>",
@@ -138,12 +139,6 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
     return parts
 
 
-def _esc(text: str) -> str:
-    import html
-
-    return html.escape(text)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.input:
         pair = read_pair(args.input, args.line)
@@ -151,11 +146,7 @@ def run(args: argparse.Namespace) -> int:
         pair = PreferencePair.from_prompt(args.prompt, args.chosen, args.rejected)
     else:
         raise TLRewardError("pass --prompt, --chosen and --rejected, or --input FILE.jsonl")
-    model = load_model(args)
-    from tl_reward.viz.html import save_html
-
-    parts = build_report(model, pair, args.objective, args.top_k, args.patching)
-    path = save_html(args.output, *parts, title="Why does the reward model prefer this reply?",
-                     offline=not args.cdn)
+    parts = build_report(load_model(args), pair, args.objective, args.top_k, args.patching)
+    path = write_report(args, parts, "Why does the reward model prefer this reply?")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0

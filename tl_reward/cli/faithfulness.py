@@ -13,7 +13,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, load_model, read_pairs
+from tl_reward.cli.common import (
+    add_model_options,
+    add_report_options,
+    load_model,
+    read_pairs,
+    write_report,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -32,16 +38,12 @@ def add_parser(sub: Any) -> None:
                    help="one file per finished pair; rerun to resume (default: no cache)")
     p.add_argument("--permutations", type=int, default=9_999,
                    help="random sign patterns of the test and its interval beyond 20 pairs")
-    p.add_argument("--cdn", action="store_true",
-                   help="load plotly from a CDN (smaller file, needs a network to view)")
-    p.add_argument("--output", type=Path, default=Path("faithfulness.html"),
-                   help="HTML report path")
+    add_report_options(p, "faithfulness.html")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tl_reward.analysis.faithfulness import faithfulness_report
-    from tl_reward.viz.html import save_html
 
     pairs = read_pairs(args.input, args.max_pairs)
     model = load_model(args)
@@ -52,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
     parts = [f"<p>{args.model}: {len(rep)} pairs scored, {len(skipped)} skipped (zero margin), "
              f"{len(rep.names)} {args.level} components, objective {rep.objective}.</p>",
              "<h2>Mean Spearman rho per pairing</h2>", rep.plot(), table]
-    path = save_html(args.output, *parts, title="Does attribution predict patching?",
-                     offline=not args.cdn)
+    path = write_report(args, parts, "Does attribution predict patching?")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"wrote {path}")
     return 0

@@ -14,7 +14,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_device_options, apply_threads, load_model, read_pairs
+from tl_reward.cli.common import (
+    add_device_options,
+    add_report_options,
+    apply_threads,
+    load_model,
+    read_pairs,
+    write_report,
+)
 from tl_reward.errors import TLRewardError
 
 
@@ -36,9 +43,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rm", default=None, help="an explicit reward model to compare margins with")
     p.add_argument("--batch-size", type=int, default=8)
     add_device_options(p)
-    p.add_argument("--cdn", action="store_true",
-                   help="load plotly from a CDN (smaller file, needs a network to view)")
-    p.add_argument("--output", type=Path, default=Path("irm.html"), help="HTML report path")
+    add_report_options(p, "irm.html")
     p.set_defaults(run=run)
 
 
@@ -76,7 +81,6 @@ def run(args: argparse.Namespace) -> int:
 
     from tl_reward.irm.implicit import implicit_rewards
     from tl_reward.irm.sweep import irm_vocab_sweep
-    from tl_reward.viz.html import save_html
     from tl_reward.viz.irm import plot_token_contributions
 
     apply_threads(args)
@@ -108,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
         sweep = irm_vocab_sweep(policy, reference, list(args.prompt), args.beta, tokenizer=tok,
                                 progress=True).to_vocab_sweep()
         parts += ["<h2>Tokens as the whole reply</h2>", sweep.plot(k=args.top)]
-    path = save_html(args.output, *parts, title="Implicit reward of a tuned policy",
-                     offline=not args.cdn)
+    path = write_report(args, parts, "Implicit reward of a tuned policy")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"chosen preferred on {acc:.3f} of {len(pairs)} pairs; wrote {path}")
     return 0

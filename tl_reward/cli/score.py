@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, load_model, read_jsonl
+from tl_reward.cli.common import add_model_options, item_from_record, load_model, read_jsonl
 from tl_reward.errors import TLRewardError
 
 
@@ -24,24 +24,11 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def _read_jsonl(path: Path) -> tuple[list[Any], list[str]]:
-    items, labels = [], []
-    for i, (where, rec) in enumerate(read_jsonl(path)):
-        if "messages" in rec:
-            items.append(rec["messages"])
-        elif "prompt" in rec and "response" in rec:
-            items.append((rec["prompt"], rec["response"]))
-        elif "text" in rec:
-            items.append(rec["text"])
-        else:
-            raise TLRewardError(f"{where}: need 'messages', 'prompt'+'response' or 'text'")
-        labels.append(str(rec.get("id", i)))
-    return items, labels
-
-
 def run(args: argparse.Namespace) -> int:
     if args.input:
-        items, labels = _read_jsonl(args.input)
+        records = read_jsonl(args.input)
+        items = [item_from_record(rec, where) for where, rec in records]
+        labels = [str(rec.get("id", i)) for i, (_, rec) in enumerate(records)]
     elif args.prompt and args.response:
         items = [(args.prompt, r) for r in args.response]
         labels = [r[:40] for r in args.response]

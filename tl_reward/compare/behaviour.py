@@ -139,20 +139,17 @@ class BehaviourComparison(ShortRepr):
         """One row per model pair and measure: value, CI, p-value, n, method."""
         rows: list[dict[str, Any]] = [r for ra in self.rank for r in ra.to_dataframe().to_dict(
             "records")]
-        for p in self.preference:
-            rows.append({"model_a": p.model_a, "model_b": p.model_b,
-                         "measure": "preference_agreement", **p.agreement.to_dict()})
-        for r in self.readability:
-            rows.append({"model_a": r.source, "model_b": r.target,
-                         "measure": f"readability_r2 ({r.hook})",
-                         **Estimate(r.r2, n=r.n, method="ridge, held-out R^2").to_dict()})
-        if self.vocabulary is not None:
-            for _, v in self.vocabulary.to_dataframe().iterrows():
-                for m in ("kendall_tau_b", "spearman_rho", "rbo_top", "rbo_bottom"):
-                    rows.append({"model_a": v.model_a, "model_b": v.model_b,
-                                 "measure": f"vocabulary_{m}", **Estimate(
-                                     float(v[m]), n=int(v.n_shared),
-                                     method="vocabulary sweep").to_dict()})
+        rows += [{"model_a": p.model_a, "model_b": p.model_b, "measure": "preference_agreement",
+                  **p.agreement.to_dict()} for p in self.preference]
+        rows += [{"model_a": r.source, "model_b": r.target,
+                  "measure": f"readability_r2 ({r.hook})",
+                  **Estimate(r.r2, n=r.n, method="ridge, held-out R^2").to_dict()}
+                 for r in self.readability]
+        vocab = [] if self.vocabulary is None else self.vocabulary.to_dataframe().itertuples()
+        rows += [{"model_a": v.model_a, "model_b": v.model_b, "measure": f"vocabulary_{m}",
+                  **Estimate(float(getattr(v, m)), n=int(v.n_shared),
+                             method="vocabulary sweep").to_dict()}
+                 for v in vocab for m in ("kendall_tau_b", "spearman_rho", "rbo_top", "rbo_bottom")]
         return pd.DataFrame(rows)
 
     def plot(self) -> Any:

@@ -37,11 +37,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from tl_reward.compare.similarity import (
-    MEASURES,
-    permutations,
-    transform_gram,
-)
+from tl_reward.compare.similarity import MEASURES, permutations, transform_gram
 from tl_reward.errors import TLRewardError
 from tl_reward.model.inputs import EncodedInput, collate, encode
 from tl_reward.model.pooling import pool_positions as pool_by_rule

@@ -108,15 +108,11 @@ def transform_gram(k: np.ndarray, measure: str) -> np.ndarray:
     """The transformed Gram whose cosine is ``measure``; ``k`` is the **centred-data** Gram
     (``gram(x, centre=True)``) for every measure but ``linear_cka``, which centres ``k`` itself
     (idempotent on an already centred Gram)."""
-    if measure == "rv":
-        return k
-    if measure == "rv2":
-        return zero_diagonal(k)
-    if measure == "linear_cka":
-        return double_centre(k)
-    if measure == "debiased_cka":
-        return u_centre(k)
-    raise TLRewardError(f"unknown measure {measure!r}; choose one of {MEASURES}")
+    transforms = {"rv": np.asarray, "rv2": zero_diagonal, "linear_cka": double_centre,
+                  "debiased_cka": u_centre}
+    if measure not in transforms:
+        raise TLRewardError(f"unknown measure {measure!r}; choose one of {MEASURES}")
+    return transforms[measure](k)
 
 
 def gram_cosine(a: np.ndarray, b: np.ndarray) -> float:

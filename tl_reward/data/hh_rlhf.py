@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,8 @@ def parse_dialogue(text: str) -> Conversation:
     parts = _TURN.split(text)
     if len(parts) < 3:
         raise ValueError(f"not an HH-RLHF dialogue (no 'Human:'/'Assistant:' turns): {text[:80]!r}")
-    msgs: Conversation = []
-    for speaker, content in zip(parts[1::2], parts[2::2], strict=True):
-        msgs.append(Message(role=_ROLE[speaker], content=content.strip()))
-    return msgs
+    return [Message(role=_ROLE[speaker], content=content.strip())
+            for speaker, content in zip(parts[1::2], parts[2::2], strict=True)]
 
 
 @dataclass
@@ -93,14 +92,7 @@ def load_hh_rlhf(source: str | Path | Any, limit: int | None = None, skip_invali
     elif isinstance(source, (str, Path)):
         import datasets
 
-        ds = datasets.load_dataset(str(source), split=split)
-        records = iter(ds)
+        records = datasets.load_dataset(str(source), split=split)
     else:
-        ds = source[split] if hasattr(source, "keys") and split in source.keys() else source
-        records = iter(ds)
-    out: list[PreferencePair] = []
-    for pair in iter_hh_records(records, report, skip_invalid):
-        out.append(pair)
-        if limit is not None and len(out) >= limit:
-            break
-    return out
+        records = source[split] if hasattr(source, "keys") and split in source.keys() else source
+    return list(islice(iter_hh_records(records, report, skip_invalid), limit))

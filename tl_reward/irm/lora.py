@@ -25,9 +25,8 @@ def peft_state_to_adapter(state: Mapping[str, torch.Tensor]) -> dict[str, torch.
         for part in ("lora_A", "lora_B"):
             tail = f".{part}.weight"
             if key.endswith(tail):
-                name = key[: -len(tail)]
-                name = name.removeprefix("base_model.model.")
-                name = name.replace(f".{part}.default", "")
+                name = (key[: -len(tail)].removeprefix("base_model.model.")
+                        .replace(f".{part}.default", ""))
                 out[f"{name}.{part}"] = value.detach().contiguous()
     if not out:
         raise TLRewardError("no LoRA weights (keys ending in lora_A/lora_B.weight) in this state")

@@ -177,8 +177,7 @@ def reconstruct_utilities(
     folds = GroupKFold(n_splits=n_folds).split(x[perm], y[perm], g[perm])
     for tr, te in folds:
         tr, te = perm[tr], perm[te]
-        model = make_pipeline(StandardScaler(), RidgeCV(alphas=grid))
-        model.fit(x[tr], y[tr])
+        model = make_pipeline(StandardScaler(), RidgeCV(alphas=grid)).fit(x[tr], y[tr])
         pred[te] = model.predict(x[te])
         chosen.append(float(model[-1].alpha_))
     r2 = 1 - float(((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum())
@@ -234,13 +233,11 @@ def lexicon_tokens(tokenizer: Any, lexicon: dict[str, float], vocab: int | None 
                    ) -> tuple[list[int], list[str], np.ndarray]:
     """Token ids whose decoded word is in ``lexicon``: ids, words and utilities."""
     from tl_reward.sweep.lexicon import token_word
-    from tl_reward.sweep.vocab_sweep import special_token_ids
+    from tl_reward.sweep.vocab_sweep import vocabulary_ids
 
-    special = special_token_ids(tokenizer)
-    n = min(len(tokenizer), vocab or len(tokenizer))
     ids, words, utils = [], [], []
-    for i in range(n):
-        w = None if i in special else token_word(tokenizer.decode([i]))
+    for i in vocabulary_ids(tokenizer, vocab or len(tokenizer)):
+        w = token_word(tokenizer.decode([i]))
         if w is not None and w in lexicon:
             ids.append(i)
             words.append(w)

@@ -28,7 +28,7 @@ from tl_reward.errors import TLRewardError
 from tl_reward.irm.models import hooked_logits, is_hooked, model_device
 from tl_reward.model.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.results import ShortRepr
-from tl_reward.sweep.vocab_sweep import VocabSweep, special_token_ids
+from tl_reward.sweep.vocab_sweep import VocabSweep, vocabulary_ids
 
 
 @dataclass(repr=False)
@@ -80,14 +80,6 @@ class IrmVocabSweep(ShortRepr):
     def plot(self, k: int = 15) -> Any:
         """Top and bottom ``k`` tokens of every prompt by implicit reward (plotly)."""
         return self.to_vocab_sweep().plot(k)
-
-
-def default_candidates(tokenizer: Any, vocab: int, include_special: bool = False) -> list[int]:
-    """Every id the tokenizer defines below ``vocab``, special tokens dropped by default."""
-    pool = set(range(min(len(tokenizer), vocab)))
-    if not include_special:
-        pool -= special_token_ids(tokenizer)
-    return sorted(pool)
 
 
 class _PrefixRunner:
@@ -163,7 +155,7 @@ def irm_vocab_sweep(
         plist = list(prompts)  # type: ignore[arg-type]
         labels = [f"prompt{i}" for i in range(len(plist))]
     vocab = int(policy.cfg.d_vocab_out if is_hooked(policy) else policy.config.vocab_size)
-    cand = sorted({int(i) for i in ids}) if ids is not None else default_candidates(
+    cand = sorted({int(i) for i in ids}) if ids is not None else vocabulary_ids(
         tok, vocab, include_special)
     if not cand or cand[0] < 0 or cand[-1] >= vocab:
         raise TLRewardError(f"candidate ids must be a non-empty subset of [0, {vocab})")

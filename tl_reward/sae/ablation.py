@@ -34,12 +34,7 @@ from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import resolve_objectives
 from tl_reward.results import ShortRepr
 from tl_reward.sae.attribution import differential_sae_attribution, sae_attribution
-from tl_reward.sae.splice import (
-    as_sae_model,
-    decoder_directions,
-    resid_post_layer,
-    run_objectives,
-)
+from tl_reward.sae.splice import as_sae_model, decoder_directions, resid_post_layer, run_objectives
 
 
 @dataclass(repr=False)

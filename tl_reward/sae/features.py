@@ -78,13 +78,8 @@ def top_features(
     ``pairs``, for every requested objective (see :func:`differential_sae_attribution`)."""
     pa = differential_sae_attribution(model, sae, pairs, objectives=objectives, method=method,
                                       batch_size=batch_size, progress=progress)
-    tables = []
-    for obj in pa.objectives:
-        t = pa.top_features(k, obj)
-        t.insert(0, "rank", range(len(t)))
-        t.insert(0, "objective", obj)
-        tables.append(t)
-    return TopFeatures(pd.concat(tables, ignore_index=True), pa)
+    tables = {obj: pa.top_features(k, obj) for obj in pa.objectives}
+    return TopFeatures(pd.concat(tables, names=["objective", "rank"]).reset_index(), pa)
 
 
 @dataclass(repr=False)

@@ -9,6 +9,7 @@ finished chunks behind; rerunning the job computes the rest.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from itertools import groupby
 from typing import Any, TypeVar
 
 from tqdm.auto import tqdm
@@ -59,13 +60,8 @@ def run_chunked(
         elif k not in done:
             done.add(k)
             deliver(k, stored, False)
-    runs: list[list[K]] = []  # consecutive keys of one group
-    for k in todo:
-        if runs and (group is None or group(runs[-1][-1]) == group(k)):
-            runs[-1].append(k)
-        else:
-            runs.append([k])
-    units = [u for run in runs for u in batched(run, per_unit)]
+    runs = groupby(todo, key=group or (lambda k: None))  # consecutive keys of one group
+    units = [u for _, run in runs for u in batched(list(run), per_unit)]
     with tqdm(total=len(todo), desc=desc, unit=unit,
               disable=not progress if progress is not None else len(todo) < 2) as bar:
 

@@ -107,10 +107,14 @@ def pair_agreement(a: pd.Series, b: pd.Series, p: float = 0.9) -> dict[str, floa
     shared = a.index.intersection(b.index).sort_values()
     if len(shared) < 3:
         raise TLRewardError(f"only {len(shared)} shared tokens; agreement needs at least 3")
-    x, y = a[shared].to_numpy(), b[shared].to_numpy()
-    keys = list(shared)
     return {"n_shared": len(shared),
-            "kendall_tau_b": kendall_tau_b(x, y).statistic,
+            **rank_metrics(list(shared), a[shared].to_numpy(), b[shared].to_numpy(), p)}
+
+
+def rank_metrics(keys: Sequence[Any], x: np.ndarray, y: np.ndarray, p: float = 0.9
+                 ) -> dict[str, float]:
+    """:data:`METRICS` of two rankings of the same ``keys`` (values ``x`` and ``y``)."""
+    return {"kendall_tau_b": kendall_tau_b(x, y).statistic,
             "spearman_rho": spearman_rho(x, y).statistic,
             "rbo_top": rank_biased_overlap(top_ranking(keys, x), top_ranking(keys, y), p),
             "rbo_bottom": rank_biased_overlap(top_ranking(keys, x, largest=False),

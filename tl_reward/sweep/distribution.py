@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
+from scipy.stats import kurtosis, skew
 
 from tl_reward.results import ShortRepr
 from tl_reward.sweep.vocab_sweep import VocabSweep
@@ -52,19 +53,13 @@ class ScoreDistribution(ShortRepr):
 
 
 def _moments(v: np.ndarray) -> dict[str, float]:
-    n = len(v)
-    mean = v.mean()
-    d = v - mean
-    m2 = (d**2).mean()
-    out = {"n": n, "mean": mean, "var": m2, "var_sample": m2 * n / (n - 1) if n > 1 else np.nan,
-           "std": np.sqrt(m2),
-           "skew": (d**3).mean() / m2**1.5 if m2 > 0 else np.nan,
-           "kurtosis": (d**4).mean() / m2**2 - 3 if m2 > 0 else np.nan, "min": v.min()}
-    for q in QUANTILES:
-        out[f"q{round(q * 100):02d}"] = float(np.quantile(v, q))
-    out["max"] = v.max()
-    med = out["q50"]
-    out["tail_gap"] = (out["max"] - med) - (med - out["min"])
+    flat = v.var() == 0  # skew and kurtosis undefined
+    out = {"n": len(v), "mean": v.mean(), "var": v.var(),
+           "var_sample": v.var(ddof=1) if len(v) > 1 else np.nan, "std": v.std(),
+           "skew": np.nan if flat else skew(v), "kurtosis": np.nan if flat else kurtosis(v),
+           "min": v.min(), **{f"q{round(q * 100):02d}": np.quantile(v, q) for q in QUANTILES},
+           "max": v.max()}
+    out["tail_gap"] = (out["max"] - out["q50"]) - (out["q50"] - out["min"])
     return {k: float(x) for k, x in out.items()}
 
 

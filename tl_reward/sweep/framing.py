@@ -23,8 +23,7 @@ from jaxtyping import Float
 
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
-from tl_reward.stats.ranks import kendall_tau_b, rank_biased_overlap, spearman_rho, top_ranking
-from tl_reward.sweep.agreement import METRICS
+from tl_reward.sweep.agreement import METRICS, rank_metrics
 from tl_reward.sweep.extremes import percentiles
 from tl_reward.sweep.vocab_sweep import VocabSweep
 
@@ -52,11 +51,9 @@ class PromptFraming(ShortRepr):
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per prompt pair with the four agreement measures."""
-        rows = []
-        for i, j in combinations(range(len(self.labels)), 2):
-            rows.append({"prompt_a": self.labels[i], "prompt_b": self.labels[j],
-                         **{m: float(getattr(self, m)[i, j]) for m in METRICS}})
-        return pd.DataFrame(rows)
+        return pd.DataFrame([{"prompt_a": self.labels[i], "prompt_b": self.labels[j],
+                              **{m: float(getattr(self, m)[i, j]) for m in METRICS}}
+                             for i, j in combinations(range(len(self.labels)), 2)])
 
     def shifts(self, a: int | str, b: int | str, k: int = 10) -> pd.DataFrame:
         """The ``k`` tokens that rise most and the ``k`` that fall most from prompt ``a`` to
@@ -90,12 +87,7 @@ def prompt_framing(sweep: VocabSweep, objective: int | str = "score", p: float =
     ids = sweep.token_ids.tolist()
     mats = {k: torch.eye(n_p, dtype=torch.float64) for k in METRICS}
     for i, j in combinations(range(n_p), 2):
-        res = {"kendall_tau_b": kendall_tau_b(vals[i], vals[j]).statistic,
-               "spearman_rho": spearman_rho(vals[i], vals[j]).statistic,
-               "rbo_top": rank_biased_overlap(top_ranking(ids, vals[i]),
-                                              top_ranking(ids, vals[j]), p),
-               "rbo_bottom": rank_biased_overlap(top_ranking(ids, vals[i], largest=False),
-                                                 top_ranking(ids, vals[j], largest=False), p)}
+        res = rank_metrics(ids, vals[i], vals[j], p)
         for k in METRICS:
             mats[k][i, j] = mats[k][j, i] = res[k]
     pct = torch.stack([percentiles(sweep, i, objective) for i in range(n_p)], 1)

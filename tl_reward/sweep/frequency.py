@@ -23,7 +23,7 @@ import pandas as pd
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 from tl_reward.stats.regression import OLSFit, ols
-from tl_reward.sweep.lexicon import afinn_lexicon, zipf_frequency
+from tl_reward.sweep.lexicon import zipf_frequency
 from tl_reward.sweep.valence import lexicon_words
 from tl_reward.sweep.vocab_sweep import VocabSweep
 
@@ -83,8 +83,7 @@ def frequency_bias(
         lang: ``wordfreq`` language code.
         min_zipf: keep words whose Zipf frequency exceeds this (0 drops unseen words).
     """
-    lex = afinn_lexicon() if lexicon is None else {k.casefold(): v for k, v in lexicon.items()}
-    words = lexicon_words(sweep, prompt, objective, scale, aggregate, lex)
+    words = lexicon_words(sweep, prompt, objective, scale, aggregate, lexicon)
     words["zipf"] = zipf_frequency(words["word"].tolist(), lang)
     words = words[words["zipf"] > min_zipf].reset_index(drop=True)
     words["valence"] = words["valence"].fillna(0.0)

@@ -38,12 +38,8 @@ def afinn_lexicon(version: str = "en-165") -> dict[str, int]:
     except (ModuleNotFoundError, FileNotFoundError) as exc:
         raise TLRewardError(f"AFINN lexicon {version!r} not found; install it with "
                             "`pip install afinn`") from exc
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        word, _, value = line.rpartition("\t")
-        if word:
-            out[word.casefold()] = int(value)
-    return out
+    rows = (line.rpartition("\t") for line in text.splitlines())
+    return {word.casefold(): int(value) for word, _, value in rows if word}
 
 
 def zipf_frequency(words: list[str], lang: str = "en") -> np.ndarray:

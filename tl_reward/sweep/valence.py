@@ -76,11 +76,13 @@ class ValenceAsymmetry(ShortRepr):
 
 
 def lexicon_words(sweep: VocabSweep, prompt: int | str, objective: int | str, scale: str,
-                  aggregate: str, lexicon: Mapping[str, float]) -> pd.DataFrame:
-    """Word tokens with a ``valence`` column (NaN when the word is not in ``lexicon``)."""
+                  aggregate: str, lexicon: Mapping[str, float] | None) -> pd.DataFrame:
+    """Word tokens with a ``valence`` column (NaN when the word is not in ``lexicon``, matched
+    case-folded; default AFINN-en-165)."""
+    lex = afinn_lexicon() if lexicon is None else {k.casefold(): v for k, v in lexicon.items()}
     values = scale_values(sweep.values(prompt, objective), scale)
     words = per_word(word_table(sweep.token_ids.numpy(), sweep.tokens, values), aggregate)
-    return words.assign(valence=words["word"].map(lambda w: lexicon.get(w, np.nan)))
+    return words.assign(valence=words["word"].map(lambda w: lex.get(w, np.nan)))
 
 
 def valence_asymmetry(
@@ -100,16 +102,15 @@ def valence_asymmetry(
         aggregate: how a word's several tokens combine (``"mean"``, ``"max"``, ..., ``"none"``).
         lexicon: word -> valence (default: AFINN-en-165).
     """
-    lex = afinn_lexicon() if lexicon is None else {k.casefold(): v for k, v in lexicon.items()}
-    words = lexicon_words(sweep, prompt, objective, scale, aggregate, lex)
-    pos = words[words["valence"] > 0]
-    neg = words[words["valence"] < 0]
-    for side, part in (("positive", pos), ("negative", neg)):
+    words = lexicon_words(sweep, prompt, objective, scale, aggregate, lexicon)
+    fits = []
+    for side, part in (("positive", words[words["valence"] > 0]),
+                       ("negative", words[words["valence"] < 0])):
         if len(part) < 3 or part["valence"].nunique() < 2:
             raise TLRewardError(f"too few {side} lexicon words among the swept tokens "
                                 f"({len(part)}); sweep more of the vocabulary")
-    fit_pos = ols(pos["value"].to_numpy(), {"valence": pos["valence"].to_numpy()})
-    fit_neg = ols(neg["value"].to_numpy(), {"valence": neg["valence"].to_numpy()})
+        fits.append(ols(part["value"].to_numpy(), {"valence": part["valence"].to_numpy()}))
+    fit_pos, fit_neg = fits
     se = math.hypot(fit_pos.se[1], fit_neg.se[1])
     z = (fit_pos["valence"] - fit_neg["valence"]) / se if se > 0 else float("nan")
     neutral = words.loc[words["valence"].isna(), "value"]

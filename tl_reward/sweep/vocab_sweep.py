@@ -31,11 +31,7 @@ from tl_reward.errors import ContextLengthError, TLRewardError, UnknownObjective
 from tl_reward.model.fingerprint import model_fingerprint, tokenizer_fingerprint
 from tl_reward.model.heads import objective_slot
 from tl_reward.model.readout import read_rewards
-from tl_reward.model.response_template import (
-    Prompt,
-    ResponseTemplate,
-    prompt_conversation,
-)
+from tl_reward.model.response_template import Prompt, ResponseTemplate, prompt_conversation
 from tl_reward.results import ShortRepr
 from tl_reward.sweep.store import (
     SweepSpec,
@@ -218,6 +214,13 @@ def special_token_ids(tokenizer: Any) -> set[int]:
             | {int(i) for i, tok in added.items() if getattr(tok, "special", False)})
 
 
+def vocabulary_ids(tokenizer: Any, vocab: int, include_special: bool = False) -> list[int]:
+    """Every id the tokenizer defines below ``vocab``, ascending, special tokens dropped unless
+    ``include_special``."""
+    pool = set(range(min(len(tokenizer), vocab)))
+    return sorted(pool if include_special else pool - special_token_ids(tokenizer))
+
+
 def given_ids(model: HookedRewardModel, ids: Sequence[int | str] | torch.Tensor) -> list[int]:
     """``ids`` as token ids in the order given: ints as they are, a string as the one token
     the tokenizer makes of it (a clear error when it makes several)."""
@@ -245,10 +248,7 @@ def candidate_ids(model: HookedRewardModel,
     if ids is None:
         if model.tokenizer is None:
             raise TLRewardError("sweeping the vocabulary needs the model's tokenizer")
-        pool = set(range(min(len(model.tokenizer), d_vocab)))
-        if not include_special:
-            pool -= special_token_ids(model.tokenizer)
-        return sorted(pool)
+        return vocabulary_ids(model.tokenizer, d_vocab, include_special)
     out = sorted(set(given_ids(model, ids)))
     if not out:
         raise TLRewardError("ids is empty; pass at least one token id (or ids=None for all)")
