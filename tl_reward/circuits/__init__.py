@@ -1,0 +1,7 @@
+"""Reward circuits: the edge graph of a reward model, edge attribution (exact, EAP, EAP-IG) and
+circuits with their faithfulness (methods section 10)."""
+
+from tl_reward.circuits.edges import EdgeAttribution, edge_attribution
+from tl_reward.circuits.graph import RewardGraph
+
+__all__ = ["EdgeAttribution", "RewardGraph", "edge_attribution"]
