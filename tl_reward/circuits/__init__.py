@@ -1,7 +1,14 @@
 """Reward circuits: the edge graph of a reward model, edge attribution (exact, EAP, EAP-IG) and
 circuits with their faithfulness (methods section 10)."""
 
+from tl_reward.circuits.circuit import (
+    CircuitEvaluation,
+    RewardCircuit,
+    evaluate_circuit,
+    prune,
+)
 from tl_reward.circuits.edges import EdgeAttribution, edge_attribution
 from tl_reward.circuits.graph import RewardGraph
 
-__all__ = ["EdgeAttribution", "RewardGraph", "edge_attribution"]
+__all__ = ["CircuitEvaluation", "EdgeAttribution", "RewardCircuit", "RewardGraph",
+           "edge_attribution", "evaluate_circuit", "prune"]
