@@ -207,3 +207,57 @@ def test_unequal_lengths_refused_with_the_fix(tiny) -> None:
         edge_attribution(model, CLEAN[:1], [CORRUPT[0][:-1]], method="eap")
     with pytest.raises(TLRewardError, match="exactly one corruption"):
         edge_attribution(model, CLEAN[:1], method="eap")
+
+
+def _hand_gradient(model: HookedRewardModel, clean: list[int], corrupt: list[int],
+                   src: str, dst: str, qkv: str, steps: int) -> float:
+    """(a_src(corrupt) - a_src(clean)) . dR/d(in_dst), the gradient averaged over ``steps``
+    points k/steps on the corrupt -> clean embedding line (steps=0: at the clean run), with
+    plain TransformerLens hooks and autograd on a zero added to the destination input."""
+    tok = torch.tensor([clean])
+    _, c0 = model.run_with_cache(tok, return_type=None)
+    _, c1 = model.run_with_cache(torch.tensor([corrupt]), return_type=None)
+    if src == "input":
+        diff = c1["blocks.0.hook_resid_pre"] - c0["blocks.0.hook_resid_pre"]
+    else:
+        lay, h = (int(x) for x in src[1:].split(".h"))
+        name = f"blocks.{lay}.attn.hook_z"
+        diff = (c1[name][:, :, h] - c0[name][:, :, h]) @ model.blocks[lay].attn.W_O[h]
+    e0, e1 = c0["blocks.0.hook_resid_pre"], c1["blocks.0.hook_resid_pre"]
+    if dst == "reward":
+        hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    elif dst.startswith("m"):
+        hook = f"blocks.{dst[1:]}.hook_mlp_in"
+    else:
+        lay, h = (int(x) for x in dst[1:].split(".h"))
+        hook = f"blocks.{lay}.hook_{qkv}_input"
+    grads = []
+    for alpha in ([k / steps for k in range(1, steps + 1)] if steps else [1.0]):
+        eps = torch.zeros_like(diff, requires_grad=True)
+
+        def add(act: torch.Tensor, hook: object, eps: torch.Tensor = eps) -> torch.Tensor:
+            if act.ndim == 4:
+                return torch.cat([act[:, :, :h], (act[:, :, h] + eps)[:, :, None],
+                                  act[:, :, h + 1 :]], 2)
+            return act + eps
+        emb = (e1 + alpha * (e0 - e1)).detach()
+        model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = True
+        try:
+            r = model.run_with_hooks(tok, return_type="reward", fwd_hooks=[
+                ("blocks.0.hook_resid_pre", lambda act, hook, emb=emb: emb), (hook, add)])[0, 0]
+        finally:
+            model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = False
+        (g,) = torch.autograd.grad(r, eps)
+        grads.append(g)
+    return float((diff.detach() * torch.stack(grads).mean(0)).sum())
+
+
+@pytest.mark.parametrize(("method", "steps"), [("eap", 0), ("eap-ig", 3)])
+def test_eap_and_eap_ig_equal_hand_gradients(tiny, method: str, steps: int) -> None:
+    model, _, _ = tiny("llama")
+    res = edge_attribution(model, CLEAN[:1], CORRUPT[:1], method=method, ig_steps=steps or 5)
+    for e in [("a0.h1", "a1.h2", "q"), ("input", "a2.h1", "k"), ("a1.h3", "a2.h0", "v"),
+              ("input", "m0", ""), ("a0.h2", "m1", ""), ("a2.h3", "reward", "")]:
+        ref = _hand_gradient(model, CLEAN[0], CORRUPT[0], *e, steps=steps)
+        assert abs(ref) > 1e-4, e
+        assert _score(res, *e) == pytest.approx(ref, abs=ATOL), e
