@@ -53,15 +53,15 @@ def test_zero_ablation_empty_circuit_reads_only_the_biases(tiny) -> None:
 
     def before(lay: int, mlp: bool) -> torch.Tensor:
         return sum(b[: lay + (1 if mlp else 0)], torch.zeros_like(b[0]))
-    hooks = [("blocks.0.hook_resid_pre", lambda a, hook: torch.zeros_like(a))]
-    for lay in range(model.cfg.n_layers):
-        for x in "qkv":
-            hooks.append((f"blocks.{lay}.hook_{x}_input",
-                          lambda a, hook, v=before(lay, False): torch.zeros_like(a) + v))
-        hooks.append((f"blocks.{lay}.hook_mlp_in",
-                      lambda a, hook, v=before(lay, True): torch.zeros_like(a) + v))
-    hooks.append((f"blocks.{model.cfg.n_layers - 1}.hook_resid_post",
-                  lambda a, hook: torch.zeros_like(a) + before(model.cfg.n_layers, False)))
+
+    def const(v: torch.Tensor) -> object:
+        return lambda a, hook: torch.zeros_like(a) + v
+    n = model.cfg.n_layers
+    hooks = [("blocks.0.hook_resid_pre", const(torch.zeros(())))]
+    for lay in range(n):
+        hooks += [(f"blocks.{lay}.hook_{x}_input", const(before(lay, False))) for x in "qkv"]
+        hooks.append((f"blocks.{lay}.hook_mlp_in", const(before(lay, True))))
+    hooks.append((f"blocks.{n - 1}.hook_resid_post", const(before(n, False))))
     model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = True
     try:
         with torch.no_grad():
