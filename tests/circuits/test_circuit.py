@@ -30,8 +30,8 @@ def _hf(hf: object, rows: list[list[int]]) -> torch.Tensor:
 def test_full_circuit_is_clean_and_empty_is_corrupt(tiny) -> None:
     model, hf, _ = tiny("llama")
     g = RewardGraph.from_model(model)
-    full = evaluate_circuit(model, RewardCircuit(g, g.edge_mask()), CLEAN, CORRUPT)
-    empty = evaluate_circuit(model, RewardCircuit(g, torch.zeros_like(g.edge_mask())),
+    full = evaluate_circuit(model, RewardCircuit.from_mask(g, g.edge_mask()), CLEAN, CORRUPT)
+    empty = evaluate_circuit(model, RewardCircuit.from_mask(g, torch.zeros_like(g.edge_mask())),
                              CLEAN, CORRUPT)
     clean, corrupt = _hf(hf, CLEAN), _hf(hf, CORRUPT)
     assert (clean - corrupt).abs().min() > 1e-2
@@ -47,8 +47,8 @@ def test_zero_ablation_empty_circuit_reads_only_the_biases(tiny) -> None:
     with plain hooks (the GPT-2 tiny model has biases)."""
     model, _, _ = tiny("gpt2")
     g = RewardGraph.from_model(model)
-    ev = evaluate_circuit(model, RewardCircuit(g, torch.zeros_like(g.edge_mask())), CLEAN[:1],
-                          ablation="zero")
+    empty = RewardCircuit.from_mask(g, torch.zeros_like(g.edge_mask()))
+    ev = evaluate_circuit(model, empty, CLEAN[:1], ablation="zero")
     b = [model.blocks[lay].attn.b_O.detach() for lay in range(model.cfg.n_layers)]
 
     def before(lay: int, mlp: bool) -> torch.Tensor:
@@ -112,3 +112,17 @@ def test_selection_by_top_fraction_threshold(tiny) -> None:
     want = (ev.metric - ev.empty) / (ev.full - ev.empty)
     torch.testing.assert_close(ev.per_item, want)
     assert ev.faithfulness.value == pytest.approx(float(want.mean()), abs=1e-6)
+
+
+def test_results_save_and_load(tiny, tmp_path) -> None:
+    from tl_reward.results import load_result
+
+    model, _, _ = tiny("llama")
+    res = edge_attribution(model, CLEAN, CORRUPT, method="eap")
+    back = load_result(res.save(tmp_path / "edges"))
+    assert back.graph == res.graph and back.settings == res.settings
+    torch.testing.assert_close(back.scores, res.scores, equal_nan=True)
+    ev = evaluate_circuit(model, RewardCircuit.fraction(res, 0.5), CLEAN, CORRUPT)
+    back_ev = load_result(ev.save(tmp_path / "eval"))
+    assert back_ev.circuit.mask.equal(ev.circuit.mask)
+    torch.testing.assert_close(back_ev.per_item, ev.per_item, equal_nan=True)

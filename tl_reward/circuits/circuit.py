@@ -36,17 +36,20 @@ from tl_reward.stats.paired import summarise_mean
 @dataclass(repr=False)
 class RewardCircuit(ShortRepr):
     """Edges of ``graph`` (``mask``: ``[n_dests, n_sources]`` bool), each on a path
-    ``input -> ... -> reward`` of circuit edges (dangling edges are pruned on construction)."""
+    ``input -> ... -> reward`` of circuit edges: every constructor below prunes dangling
+    edges (:func:`prune`)."""
 
     graph: RewardGraph
     mask: torch.Tensor
 
-    def __post_init__(self) -> None:
-        full = self.graph.edge_mask()
-        if self.mask.shape != full.shape:
+    @classmethod
+    def from_mask(cls, graph: RewardGraph, mask: torch.Tensor) -> RewardCircuit:
+        """The circuit of the edges where ``mask`` (``[n_dests, n_sources]``) is True."""
+        full = graph.edge_mask()
+        if mask.shape != full.shape:
             raise TLRewardError(f"a circuit mask of {tuple(full.shape)} (dests x sources) is "
-                                f"needed, got {tuple(self.mask.shape)}")
-        self.mask = prune(self.graph, self.mask.bool().cpu() & full)
+                                f"needed, got {tuple(mask.shape)}")
+        return cls(graph, prune(graph, mask.bool().cpu() & full))
 
     def headline(self) -> dict[str, Any]:
         return {"edges": self.n_edges, "of": self.graph.n_edges}
@@ -69,7 +72,7 @@ class RewardCircuit(ShortRepr):
         mask = torch.zeros(s.numel(), dtype=torch.bool)
         n = max(0, min(int(n), attribution.graph.n_edges))
         mask[s.flatten().topk(n).indices] = True
-        return cls(attribution.graph, mask.view_as(s))
+        return cls.from_mask(attribution.graph, mask.view_as(s))
 
     @classmethod
     def fraction(cls, attribution: EdgeAttribution, f: float,
@@ -84,7 +87,7 @@ class RewardCircuit(ShortRepr):
                   absolute: bool = True) -> RewardCircuit:
         """Every edge with ``|score| >= t`` (``absolute=False``: ``score >= t``)."""
         s = attribution.scores.abs() if absolute else attribution.scores
-        return cls(attribution.graph, (s >= t).nan_to_num(False))
+        return cls.from_mask(attribution.graph, (s >= t).nan_to_num(False))
 
     @classmethod
     def from_edges(cls, graph: RewardGraph,
@@ -99,7 +102,7 @@ class RewardCircuit(ShortRepr):
                 raise TLRewardError(f"({src!r}, {dst!r}, {qkv!r}) is not an edge of this "
                                     "graph (see RewardGraph.edges())")
             mask[di[dst, qkv], si[src]] = True
-        return cls(graph, mask)
+        return cls.from_mask(graph, mask)
 
 
 def _feeds(graph: RewardGraph) -> list[list[int]]:
