@@ -3,6 +3,7 @@ own rewards), pruning leaves the metric unchanged, and faithfulness is its defin
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from helpers import hf_rewards
@@ -12,6 +13,7 @@ from tl_reward.circuits import (
     RewardGraph,
     edge_attribution,
     evaluate_circuit,
+    faithfulness_curve,
     prune,
 )
 from tl_reward.circuits.edges import batches, forward, prepare_inputs, read_metric
@@ -126,3 +128,21 @@ def test_results_save_and_load(tiny, tmp_path) -> None:
     back_ev = load_result(ev.save(tmp_path / "eval"))
     assert back_ev.circuit.mask.equal(ev.circuit.mask)
     torch.testing.assert_close(back_ev.per_item, ev.per_item, equal_nan=True)
+
+
+def test_faithfulness_curve_points_are_circuit_evaluations(tiny) -> None:
+    model, _, _ = tiny("llama")
+    res = edge_attribution(model, CLEAN, CORRUPT, method="exact")
+    sizes = (0.05, 0.2, 1.0)
+    curve = faithfulness_curve(model, res, CLEAN, CORRUPT, sizes=sizes)
+    for i, f in enumerate(sizes):
+        ev = evaluate_circuit(model, RewardCircuit.fraction(res, f), CLEAN, CORRUPT)
+        assert float(curve.faithfulness[i]) == pytest.approx(float(ev.per_item.mean()), abs=1e-5)
+        assert curve.n_edges[i] == ev.circuit.n_edges
+    assert float(curve.faithfulness[-1]) == pytest.approx(1.0, abs=1e-4)
+    assert float(curve.random[-1]) == pytest.approx(1.0, abs=1e-4)
+    f = curve.faithfulness.double().numpy()
+    x = np.array(sizes)
+    assert curve.cpr == pytest.approx(float(np.sum((f[1:] + f[:-1]) / 2 * np.diff(x))), abs=1e-6)
+    assert curve.cmd == pytest.approx(
+        float(np.sum((abs(1 - f[1:]) + abs(1 - f[:-1])) / 2 * np.diff(x))), abs=1e-6)

@@ -18,6 +18,7 @@ import torch
 
 from tl_reward.circuits.edges import (
     EdgeAttribution,
+    Inputs,
     batches,
     corrupted_metric,
     forward,
@@ -155,6 +156,30 @@ class CircuitEvaluation(ShortRepr):
     faithfulness: Estimate
 
 
+def _metrics(model: Any, graph: RewardGraph, inputs: Inputs, obj: str,
+             masks: list[torch.Tensor], batch_size: int, padding_side: str
+             ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """``(full, empty, [metric of each circuit mask])``, each ``[n_items]`` on the CPU."""
+    acc, dev, n = accumulation_dtype(model), model.cfg.device, inputs.n_items
+    full, empty = (torch.zeros(n, dtype=acc, device=dev) for _ in range(2))
+    out = [torch.zeros(n, dtype=acc, device=dev) for _ in masks]
+    patches = [(graph.edge_mask() & ~m).to(dev)[None] for m in masks]
+    with torch.no_grad():
+        for batch in batches(model, inputs, batch_size, padding_side):
+            full += per_item(read_metric(model, forward(model, graph, batch), batch, obj),
+                             batch, n)
+            empty += per_item(corrupted_metric(model, graph, batch, obj), batch, n)
+            for o, patch in zip(out, patches, strict=True):
+                r = read_metric(model, forward(model, graph, batch, patch=patch), batch, obj)
+                o += per_item(r, batch, n)
+    return full.cpu(), empty.cpu(), [o.cpu() for o in out]
+
+
+def _faithfulness(m: torch.Tensor, full: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
+    den = full - empty
+    return torch.where(den != 0, (m - empty) / torch.where(den != 0, den, 1), torch.nan)
+
+
 def evaluate_circuit(model: Any, circuit: RewardCircuit, clean: Any, corrupt: Any = None,
                      ablation: str | None = None, reference: Any = None,
                      objective: int | str | None = None, batch_size: int = 8,
@@ -166,18 +191,66 @@ def evaluate_circuit(model: Any, circuit: RewardCircuit, clean: Any, corrupt: An
         raise TLRewardError("the circuit was made on another model's graph")
     obj = resolve_objectives(model, objective)[0]
     inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
-    acc, dev, n = accumulation_dtype(model), model.cfg.device, inputs.n_items
-    out = {k: torch.zeros(n, dtype=acc, device=dev) for k in ("metric", "full", "empty")}
-    patch = (graph.edge_mask() & ~circuit.mask).to(dev)[None]
-    with torch.no_grad():
-        for batch in batches(model, inputs, batch_size, padding_side):
-            out["full"] += per_item(read_metric(model, forward(model, graph, batch), batch, obj),
-                                    batch, n)
-            out["empty"] += per_item(corrupted_metric(model, graph, batch, obj), batch, n)
-            r = read_metric(model, forward(model, graph, batch, patch=patch), batch, obj)
-            out["metric"] += per_item(r, batch, n)
-    m, full, empty = (out[k].cpu() for k in ("metric", "full", "empty"))
-    den = full - empty
-    f = torch.where(den != 0, (m - empty) / torch.where(den != 0, den, 1), torch.nan)
+    full, empty, (m,) = _metrics(model, graph, inputs, obj, [circuit.mask], batch_size,
+                                 padding_side)
+    f = _faithfulness(m, full, empty)
     return CircuitEvaluation(circuit, m, full, empty, f,
                              summarise_mean(np.asarray(f.double().numpy())))
+
+
+#: MIB's circuit sizes, as fractions of all edges.
+MIB_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+@dataclass(repr=False)
+class FaithfulnessCurve(ShortRepr):
+    """Faithfulness of the top circuits of an attribution over circuit sizes.
+
+    Attributes:
+        sizes: the fractions of all edges selected (before pruning); n_edges: the pruned
+        circuits' edge counts; faithfulness: ``[sizes]`` the mean over items; random:
+        ``[sizes]`` the same for seeded random circuits of the same size (edges drawn
+        uniformly, then pruned); cpr, cmd: MIB's areas under ``f`` and ``|1 - f|`` over the
+        edge fraction (trapezoids); method: the attribution's method.
+    """
+
+    sizes: list[float]
+    n_edges: list[int]
+    faithfulness: torch.Tensor
+    random: torch.Tensor
+    cpr: float
+    cmd: float
+    method: str
+
+    def headline(self) -> dict[str, Any]:
+        return {"CPR": self.cpr, "CMD": self.cmd}
+
+
+def faithfulness_curve(model: Any, attribution: EdgeAttribution, clean: Any,
+                       corrupt: Any = None, ablation: str | None = None, reference: Any = None,
+                       sizes: tuple[float, ...] = MIB_SIZES, seed: int = 0,
+                       batch_size: int = 8, padding_side: str = "right") -> FaithfulnessCurve:
+    """Faithfulness of :meth:`RewardCircuit.fraction` circuits of ``attribution`` at ``sizes``
+    against random circuits of the same size, with CPR and CMD (objective: the
+    attribution's)."""
+    graph = RewardGraph.from_model(model)
+    if graph != attribution.graph:
+        raise TLRewardError("the attribution was made on another model's graph")
+    inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
+    gen = torch.Generator().manual_seed(seed)
+    top = [RewardCircuit.fraction(attribution, f) for f in sizes]
+    rand = []
+    for f in sizes:
+        pick = torch.zeros(graph.n_edges, dtype=torch.bool)
+        pick[torch.randperm(graph.n_edges, generator=gen)[: round(f * graph.n_edges)]] = True
+        mask = torch.zeros_like(graph.edge_mask())
+        mask[graph.edge_mask()] = pick
+        rand.append(RewardCircuit.from_mask(graph, mask))
+    full, empty, ms = _metrics(model, graph, inputs, attribution.objective,
+                               [c.mask for c in top + rand], batch_size, padding_side)
+    f = torch.stack([_faithfulness(m, full, empty).nanmean() for m in ms])
+    x = torch.tensor(sizes, dtype=f.dtype)
+    cur = f[: len(sizes)]
+    return FaithfulnessCurve(list(sizes), [c.n_edges for c in top], cur, f[len(sizes):],
+                             float(torch.trapezoid(cur, x)),
+                             float(torch.trapezoid((1 - cur).abs(), x)), attribution.method)
