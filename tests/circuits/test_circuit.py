@@ -29,19 +29,28 @@ def _hf(hf: object, rows: list[list[int]]) -> torch.Tensor:
                         ["reward"][0, 0] for r in rows])
 
 
-def test_full_circuit_is_clean_and_empty_is_corrupt(tiny) -> None:
-    model, hf, _ = tiny("llama")
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen3", "inform"])
+def test_full_circuit_is_clean_and_empty_is_corrupt(tiny, arch: str) -> None:
+    """On LayerNorm with biases (gpt2), head_dim != d_model / heads (qwen3), an MLP reward
+    head (inform): the model's own rewards of clean and corrupted sequences (HF's forward)."""
+    model, hf, _ = tiny(arch)
     g = RewardGraph.from_model(model)
     full = evaluate_circuit(model, RewardCircuit.from_mask(g, g.edge_mask()), CLEAN, CORRUPT)
     empty = evaluate_circuit(model, RewardCircuit.from_mask(g, torch.zeros_like(g.edge_mask())),
                              CLEAN, CORRUPT)
     clean, corrupt = _hf(hf, CLEAN), _hf(hf, CORRUPT)
-    assert (clean - corrupt).abs().min() > 1e-2
+    assert (clean - corrupt).abs().min() > 1e-3  # far above ATOL
     torch.testing.assert_close(full.metric, clean, atol=ATOL, rtol=0)
     torch.testing.assert_close(full.empty, corrupt, atol=ATOL, rtol=0)
     torch.testing.assert_close(empty.metric, corrupt, atol=ATOL, rtol=0)
     torch.testing.assert_close(full.per_item, torch.ones(2), atol=1e-4, rtol=0)
     torch.testing.assert_close(empty.per_item, torch.zeros(2), atol=1e-4, rtol=0)
+
+
+def test_post_norm_models_refused(tiny) -> None:
+    model, _, _ = tiny("gemma2")
+    with pytest.raises(TLRewardError, match="node-level patching"):
+        RewardGraph.from_model(model)
 
 
 def test_zero_ablation_empty_circuit_reads_only_the_biases(tiny) -> None:
