@@ -441,13 +441,26 @@ def _gradient(model: Any, graph: RewardGraph, batch: Batch, base: dict[str, torc
     """EAP (``steps = 1``, the clean run) or EAP-IG-inputs: add ``sum over rows, positions of
     sign * (a_u(corrupt) - a_u(clean)) . mean_k dM/d(in_v)`` to ``scores``."""
     acc = scores.dtype
+    per = graph.n_heads + 2 * graph.n_kv_heads + 1
+    pending: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
 
-    def on_grad(first: int, count: int, up: int, g: torch.Tensor) -> None:
-        g = g.to(acc)
-        g = g if g.ndim == 4 else g[:, :, None]
+    def contract(first: int, up: int, g: torch.Tensor) -> None:
         for block, s0, s1 in chunks(graph, up, chunk_sources):
             d = delta(model, graph, batch.corr, base, block, s0, s1, batch.mask)
-            scores[first : first + count, s0:s1] += torch.einsum("rpsd,rpjd->js", d, g) / steps
+            scores[first : first + g.shape[2], s0:s1] += torch.einsum("rpsd,rpjd->js", d, g) / steps
+
+    def on_grad(first: int, count: int, up: int, g: torch.Tensor) -> None:
+        # a layer's four destination hooks are contracted together, so each source difference
+        # is built once per layer (sources past a destination's upstream land on non-edges)
+        g = g.to(acc) if g.ndim == 4 else g.to(acc)[:, :, None]
+        layer = first // per
+        if layer == graph.n_layers:
+            contract(first, up, g)
+            return
+        pending.setdefault(layer, []).append((first, up, g))
+        if len(pending[layer]) == 4:
+            parts = sorted(pending.pop(layer), key=lambda x: x[0])
+            contract(parts[0][0], max(p[1] for p in parts), torch.cat([p[2] for p in parts], 2))
 
     h = "blocks.0.hook_resid_pre"
     for k in range(1, steps + 1):
@@ -459,3 +472,7 @@ def _gradient(model: Any, graph: RewardGraph, batch: Batch, base: dict[str, torc
             resid = forward(model, graph, batch, on_grad=on_grad, embed=embed)
             m = (read_metric(model, resid, batch, obj) * batch.sign.to(acc)).sum()
             m.backward()
+        for parts in pending.values():  # hooks the backward never reached (no gradient path)
+            for first, up, g in parts:
+                contract(first, up, g)
+        pending.clear()
