@@ -261,3 +261,13 @@ def test_eap_and_eap_ig_equal_hand_gradients(tiny, method: str, steps: int) -> N
         ref = _hand_gradient(model, CLEAN[0], CORRUPT[0], *e, steps=steps)
         assert abs(ref) > 1e-4, e
         assert _score(res, *e) == pytest.approx(ref, abs=ATOL), e
+
+
+@pytest.mark.parametrize("method", ["exact", "eap"])
+def test_chunking_sources_does_not_change_scores(tiny, method: str) -> None:
+    """Chunks of 2 and 3 sources split a layer's heads and its MLP differently."""
+    model, _, _ = tiny("llama")
+    ref = edge_attribution(model, CLEAN, CORRUPT, method=method)
+    for n in (2, 3):
+        got = edge_attribution(model, CLEAN, CORRUPT, method=method, chunk_sources=n)
+        torch.testing.assert_close(got.scores, ref.scores, atol=1e-6, rtol=0, equal_nan=True)
