@@ -23,7 +23,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("tl_reward.tl_backend", "tl_reward.architectures", "tl_reward.model"),
     ("tl_reward.scale.executors", "tl_reward.scale.jobs"),
     ("tl_reward.analysis",),
-    ("tl_reward.sweep", "tl_reward.sae", "tl_reward.audit", "tl_reward.compare", "tl_reward.irm"),
+    ("tl_reward.sweep", "tl_reward.sae", "tl_reward.audit", "tl_reward.compare", "tl_reward.irm",
+     "tl_reward.circuits"),
     ("tl_reward.compat", "tl_reward.planted"),
     ("tl_reward.scale", "tl_reward.cli", "tl_reward.testing"),
 ]

@@ -43,6 +43,7 @@ from jaxtyping import Float, Int
 from tl_reward.analysis.components import _value_bias
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
 from tl_reward.errors import TLRewardError
+from tl_reward.model.inputs import EncodedInput
 from tl_reward.model.readout import (
     accumulation_dtype,
     normalised_effect,
@@ -303,24 +304,35 @@ class PatchingResult(ShortRepr):
 
 
 def mean_activations(model: Any, reference: Sequence[Any], hooks: Sequence[str],
-                     batch_size: int = 8) -> dict[str, torch.Tensor]:
-    """Mean of each hook's activation over every real token of ``reference`` inputs."""
+                     batch_size: int = 8, by_class: bool = False) -> dict[str, torch.Tensor]:
+    """Mean of each hook's activation over every real token of ``reference`` inputs (encoded
+    inputs taken as given); ``by_class``: ``[3, ...]`` means over the prompt, reply and pooled
+    tokens (:meth:`~tl_reward.model.inputs.RewardBatch.position_classes`), NaN for a class
+    the reference lacks."""
+    n_cls = 3 if by_class else 1
     sums: dict[str, torch.Tensor] = {}
-    count = 0
-    encoded = [model.encode(x) for x in reference]
+    count = torch.zeros(n_cls)
+    encoded = [x if isinstance(x, EncodedInput) else model.encode(x) for x in reference]
     with torch.no_grad():
         for s in range(0, len(encoded), batch_size):
             batch = model.collate(encoded[s : s + batch_size], "right")
             _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
                                             return_type=None, names_filter=lambda n: n in hooks)
-            m = batch.attention_mask.bool()
+            cls = (batch.position_classes() if by_class
+                   else batch.attention_mask.long() - 1).cpu()
             for h in hooks:
-                tot = cache[h][m].sum(0)
+                tot = torch.stack([cache[h][(cls == c).to(cache[h].device)].sum(0)
+                                   for c in range(n_cls)])
                 sums[h] = sums[h] + tot if h in sums else tot
-            count += int(m.sum())
-    if count == 0:
+            count += torch.bincount(cls[cls >= 0].flatten(), minlength=n_cls)[:n_cls]
+    if count.sum() == 0:
         raise TLRewardError("the reference set for mean ablation is empty")
-    return {h: v / count for h, v in sums.items()}
+    out = {}
+    for h, v in sums.items():
+        c = count.to(v.device, v.dtype).reshape(-1, *[1] * (v.ndim - 1))
+        mean = torch.where(c > 0, v / c.clamp(min=1), torch.nan)
+        out[h] = mean if by_class else mean[0]
+    return out
 
 
 _Grid = tuple[list[Site], list[int], list[int] | None, list[str], tuple[int, ...]]

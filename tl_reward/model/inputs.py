@@ -190,6 +190,20 @@ class RewardBatch:
             return torch.zeros_like(self.lengths)
         return self.tokens.shape[1] - self.lengths
 
+    def position_classes(self) -> Int[torch.Tensor, "batch pos"]:
+        """Each position's class for mean ablation: 0 prompt (before the response start),
+        1 reply (every other real token), 2 the pooled reward token, -1 padding. A row with no
+        known response start is prompt up to its pooled token."""
+        if self.pooled is None:
+            raise TLRewardError("position classes need the pooled positions (model.build)")
+        pos = torch.arange(self.tokens.shape[1], device=self.tokens.device)[None]
+        rel = pos - self.offsets().to(pos.device)[:, None]
+        starts = torch.tensor([self.tokens.shape[1] if s is None else s
+                               for s in self.response_starts], device=pos.device)
+        out = torch.where(rel < starts[:, None], 0, 1)
+        out[pos.expand_as(out) == self.pooled.to(pos.device)[:, None]] = 2
+        return out.masked_fill(self.attention_mask == 0, -1)
+
     def to(self, device: torch.device | str) -> RewardBatch:
         return RewardBatch(self.tokens.to(device), self.attention_mask.to(device),
                            self.lengths.to(device), self.padding_side, self.response_starts,

@@ -1,0 +1,18 @@
+"""Reward circuits: the edge graph of a reward model, edge attribution (exact, EAP, EAP-IG) and
+circuits with their faithfulness (methods section 10)."""
+
+from tl_reward.circuits.circuit import (
+    MIB_SIZES,
+    CircuitEvaluation,
+    FaithfulnessCurve,
+    RewardCircuit,
+    evaluate_circuit,
+    faithfulness_curve,
+    prune,
+)
+from tl_reward.circuits.edges import EdgeAttribution, edge_attribution
+from tl_reward.circuits.graph import RewardGraph
+
+__all__ = ["MIB_SIZES", "CircuitEvaluation", "EdgeAttribution", "FaithfulnessCurve",
+           "RewardCircuit", "RewardGraph", "edge_attribution", "evaluate_circuit",
+           "faithfulness_curve", "prune"]

@@ -1,0 +1,256 @@
+"""Reward circuits: a set of edges of the :class:`~tl_reward.circuits.graph.RewardGraph`, and
+how much of the metric it alone carries (methods section 10).
+
+Evaluating a circuit ``C`` is one forward in which every destination input reads
+``in_v(current) + sum_{u -> v not in C} (a_u(corrupt) - a_u(current))``: every edge outside the
+circuit carries its corrupted contribution. Faithfulness is
+``(m(C) - m(empty)) / (m(full) - m(empty))`` per item; the full circuit is the clean forward and
+the empty one the corrupted forward (the counterfactual's, or every source ablated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from tl_reward.circuits.edges import (
+    EdgeAttribution,
+    Inputs,
+    batches,
+    corrupted_metric,
+    forward,
+    per_item,
+    prepare_inputs,
+    read_metric,
+)
+from tl_reward.circuits.graph import RewardGraph
+from tl_reward.errors import TLRewardError
+from tl_reward.model.readout import accumulation_dtype, resolve_objectives
+from tl_reward.results import ShortRepr
+from tl_reward.stats.estimate import Estimate
+from tl_reward.stats.paired import summarise_mean
+
+
+@dataclass(repr=False)
+class RewardCircuit(ShortRepr):
+    """Edges of ``graph`` (``mask``: ``[n_dests, n_sources]`` bool), each on a path
+    ``input -> ... -> reward`` of circuit edges: every constructor below prunes dangling
+    edges (:func:`prune`)."""
+
+    graph: RewardGraph
+    mask: torch.Tensor
+
+    @classmethod
+    def from_mask(cls, graph: RewardGraph, mask: torch.Tensor) -> RewardCircuit:
+        """The circuit of the edges where ``mask`` (``[n_dests, n_sources]``) is True."""
+        full = graph.edge_mask()
+        if mask.shape != full.shape:
+            raise TLRewardError(f"a circuit mask of {tuple(full.shape)} (dests x sources) is "
+                                f"needed, got {tuple(mask.shape)}")
+        return cls(graph, prune(graph, mask.bool().cpu() & full))
+
+    def headline(self) -> dict[str, Any]:
+        return {"edges": self.n_edges, "of": self.graph.n_edges}
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.mask.sum())
+
+    def edges(self) -> list[tuple[str, str, str]]:
+        """The circuit's ``(src, dst, qkv)``."""
+        src, dst = self.graph.sources, self.graph.dests
+        return [(src[i], *dst[j]) for j, i in self.mask.nonzero().tolist()]
+
+    @classmethod
+    def top(cls, attribution: EdgeAttribution, n: int, absolute: bool = True) -> RewardCircuit:
+        """The ``n`` edges of largest ``|score|`` (``absolute=False``: largest score), then
+        pruned (so possibly fewer)."""
+        s = attribution.scores.nan_to_num(nan=-torch.inf)
+        s = s.abs().masked_fill(s == -torch.inf, -torch.inf) if absolute else s
+        mask = torch.zeros(s.numel(), dtype=torch.bool)
+        n = max(0, min(int(n), attribution.graph.n_edges))
+        mask[s.flatten().topk(n).indices] = True
+        return cls.from_mask(attribution.graph, mask.view_as(s))
+
+    @classmethod
+    def fraction(cls, attribution: EdgeAttribution, f: float,
+                 absolute: bool = True) -> RewardCircuit:
+        """The top ``round(f * n_edges)`` edges (``0 <= f <= 1``)."""
+        if not 0 <= f <= 1:
+            raise TLRewardError(f"the fraction of edges must be in [0, 1], got {f}")
+        return cls.top(attribution, round(f * attribution.graph.n_edges), absolute)
+
+    @classmethod
+    def threshold(cls, attribution: EdgeAttribution, t: float,
+                  absolute: bool = True) -> RewardCircuit:
+        """Every edge with ``|score| >= t`` (``absolute=False``: ``score >= t``)."""
+        s = attribution.scores.abs() if absolute else attribution.scores
+        return cls.from_mask(attribution.graph, (s >= t).nan_to_num(False))
+
+    @classmethod
+    def from_edges(cls, graph: RewardGraph,
+                   edges: list[tuple[str, str, str]]) -> RewardCircuit:
+        """The circuit of the named ``(src, dst, qkv)`` edges."""
+        si = {s: i for i, s in enumerate(graph.sources)}
+        di = {d: j for j, d in enumerate(graph.dests)}
+        full = graph.edge_mask()
+        mask = torch.zeros_like(full)
+        for src, dst, qkv in edges:
+            if src not in si or (dst, qkv) not in di or not full[di[dst, qkv], si[src]]:
+                raise TLRewardError(f"({src!r}, {dst!r}, {qkv!r}) is not an edge of this "
+                                    "graph (see RewardGraph.edges())")
+            mask[di[dst, qkv], si[src]] = True
+        return cls.from_mask(graph, mask)
+
+
+def _feeds(graph: RewardGraph) -> list[list[int]]:
+    """Per source, the destinations that are its own inputs (a head's q, its key/value head's
+    k and v; an MLP's input); ``input`` has none."""
+    out: list[list[int]] = [[]]
+    groups = graph.dest_groups()
+    g = graph.n_heads // graph.n_kv_heads
+    for layer in range(graph.n_layers):
+        q, k, v, m = groups[4 * layer : 4 * layer + 4]
+        out += [[q[1] + h, k[1] + h // g, v[1] + h // g] for h in range(graph.n_heads)]
+        out.append([m[1]])
+    return out
+
+
+def prune(graph: RewardGraph, mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` without dangling edges: keep ``u -> v`` only when ``u`` is reached from
+    ``input`` and ``v`` reaches ``reward`` along edges of ``mask``."""
+    feeds = _feeds(graph)
+    n_src = len(graph.sources)
+    reached = torch.zeros(n_src, dtype=torch.bool)
+    reached[0] = True
+    for u in range(1, n_src):
+        reached[u] = bool((mask[feeds[u]] & reached).any())
+    useful = torch.zeros(n_src, dtype=torch.bool)
+    alive = torch.zeros(len(graph.dests), dtype=torch.bool)
+    alive[-1] = True
+    for u in range(n_src - 1, -1, -1):
+        useful[u] = bool((mask[:, u] & alive).any())
+        for d in feeds[u]:
+            alive[d] |= useful[u]
+    return mask & reached[None] & alive[:, None]
+
+
+@dataclass(repr=False)
+class CircuitEvaluation(ShortRepr):
+    """A circuit's metric per item against the full and empty circuits.
+
+    Attributes:
+        circuit: the circuit; ``metric``, ``full``, ``empty``: ``[n_items]``;
+        per_item: ``[n_items]`` faithfulness ``(metric - empty) / (full - empty)`` (NaN where
+        full = empty); faithfulness: their mean with its sign-flip interval.
+    """
+
+    circuit: RewardCircuit
+    metric: torch.Tensor
+    full: torch.Tensor
+    empty: torch.Tensor
+    per_item: torch.Tensor
+    faithfulness: Estimate
+
+
+def _metrics(model: Any, graph: RewardGraph, inputs: Inputs, obj: str,
+             masks: list[torch.Tensor], batch_size: int, padding_side: str
+             ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """``(full, empty, [metric of each circuit mask])``, each ``[n_items]`` on the CPU."""
+    acc, dev, n = accumulation_dtype(model), model.cfg.device, inputs.n_items
+    full, empty = (torch.zeros(n, dtype=acc, device=dev) for _ in range(2))
+    out = [torch.zeros(n, dtype=acc, device=dev) for _ in masks]
+    patches = [(graph.edge_mask() & ~m).to(dev)[None] for m in masks]
+    with torch.no_grad():
+        for batch in batches(model, inputs, batch_size, padding_side):
+            full += per_item(read_metric(model, forward(model, graph, batch), batch, obj),
+                             batch, n)
+            empty += per_item(corrupted_metric(model, graph, batch, obj), batch, n)
+            for o, patch in zip(out, patches, strict=True):
+                r = read_metric(model, forward(model, graph, batch, patch=patch), batch, obj)
+                o += per_item(r, batch, n)
+    return full.cpu(), empty.cpu(), [o.cpu() for o in out]
+
+
+def _faithfulness(m: torch.Tensor, full: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
+    den = full - empty
+    return torch.where(den != 0, (m - empty) / torch.where(den != 0, den, 1), torch.nan)
+
+
+def evaluate_circuit(model: Any, circuit: RewardCircuit, clean: Any, corrupt: Any = None,
+                     ablation: str | None = None, reference: Any = None,
+                     objective: int | str | None = None, batch_size: int = 8,
+                     padding_side: str = "right") -> CircuitEvaluation:
+    """The metric with every edge outside ``circuit`` corrupted, and its faithfulness (inputs
+    and corruption as :func:`~tl_reward.circuits.edges.edge_attribution`)."""
+    graph = RewardGraph.from_model(model)
+    if graph != circuit.graph:
+        raise TLRewardError("the circuit was made on another model's graph")
+    obj = resolve_objectives(model, objective)[0]
+    inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
+    full, empty, (m,) = _metrics(model, graph, inputs, obj, [circuit.mask], batch_size,
+                                 padding_side)
+    f = _faithfulness(m, full, empty)
+    return CircuitEvaluation(circuit, m, full, empty, f,
+                             summarise_mean(np.asarray(f.double().numpy())))
+
+
+#: MIB's circuit sizes, as fractions of all edges.
+MIB_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+@dataclass(repr=False)
+class FaithfulnessCurve(ShortRepr):
+    """Faithfulness of the top circuits of an attribution over circuit sizes.
+
+    Attributes:
+        sizes: the fractions of all edges selected (before pruning); n_edges: the pruned
+        circuits' edge counts; faithfulness: ``[sizes]`` the mean over items; random:
+        ``[sizes]`` the same for seeded random circuits of the same size (edges drawn
+        uniformly, then pruned); cpr, cmd: MIB's areas under ``f`` and ``|1 - f|`` over the
+        edge fraction (trapezoids); method: the attribution's method.
+    """
+
+    sizes: list[float]
+    n_edges: list[int]
+    faithfulness: torch.Tensor
+    random: torch.Tensor
+    cpr: float
+    cmd: float
+    method: str
+
+    def headline(self) -> dict[str, Any]:
+        return {"CPR": self.cpr, "CMD": self.cmd}
+
+
+def faithfulness_curve(model: Any, attribution: EdgeAttribution, clean: Any,
+                       corrupt: Any = None, ablation: str | None = None, reference: Any = None,
+                       sizes: tuple[float, ...] = MIB_SIZES, seed: int = 0,
+                       batch_size: int = 8, padding_side: str = "right") -> FaithfulnessCurve:
+    """Faithfulness of :meth:`RewardCircuit.fraction` circuits of ``attribution`` at ``sizes``
+    against random circuits of the same size, with CPR and CMD (objective: the
+    attribution's)."""
+    graph = RewardGraph.from_model(model)
+    if graph != attribution.graph:
+        raise TLRewardError("the attribution was made on another model's graph")
+    inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
+    gen = torch.Generator().manual_seed(seed)
+    top = [RewardCircuit.fraction(attribution, f) for f in sizes]
+    rand = []
+    for f in sizes:
+        pick = torch.zeros(graph.n_edges, dtype=torch.bool)
+        pick[torch.randperm(graph.n_edges, generator=gen)[: round(f * graph.n_edges)]] = True
+        mask = torch.zeros_like(graph.edge_mask())
+        mask[graph.edge_mask()] = pick
+        rand.append(RewardCircuit.from_mask(graph, mask))
+    full, empty, ms = _metrics(model, graph, inputs, attribution.objective,
+                               [c.mask for c in top + rand], batch_size, padding_side)
+    f = torch.stack([_faithfulness(m, full, empty).nanmean() for m in ms])
+    x = torch.tensor(sizes, dtype=f.dtype)
+    cur = f[: len(sizes)]
+    return FaithfulnessCurve(list(sizes), [c.n_edges for c in top], cur, f[len(sizes):],
+                             float(torch.trapezoid(cur, x)),
+                             float(torch.trapezoid((1 - cur).abs(), x)), attribution.method)

@@ -1,0 +1,478 @@
+"""Edge attribution: how much each edge of the :class:`~tl_reward.circuits.graph.RewardGraph`
+carries the reward.
+
+Sign convention (noising): ``score(u -> v) = M(u's contribution to v's input replaced by its
+corrupted one) - M(clean)``, or the first-order estimate of it, averaged over items. ``M`` is
+one objective read at the pooled token through the library's readout (float32 at least):
+``r(x)`` for sequences, the margin ``r(chosen) - r(rejected)`` for preference pairs.
+
+Corruption: ``corrupt`` holds counterfactuals of equal length (a swapped token, a probe's edit),
+one per clean sequence; or ``ablation="mean"`` (each source's mean over a reference set per
+position class: prompt, reply, pooled reward token) or ``"zero"``, which need no alignment and
+are the only corruption of preference pairs (each reply ablated on its own; chosen and
+rejected are never aligned by position).
+
+Methods: ``"exact"`` (one patched forward per edge, edges stacked along the batch: the oracle
+for small graphs), ``"eap"`` (``(a_u(corrupt) - a_u(clean)) . dM/d(in_v)`` on the clean run,
+summed over positions) and ``"eap-ig"`` (the same difference times the mean gradient over
+``ig_steps`` points ``k / ig_steps``, ``k = 1..ig_steps``, on the line from the corrupted to the
+clean embeddings: MIB's EAP-IG-inputs). A head's output is its ``hook_z`` through its rows of
+``W_O``; padding positions never contribute. Differences are built one chunk of sources at a
+time (at most ``chunk_sources``, never crossing a layer), never as the whole
+``[batch, pos, sources, d_model]`` tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+
+from tl_reward.circuits.graph import RewardGraph, split_inputs
+from tl_reward.data.pairs import PairBatch, TokenizedPair, as_pair_batch
+from tl_reward.data.preference import PreferencePair
+from tl_reward.errors import TLRewardError
+from tl_reward.model.inputs import EncodedInput, RewardBatch, as_items
+from tl_reward.model.readout import accumulation_dtype, objective_at_pooled, resolve_objectives
+from tl_reward.results import ShortRepr
+
+METHODS = ("exact", "eap", "eap-ig")
+ABLATIONS = ("mean", "zero")
+
+
+# -- inputs -------------------------------------------------------------------------------------
+def _is_pairs(x: Any) -> bool:
+    def one(p: Any) -> bool:
+        return isinstance(p, (PreferencePair, TokenizedPair)) or (
+            isinstance(p, tuple) and len(p) == 3 and isinstance(p[1], str))
+    return isinstance(x, PairBatch) or one(x) or (
+        isinstance(x, (list, tuple)) and len(x) > 0 and one(x[0]))
+
+
+def _encode(model: Any, inputs: Any) -> tuple[list[EncodedInput], list[float], list[int]]:
+    """Encoded rows, each row's sign in the metric and its item: a pair gives two rows."""
+    if _is_pairs(inputs):
+        rows = []
+        for tp in as_pair_batch(model, inputs):
+            rows += [EncodedInput(tp.chosen_ids, tp.prompt_len),
+                     EncodedInput(tp.rejected_ids, tp.prompt_len)]
+        n = len(rows) // 2
+        return rows, [1.0, -1.0] * n, [i for i in range(n) for _ in (0, 1)]
+    rows = [x if isinstance(x, EncodedInput) else model.encode(x) for x in as_items(inputs)]
+    return rows, [1.0] * len(rows), list(range(len(rows)))
+
+
+@dataclass
+class Inputs:
+    """Encoded clean rows with their signs and items, and how they are corrupted."""
+
+    rows: list[EncodedInput]
+    sign: list[float]
+    item: list[int]
+    corrupt: list[EncodedInput] | None
+    ablation: str | None
+    means: dict[str, torch.Tensor] | None = None
+
+    @property
+    def n_items(self) -> int:
+        return max(self.item) + 1
+
+
+def prepare_inputs(model: Any, clean: Any, corrupt: Any = None, ablation: str | None = None,
+                   reference: Any = None, batch_size: int = 8) -> Inputs:
+    """Check and encode ``clean`` and its corruption (see the module doc)."""
+    rows, sign, item = _encode(model, clean)
+    if ablation is not None and ablation not in ABLATIONS:
+        raise TLRewardError(f"ablation must be one of {ABLATIONS} or None, got {ablation!r}")
+    if (corrupt is None) == (ablation is None):
+        raise TLRewardError(
+            "pass exactly one corruption: corrupt= (counterfactual sequences of equal length) "
+            "or ablation='mean' / 'zero'")
+    if corrupt is not None:
+        if _is_pairs(clean) or _is_pairs(corrupt):
+            raise TLRewardError(
+                "preference pairs are corrupted by ablation (ablation='mean' or 'zero'), each "
+                "reply on its own; chosen and rejected are never aligned by position")
+        bad, _, _ = _encode(model, corrupt)
+        if len(bad) != len(rows):
+            raise TLRewardError(f"corrupt has {len(bad)} sequences for {len(rows)} clean ones; "
+                                "pass one counterfactual per clean sequence")
+        for i, (a, b) in enumerate(zip(rows, bad, strict=True)):
+            if len(a.ids) != len(b.ids):
+                raise TLRewardError(
+                    f"clean sequence {i} has {len(a.ids)} tokens and its counterfactual "
+                    f"{len(b.ids)}: edge patching writes position t of one into position t of "
+                    "the other, so they must have equal length; use ablation='mean' or 'zero' "
+                    "for inputs of different lengths")
+        return Inputs(rows, sign, item, bad, None)
+    out = Inputs(rows, sign, item, None, ablation)
+    if ablation == "mean":
+        from tl_reward.analysis.patching import mean_activations
+
+        ref = rows if reference is None else _encode(model, reference)[0]
+        out.means = mean_activations(model, ref, source_hooks(model), batch_size, by_class=True)
+    return out
+
+
+def source_hooks(model: Any) -> list[str]:
+    """The hooks source outputs are read from: embeddings, each layer's ``hook_z`` and
+    ``hook_mlp_out``."""
+    out = ["blocks.0.hook_resid_pre"]
+    for layer in range(model.cfg.n_layers):
+        out.append(f"blocks.{layer}.attn.hook_z")
+        if not model.cfg.attn_only:
+            out.append(f"blocks.{layer}.hook_mlp_out")
+    return out
+
+
+# -- activations and patched forwards ---------------------------------------------------
+@dataclass
+class Batch:
+    """Padded rows of a batch, their corrupted source activations and signs."""
+
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    sign: torch.Tensor
+    item: torch.Tensor
+    corr: dict[str, torch.Tensor] = field(default_factory=dict)
+    corr_tokens: torch.Tensor | None = None
+
+    def repeat(self, n: int) -> Batch:
+        """The batch stacked ``n`` times (copy-major)."""
+        def rep(t: torch.Tensor) -> torch.Tensor:
+            return t.repeat(n, *[1] * (t.ndim - 1))
+        return Batch(rep(self.tokens), rep(self.mask), rep(self.sign), rep(self.item),
+                     {k: rep(v) for k, v in self.corr.items()}, None)
+
+
+def batches(model: Any, inputs: Inputs, batch_size: int, padding_side: str) -> Iterator[Batch]:
+    """Row batches with their corrupted source activations."""
+    for s in range(0, len(inputs.rows), batch_size):
+        b = model.collate(inputs.rows[s : s + batch_size], padding_side)
+        dev = b.tokens.device
+        out = Batch(b.tokens, b.attention_mask,
+                    torch.tensor(inputs.sign[s : s + batch_size], device=dev),
+                    torch.tensor(inputs.item[s : s + batch_size], device=dev))
+        if inputs.corrupt is not None:
+            c = model.collate(inputs.corrupt[s : s + batch_size], padding_side)
+            out.corr_tokens = c.tokens
+            out.corr = record(model, c.tokens, c.attention_mask)
+        else:
+            out.corr = ablated(model, b, inputs)
+        yield out
+
+
+def ablated(model: Any, batch: RewardBatch, inputs: Inputs) -> dict[str, torch.Tensor]:
+    """Each source's ablated activation at every position of ``batch`` (class means or 0)."""
+    cls = batch.position_classes()
+    real = (cls >= 0)
+    out = {}
+    for hook in source_hooks(model):
+        if inputs.means is None:
+            shape = model.cfg.n_heads, model.cfg.d_head
+            tail = shape if hook.endswith("hook_z") else (model.cfg.d_model,)
+            out[hook] = torch.zeros(*cls.shape, *tail, device=cls.device, dtype=model.cfg.dtype)
+            continue
+        m = inputs.means[hook]
+        got = m[cls.clamp(min=0)]
+        if bool(got[real].isnan().any()):
+            raise TLRewardError(
+                "the reference set for mean ablation has no token of a position class "
+                "(prompt, reply, reward token) the inputs have; pass reference= inputs with "
+                "prompts and replies (e.g. the clean inputs themselves)")
+        out[hook] = got * real.reshape(*cls.shape, *[1] * (got.ndim - 2)).to(got.dtype)
+    return out
+
+
+def record(model: Any, tokens: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Source activations of one unpatched forward."""
+    hooks = set(source_hooks(model))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, attention_mask=mask, return_type=None,
+                                        names_filter=lambda n: n in hooks)
+    return dict(cache.cache_dict)
+
+
+def delta(model: Any, graph: RewardGraph, a: dict[str, torch.Tensor],
+          b: dict[str, torch.Tensor], block: int, s0: int, s1: int,
+          mask: torch.Tensor) -> torch.Tensor:
+    """``[batch, pos, s1 - s0, d_model]``: outputs of sources ``s0 .. s1`` (one block) under
+    ``a`` minus under ``b``, zero at padding, in the accumulation dtype."""
+    acc = accumulation_dtype(model)
+    if block < 0:
+        h = "blocks.0.hook_resid_pre"
+        d = (a[h].to(acc) - b[h].to(acc))[:, :, None]
+    else:
+        start, n_heads = graph.layer_start(block), graph.n_heads
+        h0, h1 = s0 - start, s1 - start
+        parts = []
+        if h0 < min(h1, n_heads):
+            z = f"blocks.{block}.attn.hook_z"
+            dz = a[z][:, :, h0:h1].to(acc) - b[z][:, :, h0:h1].to(acc)
+            w_o = model.blocks[block].attn.W_O[h0:min(h1, n_heads)].to(acc)
+            parts.append(torch.einsum("rphe,hed->rphd", dz, w_o))
+        if h1 > n_heads:
+            m = f"blocks.{block}.hook_mlp_out"
+            parts.append((a[m].to(acc) - b[m].to(acc))[:, :, None])
+        d = torch.cat(parts, 2)
+    return d * mask[:, :, None, None].to(acc)
+
+
+def chunks(graph: RewardGraph, end: int, size: int | None) -> list[tuple[int, int, int]]:
+    """Source ranges covering ``[0, end)``, each inside one block, at most ``size`` long."""
+    out = []
+    for block, s0, s1 in graph.source_blocks(end):
+        step = size or (s1 - s0)
+        out += [(block, a, min(s1, a + step)) for a in range(s0, s1, step)]
+    return out
+
+
+@contextmanager
+def frozen_params(model: Any) -> Iterator[None]:
+    """Parameters without gradients for the duration (only destination inputs get them)."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, f in flags:
+            p.requires_grad_(f)
+
+
+def forward(
+    model: Any, graph: RewardGraph, batch: Batch, *,
+    patch: torch.Tensor | None = None,
+    on_grad: Callable[[int, int, int, torch.Tensor], None] | None = None,
+    embed: torch.Tensor | None = None,
+    chunk_sources: int | None = None,
+) -> torch.Tensor:
+    """The objective-ready final residual ``[batch, pos, d_model]`` of one forward.
+
+    ``patch`` ``[batch or 1, n_dst, n_src]``: each destination input gets
+    ``sum_u patch[v, u] * (a_u(corrupt) - a_u(this forward))``. ``on_grad(first, count,
+    upstream, grad)`` receives the gradient of each destination hook's input (the embeddings
+    become a leaf that needs a gradient). ``embed`` replaces the embeddings.
+    """
+    cur: dict[str, torch.Tensor] = {}
+    hooks: list[tuple[str, Callable[..., Any]]] = []
+    if embed is not None or on_grad is not None:
+        def leaf(act: torch.Tensor, hook: Any) -> torch.Tensor:
+            e = (act if embed is None else embed).detach().to(act.dtype)
+            return e.requires_grad_(on_grad is not None)
+        hooks.append(("blocks.0.hook_resid_pre", leaf))
+    if patch is not None:
+        def rec(act: torch.Tensor, hook: Any) -> None:
+            cur[hook.name] = act
+        hooks += [(h, rec) for h in source_hooks(model)]
+
+    def edit(act: torch.Tensor, first: int, count: int, up: int) -> torch.Tensor:
+        if patch is not None:
+            m = patch[:, first : first + count]
+            if bool(m.any()):
+                add: torch.Tensor | float = 0.0
+                for block, s0, s1 in chunks(graph, up, chunk_sources):
+                    mm = m[..., s0:s1].to(accumulation_dtype(model))
+                    if not bool(mm.any()):
+                        continue
+                    d = delta(model, graph, batch.corr, cur, block, s0, s1, batch.mask)
+                    add = add + (torch.einsum("rpsd,js->rpjd", d, mm[0]) if mm.shape[0] == 1
+                                 else torch.einsum("rpsd,rjs->rpjd", d, mm))
+                if isinstance(add, torch.Tensor):
+                    act = act + (add if act.ndim == 4 else add[:, :, 0]).to(act.dtype)
+        if on_grad is not None:
+            act.register_hook(lambda g: on_grad(first, count, up, g))
+        return act
+
+    groups = graph.dest_groups()
+    for name, first, count, up in groups[:-1]:
+        hooks.append((name, lambda act, hook, f=first, c=count, u=up: edit(act, f, c, u)))
+    with split_inputs(model), model.hooks(fwd_hooks=hooks):
+        resid = model(batch.tokens, attention_mask=batch.mask,
+                      stop_at_layer=model.cfg.n_layers)
+    _, first, count, up = groups[-1]
+    return edit(resid, first, count, up)
+
+
+def read_metric(model: Any, resid: torch.Tensor, batch: Batch, obj: str) -> torch.Tensor:
+    """``[batch]`` the objective at each row's pooled token (the library's readout)."""
+    return objective_at_pooled(model, resid, batch.tokens, batch.mask, [obj])[:, 0]
+
+
+def per_item(values: torch.Tensor, batch: Batch, n_items: int) -> torch.Tensor:
+    """Signed row values summed into their items: ``[n_items]``."""
+    out = torch.zeros(n_items, dtype=values.dtype, device=values.device)
+    return out.index_add(0, batch.item, values * batch.sign.to(values.dtype))
+
+
+# -- the result ---------------------------------------------------------------------------
+@dataclass(repr=False)
+class EdgeAttribution(ShortRepr):
+    """Edge scores of one model on a set of items (sign convention in the module doc).
+
+    Attributes:
+        graph: the edge graph.
+        scores: ``[n_dests, n_sources]`` (NaN where no edge): the mean over items.
+        method: ``"exact"``, ``"eap"`` or ``"eap-ig"``; objective: the objective read.
+        settings: ablation (None for counterfactuals), ig_steps, items.
+        clean_metric, corrupt_metric: ``[n_items]`` the metric of each item, clean and with
+            every edge corrupted (the counterfactual's own metric, or every source ablated).
+    """
+
+    graph: RewardGraph
+    scores: torch.Tensor
+    method: str
+    objective: str
+    settings: dict[str, Any]
+    clean_metric: torch.Tensor
+    corrupt_metric: torch.Tensor
+
+    def headline(self) -> dict[str, Any]:
+        return {"edges": self.graph.n_edges,
+                "clean metric": float(self.clean_metric.mean()),
+                "corrupt metric": float(self.corrupt_metric.mean())}
+
+    def edge_scores(self) -> torch.Tensor:
+        """``[n_edges]`` scores in :meth:`RewardGraph.edges` order."""
+        return self.scores[self.graph.edge_mask()]
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per edge (``src``, ``dst``, ``qkv``, ``score``), by ``|score|`` descending."""
+        df = pd.DataFrame(self.graph.edges(), columns=["src", "dst", "qkv"])
+        df["score"] = self.edge_scores().double().numpy()
+        order = df["score"].abs().sort_values(ascending=False, kind="stable").index
+        return df.loc[order].reset_index(drop=True)
+
+    @property
+    def node_effects(self) -> dict[str, float]:
+        """Each source's direct effect on the metric: the score of its edge into ``reward``
+        (its output on the direct path to the readout, every other path clean)."""
+        return dict(zip(self.graph.sources, self.scores[-1].tolist(), strict=True))
+
+
+def edge_attribution(
+    model: Any,
+    clean: Any,
+    corrupt: Any = None,
+    method: str = "eap-ig",
+    ablation: str | None = None,
+    reference: Any = None,
+    objective: int | str | None = None,
+    ig_steps: int = 5,
+    batch_size: int = 8,
+    chunk_sources: int | None = None,
+    padding_side: str = "right",
+) -> EdgeAttribution:
+    """Score every edge of ``model``'s graph (methods, corruption and the sign in the module
+    doc). ``clean``: sequences (built with the model's own builder) or preference pairs (the
+    metric is the margin). ``batch_size`` rows per forward (a pair is two rows; ``"exact"``
+    stacks edges so that each forward has about ``batch_size * 8`` rows); ``chunk_sources``
+    caps the sources whose differences are held at once (default: one layer's)."""
+    if method not in METHODS:
+        raise TLRewardError(f"method must be one of {METHODS}, got {method!r}")
+    if ig_steps < 1:
+        raise TLRewardError(f"ig_steps must be at least 1, got {ig_steps}")
+    graph = RewardGraph.from_model(model)
+    obj = resolve_objectives(model, objective)[0]
+    inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
+    acc = accumulation_dtype(model)
+    dev = model.cfg.device
+    n_items = inputs.n_items
+    scores = torch.zeros(len(graph.dests), len(graph.sources), dtype=acc, device=dev)
+    clean_m = torch.zeros(n_items, dtype=acc, device=dev)
+    corr_m = torch.zeros(n_items, dtype=acc, device=dev)
+    for batch in batches(model, inputs, batch_size, padding_side):
+        with torch.no_grad():
+            base = record(model, batch.tokens, batch.mask)
+            r0 = read_metric(model, forward(model, graph, batch), batch, obj)
+            clean_m += per_item(r0, batch, n_items)
+            r1 = corrupted_metric(model, graph, batch, obj, chunk_sources)
+            corr_m += per_item(r1, batch, n_items)
+        if method == "exact":
+            _exact(model, graph, batch, obj, r0, scores, batch_size, chunk_sources)
+        else:
+            _gradient(model, graph, batch, base, obj, scores,
+                      1 if method == "eap" else ig_steps, method == "eap-ig", chunk_sources)
+    scores = (scores / n_items).masked_fill(~graph.edge_mask().to(dev), torch.nan)
+    settings = {"ablation": inputs.ablation, "items": n_items,
+                "ig_steps": ig_steps if method == "eap-ig" else 0}
+    return EdgeAttribution(graph, scores.cpu(), method, obj, settings, clean_m.cpu(),
+                           corr_m.cpu())
+
+
+@torch.no_grad()
+def corrupted_metric(model: Any, graph: RewardGraph, batch: Batch, obj: str,
+                     chunk_sources: int | None = None) -> torch.Tensor:
+    """``[rows]`` the objective with every edge corrupted: the counterfactual's own forward,
+    or every edge patched to the ablated sources."""
+    if batch.corr_tokens is not None:
+        cb = Batch(batch.corr_tokens, batch.mask, batch.sign, batch.item)
+        return read_metric(model, forward(model, graph, cb), cb, obj)
+    everything = graph.edge_mask().to(batch.tokens.device)[None]
+    return read_metric(model, forward(model, graph, batch, patch=everything,
+                                    chunk_sources=chunk_sources), batch, obj)
+
+
+@torch.no_grad()
+def _exact(model: Any, graph: RewardGraph, batch: Batch, obj: str, r0: torch.Tensor,
+           scores: torch.Tensor, batch_size: int, chunk_sources: int | None) -> None:
+    """Add each edge's summed signed effect on this batch's rows to ``scores``."""
+    idx = graph.edge_mask().nonzero().to(scores.device)
+    rows = batch.tokens.shape[0]
+    per = max(1, batch_size * 8 // rows)
+    for s in range(0, len(idx), per):
+        e = idx[s : s + per]
+        onehot = torch.zeros(len(e), *scores.shape, dtype=torch.bool, device=scores.device)
+        onehot[torch.arange(len(e)), e[:, 0], e[:, 1]] = True
+        big = batch.repeat(len(e))
+        r = read_metric(model, forward(model, graph, big, patch=onehot.repeat_interleave(rows, 0),
+                                     chunk_sources=chunk_sources), big, obj)
+        eff = ((r.view(len(e), rows) - r0[None]) * batch.sign[None].to(r.dtype)).sum(1)
+        scores[e[:, 0], e[:, 1]] += eff.to(scores.dtype)
+
+
+def _gradient(model: Any, graph: RewardGraph, batch: Batch, base: dict[str, torch.Tensor],
+              obj: str, scores: torch.Tensor, steps: int, interpolate: bool,
+              chunk_sources: int | None) -> None:
+    """EAP (``steps = 1``, the clean run) or EAP-IG-inputs: add ``sum over rows, positions of
+    sign * (a_u(corrupt) - a_u(clean)) . mean_k dM/d(in_v)`` to ``scores``."""
+    acc = scores.dtype
+    per = graph.n_heads + 2 * graph.n_kv_heads + 1
+    pending: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
+
+    def contract(first: int, up: int, g: torch.Tensor) -> None:
+        for block, s0, s1 in chunks(graph, up, chunk_sources):
+            d = delta(model, graph, batch.corr, base, block, s0, s1, batch.mask)
+            scores[first : first + g.shape[2], s0:s1] += torch.einsum("rpsd,rpjd->js", d, g) / steps
+
+    def on_grad(first: int, count: int, up: int, g: torch.Tensor) -> None:
+        # a layer's four destination hooks are contracted together, so each source difference
+        # is built once per layer (sources past a destination's upstream land on non-edges)
+        g = g.to(acc) if g.ndim == 4 else g.to(acc)[:, :, None]
+        layer = first // per
+        if layer == graph.n_layers:
+            contract(first, up, g)
+            return
+        pending.setdefault(layer, []).append((first, up, g))
+        if len(pending[layer]) == 4:
+            parts = sorted(pending.pop(layer), key=lambda x: x[0])
+            contract(parts[0][0], max(p[1] for p in parts), torch.cat([p[2] for p in parts], 2))
+
+    h = "blocks.0.hook_resid_pre"
+    for k in range(1, steps + 1):
+        embed = None
+        if interpolate:
+            a = k / steps
+            embed = batch.corr[h].to(acc) + a * (base[h].to(acc) - batch.corr[h].to(acc))
+        with frozen_params(model), torch.enable_grad():
+            resid = forward(model, graph, batch, on_grad=on_grad, embed=embed)
+            m = (read_metric(model, resid, batch, obj) * batch.sign.to(acc)).sum()
+            m.backward()
+        for parts in pending.values():  # hooks the backward never reached (no gradient path)
+            for first, up, g in parts:
+                contract(first, up, g)
+        pending.clear()

@@ -1,0 +1,142 @@
+"""The computational graph of a reward model at the level of heads and MLPs (methods section 10).
+
+Sources (in this order): ``input`` (the embeddings, ``blocks.0.hook_resid_pre``), then per layer
+its heads ``a{l}.h{h}`` (each head's ``hook_z`` slice through its rows of ``W_O``; the attention
+bias ``b_O`` is the same in every run and belongs to no head) and its MLP ``m{l}``
+(``hook_mlp_out``). The sources feeding any destination are a prefix of this list.
+
+Destinations ``(node, qkv)``: per layer each head's query input ``(a{l}.h{h}, "q")``, each
+key/value head's key and value input ``(a{l}.h{j}, "k"/"v")`` (grouped-query models keep their
+``n_key_value_heads``, as TransformerLens's split inputs hold them: key/value head ``j`` feeds
+query heads ``j*g .. j*g+g-1``, ``g = n_heads / n_key_value_heads``), the MLP input
+``(m{l}, "")``; then ``("reward", "")`` (the final residual, read at the pooled token). A
+layer's MLP reads that layer's heads (unless attention and MLP run in parallel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tl_reward.errors import TLRewardError
+from tl_reward.results import result_type
+
+
+@contextmanager
+def split_inputs(model: Any) -> Iterator[None]:
+    """Turn on TransformerLens's per-head q/k/v inputs and ``hook_mlp_in``; restore after."""
+    old = (model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in)
+    model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = True
+    try:
+        yield
+    finally:
+        model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in = old
+
+
+@result_type
+@dataclass(frozen=True)
+class RewardGraph:
+    """Sources, destinations and edges of a model with ``n_layers`` layers of ``n_heads`` query
+    and ``n_kv_heads`` key/value heads (names in the module doc)."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    parallel: bool = False
+
+    @classmethod
+    def from_model(cls, model: Any) -> RewardGraph:
+        """The graph of a :class:`~tl_reward.HookedRewardModel` (pre-norm, with MLPs)."""
+        cfg = model.cfg
+        if getattr(cfg, "use_normalization_before_and_after", False) or (
+                cfg.original_architecture in ("BertForMaskedLM", "BertModel")):
+            raise TLRewardError("this model normalises each attention and MLP output, so a "
+                                "head's output is not a fixed vector added to the residual: "
+                                "edge circuits do not apply; use node-level patching "
+                                "(tl_reward.analysis.patching)")
+        if cfg.attn_only:
+            raise TLRewardError("edge circuits need MLP layers; this model is attention-only")
+        return cls(cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads or cfg.n_heads,
+                   bool(cfg.parallel_attn_mlp))
+
+    # -- sources ------------------------------------------------------------------------------
+    @property
+    def sources(self) -> list[str]:
+        out = ["input"]
+        for layer in range(self.n_layers):
+            out += [f"a{layer}.h{h}" for h in range(self.n_heads)] + [f"m{layer}"]
+        return out
+
+    def layer_start(self, layer: int) -> int:
+        """Source index of layer ``layer``'s first head (its MLP is ``+ n_heads``)."""
+        return 1 + layer * (self.n_heads + 1)
+
+    def source_blocks(self, end: int) -> list[tuple[int, int, int]]:
+        """``(block, s0, s1)`` covering sources ``[0, end)``: block -1 is ``input``, block
+        ``l`` layer ``l``'s heads and MLP."""
+        out = [(-1, 0, 1)] if end > 0 else []
+        for layer in range(self.n_layers):
+            s0 = self.layer_start(layer)
+            if s0 >= end:
+                break
+            out.append((layer, s0, min(end, s0 + self.n_heads + 1)))
+        return out
+
+    # -- destinations -------------------------------------------------------------------------
+    @property
+    def dests(self) -> list[tuple[str, str]]:
+        """``(node, qkv)`` of every destination, in :meth:`dest_groups` order."""
+        out: list[tuple[str, str]] = []
+        for layer in range(self.n_layers):
+            out += [(f"a{layer}.h{h}", "q") for h in range(self.n_heads)]
+            for x in "kv":
+                out += [(f"a{layer}.h{j}", x) for j in range(self.n_kv_heads)]
+            out.append((f"m{layer}", ""))
+        return out + [("reward", "")]
+
+    def dest_groups(self) -> list[tuple[str, int, int, int]]:
+        """``(hook, first, count, upstream)`` per destination hook: destinations
+        ``first .. first+count-1`` are read at ``hook`` (the last group, ``"reward"``, is the
+        final residual) and fed by sources ``0 .. upstream-1``."""
+        out, d, per = [], 0, self.n_heads + 1
+        for layer in range(self.n_layers):
+            up = 1 + layer * per
+            for x, n in (("q", self.n_heads), ("k", self.n_kv_heads), ("v", self.n_kv_heads)):
+                out.append((f"blocks.{layer}.hook_{x}_input", d, n, up))
+                d += n
+            out.append((f"blocks.{layer}.hook_mlp_in", d, 1,
+                        up + (0 if self.parallel else self.n_heads)))
+            d += 1
+        return [*out, ("reward", d, 1, 1 + self.n_layers * per)]
+
+    # -- edges --------------------------------------------------------------------------------
+    def edge_mask(self) -> torch.Tensor:
+        """``[n_dests, n_sources]`` bool: True where an edge joins them."""
+        out = torch.zeros(len(self.dests), len(self.sources), dtype=torch.bool)
+        for _, first, count, up in self.dest_groups():
+            out[first : first + count, :up] = True
+        return out
+
+    @property
+    def n_edges(self) -> int:
+        """The number of edges, by formula: layer ``l``'s ``H + 2 K`` attention inputs read
+        ``1 + l (H + 1)`` sources, its MLP ``H`` more (none more when parallel), the reward
+        all ``1 + L (H + 1)``."""
+        h, k, n = self.n_heads, self.n_kv_heads, self.n_layers
+        mlp_extra = 0 if self.parallel else h
+        return sum((h + 2 * k + 1) * (1 + layer * (h + 1)) + mlp_extra
+                   for layer in range(n)) + 1 + n * (h + 1)
+
+    def edges(self) -> list[tuple[str, str, str]]:
+        """Every ``(src, dst, qkv)``, in the order of ``edge_mask().nonzero()``."""
+        src, dst = self.sources, self.dests
+        return [(src[i], *dst[j]) for j, i in self.edge_mask().nonzero().tolist()]
+
+    def kv_group(self, kv_head: int) -> range:
+        """The query heads that key/value head ``kv_head`` feeds."""
+        g = self.n_heads // self.n_kv_heads
+        return range(kv_head * g, (kv_head + 1) * g)
