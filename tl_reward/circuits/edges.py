@@ -347,6 +347,18 @@ class EdgeAttribution(ShortRepr):
         order = df["score"].abs().sort_values(ascending=False, kind="stable").index
         return df.loc[order].reset_index(drop=True)
 
+    def view(self, title: str | None = None, max_edges: int = 200, shown: int = 30) -> Any:
+        """The circuit view (:func:`~tl_reward.viz.circuit.circuit_html`) of the top
+        ``max_edges`` edges, ``shown`` of them at first; ``.save(path)`` writes it offline."""
+        from tl_reward.viz.circuit import circuit_html
+
+        g = self.graph
+        return circuit_html(self.to_dataframe().head(max_edges), self.node_effects, g.n_layers,
+                            g.n_heads, title or f"Reward circuit ({self.method})", max_edges,
+                            shown, g.n_kv_heads)
+
+    plot = view
+
     @property
     def node_effects(self) -> dict[str, float]:
         """Each source's direct effect on the metric: the score of its edge into ``reward``

@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "faithfulness": "tl_reward.cli.faithfulness",
     "irm": "tl_reward.cli.irm",
     "sae-fit": "tl_reward.cli.sae_fit",
+    "circuit": "tl_reward.cli.circuit",
 }
 
 

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {path}")
     if args.mib_json:
         cfg = model.cfg
-        to_mib_json(attr.to_dataframe(), cfg.n_layers, cfg.n_heads, set(circuit.edges),
+        to_mib_json(attr.to_dataframe(), cfg.n_layers, cfg.n_heads, set(circuit.edges()),
                     args.mib_json, n_kv_heads=attr.graph.n_kv_heads, d_model=cfg.d_model)
         print(f"wrote {args.mib_json}")
     return 0
