@@ -214,6 +214,9 @@ REFUSED: dict[str, tuple[str, str, tuple[Any, ...], dict[str, Any]]] = {
     "sae_fit": ("tl_reward.sae.fit", "sae_fit", (SAE_L0, CONVERSATIONS), {}),
     "the 'fast' prefix cache": ("tl_reward.sweep.vocab_sweep", "score_vocabulary",
                                 ("hi",), {"ids": [10, 11], "cache": "fast"}),
+    # what the IRM pipeline and sweep call: refused, not a fast cache built on a bridge
+    "a key/value prefix cache": ("tl_reward.tl_backend.prefix_cache", "build_prefix_cache",
+                                 (torch.tensor([1, 5, 7]),), {}),
 }
 
 

@@ -148,6 +148,10 @@ def build_prefix_cache(
     share between several prefixes (built here when ``None`` and the method is ``"fast"``).
     """
     method = continuation_method(model, method)
+    if method == "none":  # a TransformerBridge: HF's forward keeps no prefix cache
+        from tl_reward.tl_backend.bridge import require_hooked
+
+        require_hooked(model, "a key/value prefix cache")  # the IRM and vocabulary sweeps'
     tokens = prefix.to(model.cfg.device).long()[None]
     mask = torch.ones_like(tokens)
     n = model.cfg.n_layers
