@@ -17,9 +17,12 @@ for small graphs), ``"eap"`` (``(a_u(corrupt) - a_u(clean)) . dM/d(in_v)`` on th
 summed over positions) and ``"eap-ig"`` (the same difference times the mean gradient over
 ``ig_steps`` points ``k / ig_steps``, ``k = 1..ig_steps``, on the line from the corrupted to the
 clean embeddings: MIB's EAP-IG-inputs). A head's output is its ``hook_z`` through its rows of
-``W_O``; padding positions never contribute. Differences are built one chunk of sources at a
-time (at most ``chunk_sources``, never crossing a layer), never as the whole
-``[batch, pos, sources, d_model]`` tensor.
+``W_O``; padding positions never contribute. Source differences are built one chunk of
+sources at a time (at most ``chunk_sources``, never crossing a layer), never as the whole
+``[batch, pos, sources, d_model]`` tensor. EAP and EAP-IG hold every destination's gradient,
+summed over the IG steps, for one batch: ``[n_dests, rows, pos, d_model]`` in the
+accumulation dtype (lower ``batch_size`` to shrink it), so each source difference is built
+and contracted once per batch.
 """
 
 from __future__ import annotations
@@ -451,28 +454,23 @@ def _gradient(model: Any, graph: RewardGraph, batch: Batch, base: dict[str, torc
               obj: str, scores: torch.Tensor, steps: int, interpolate: bool,
               chunk_sources: int | None) -> None:
     """EAP (``steps = 1``, the clean run) or EAP-IG-inputs: add ``sum over rows, positions of
-    sign * (a_u(corrupt) - a_u(clean)) . mean_k dM/d(in_v)`` to ``scores``."""
-    acc = scores.dtype
-    per = graph.n_heads + 2 * graph.n_kv_heads + 1
-    pending: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
+    sign * (a_u(corrupt) - a_u(clean)) . mean_k dM/d(in_v)`` to ``scores``.
 
-    def contract(first: int, up: int, g: torch.Tensor) -> None:
-        for block, s0, s1 in chunks(graph, up, chunk_sources):
-            d = delta(model, graph, batch.corr, base, block, s0, s1, batch.mask)
-            scores[first : first + g.shape[2], s0:s1] += torch.einsum("rpsd,rpjd->js", d, g) / steps
+    The score is linear in the gradient, so the ``steps`` gradients of every destination are
+    summed first (one ``[n_dests, rows * pos * d_model]`` buffer per batch) and contracted once
+    with each chunk of source differences, each built once per batch: the contraction costs
+    the same for EAP and EAP-IG, whose extra cost is its forward and backward passes."""
+    acc = scores.dtype
+    rows, pos = batch.mask.shape
+    d_model = model.cfg.d_model
+    grads = torch.zeros(len(graph.dests), rows, pos, d_model, dtype=acc, device=scores.device)
+    up_of = torch.zeros(len(graph.dests), dtype=torch.long)  # each destination's upstream
+    for _, first, count, up in graph.dest_groups():
+        up_of[first : first + count] = up
 
     def on_grad(first: int, count: int, up: int, g: torch.Tensor) -> None:
-        # a layer's four destination hooks are contracted together, so each source difference
-        # is built once per layer (sources past a destination's upstream land on non-edges)
         g = g.to(acc) if g.ndim == 4 else g.to(acc)[:, :, None]
-        layer = first // per
-        if layer == graph.n_layers:
-            contract(first, up, g)
-            return
-        pending.setdefault(layer, []).append((first, up, g))
-        if len(pending[layer]) == 4:
-            parts = sorted(pending.pop(layer), key=lambda x: x[0])
-            contract(parts[0][0], max(p[1] for p in parts), torch.cat([p[2] for p in parts], 2))
+        grads[first : first + count] += g.permute(2, 0, 1, 3)
 
     h = "blocks.0.hook_resid_pre"
     for k in range(1, steps + 1):
@@ -484,7 +482,10 @@ def _gradient(model: Any, graph: RewardGraph, batch: Batch, base: dict[str, torc
             resid = forward(model, graph, batch, on_grad=on_grad, embed=embed)
             m = (read_metric(model, resid, batch, obj) * batch.sign.to(acc)).sum()
             m.backward()
-        for parts in pending.values():  # hooks the backward never reached (no gradient path)
-            for first, up, g in parts:
-                contract(first, up, g)
-        pending.clear()
+    flat = grads.reshape(len(graph.dests), -1)  # destinations in order: upstream never shrinks
+    with torch.no_grad():
+        for block, s0, s1 in chunks(graph, int(up_of.max()), chunk_sources):
+            j0 = int(torch.searchsorted(up_of, torch.tensor(s0), right=True))  # up > s0
+            d = delta(model, graph, batch.corr, base, block, s0, s1, batch.mask)
+            d = d.permute(2, 0, 1, 3).reshape(s1 - s0, -1)
+            scores[j0:, s0:s1] += (flat[j0:] @ d.T) / steps
