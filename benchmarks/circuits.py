@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attribution_patching import pick_pairs  # the same HH pairs (a script beside this one)
+
 ROOT = Path(__file__).resolve().parents[1]
-HH = ROOT.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 
 
 def setup(threads: int) -> Any:
@@ -40,21 +41,6 @@ def setup(threads: int) -> Any:
 
     torch.set_num_threads(threads)
     return HookedRewardModel.from_pretrained(DEMO_MODEL_NAME, device="cpu")
-
-
-def pick_pairs(model: Any, n: int, max_tokens: int) -> list[Any]:
-    from tl_reward.cli.demo import EXAMPLE_PAIRS
-    from tl_reward.data import load_hh_rlhf, tokenize_pair
-
-    source = load_hh_rlhf(HH, limit=50 * n) if HH.exists() else list(EXAMPLE_PAIRS)
-    out = []
-    for pair in source:
-        tp = tokenize_pair(model, pair)
-        if max(tp.chosen_len, tp.rejected_len) <= max_tokens:
-            out.append(pair)
-        if len(out) == n:
-            break
-    return out
 
 
 def measure(what: str, n_pairs: int, max_tokens: int, threads: int, ig_steps: int,
@@ -71,9 +57,8 @@ def measure(what: str, n_pairs: int, max_tokens: int, threads: int, ig_steps: in
     if what == "forward+backward":
         per = max(1, batch_size // 2)  # pairs per forward: batch_size rows
         for i in range(0, len(pairs), per):
-            convs = [c for p in pairs[i:i + per]
-                     for c in (p.chosen_conversation(), p.rejected_conversation())]
-            batch = model.make_batch(convs)
+            ids = [x for tp in pairs[i:i + per] for x in (tp.chosen_ids, tp.rejected_ids)]
+            batch = model.make_batch(ids)
             model.zero_grad(set_to_none=True)
             out = model(batch.tokens, return_type="reward", attention_mask=batch.attention_mask)
             out.sum().backward()
