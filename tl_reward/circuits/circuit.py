@@ -207,11 +207,14 @@ class FaithfulnessCurve(ShortRepr):
     """Faithfulness of the top circuits of an attribution over circuit sizes.
 
     Attributes:
-        sizes: the fractions of all edges selected (before pruning); n_edges: the pruned
-        circuits' edge counts; faithfulness: ``[sizes]`` the mean over items; random:
-        ``[sizes]`` the same for seeded random circuits of the same size (edges drawn
-        uniformly, then pruned); cpr, cmd: MIB's areas under ``f`` and ``|1 - f|`` over the
-        edge fraction (trapezoids); method: the attribution's method.
+        sizes: the fractions of all edges selected (before pruning).
+        n_edges: the pruned circuits' edge counts.
+        faithfulness: ``[sizes]`` the mean over items.
+        random: ``[sizes]`` the same for seeded random circuits of the same size (edges
+            drawn uniformly, then pruned).
+        cpr: MIB's area under ``f`` over the edge fraction (trapezoids).
+        cmd: MIB's area under ``|1 - f|`` over the edge fraction (trapezoids).
+        method: the attribution's method.
     """
 
     sizes: list[float]
