@@ -18,6 +18,20 @@ torch.set_num_threads(1)
 from helpers import SHARED, smollm2_unavailable, tiny_models  # noqa: E402
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist (``-n 2``, pyproject's addopts) runs each test module whole on one worker,
+    so its module fixtures are built once, and all of tests/scale on one worker, so its session
+    fixtures (the job models and references, one local Ray cluster) are too."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "tests/scale" if module.startswith("tests/scale/") else module
+
+    return ByModule(config, log)
+
+
 @pytest.fixture(scope="session")
 def _demo_rm_once():  # noqa: ANN202
     from tl_reward import DEMO_MODEL_NAME, HookedRewardModel

