@@ -159,12 +159,15 @@ def from_hf_model(
     model (nothing of the converted model when ``device`` is a GPU)."""
     hf_config = hf_model.config
     if lm_head_rows is not None:
-        from tl_reward.architectures.lm_head import causal_lm_architecture, lm_head_rows_layer
+        from tl_reward.architectures.lm_head import (
+            causal_lm_architecture,
+            lm_head_rows_layer,
+            row_objectives,
+        )
 
         arch = causal_lm_architecture(hf_model)
         head_layer = lm_head_rows_layer(hf_model, lm_head_rows)
-        if objective_names is None and len(lm_head_rows) > 1:
-            objective_names = [f"lm_head_row_{int(r)}" for r in lm_head_rows]
+        objective_names = objective_names or row_objectives(lm_head_rows)
     else:
         arch = architecture_of(hf_model)
         head_layer = arch.head(hf_model)
