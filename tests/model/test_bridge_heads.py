@@ -149,3 +149,25 @@ def test_lm_head_rows_refusals() -> None:
     seq, tok = tiny_hf_reward_model("llama")
     with pytest.raises(UnsupportedArchitectureError, match="CausalLM"):
         BridgeRewardModel.from_pretrained(hf_model=seq, tokenizer=tok, lm_head_rows=[0])
+
+
+@needs_hooked_transformer
+@pytest.mark.parametrize("arch", sorted(HEADS))
+def test_decompositions_equal_hooked(arch: str) -> None:
+    """The lens, direct reward attribution, zero-ablated heads and attribution patching read
+    the same custom head on both backends (ArmoRM's and QRM's prompt-dependent gate, the MLP
+    head's local linearisation): float32, :func:`parity_atol` of each quantity."""
+    from tests.model.test_bridge_analyses import _attribution_patching, _dra, _head_zero, _lens
+    from tl_reward import HookedRewardModel
+
+    k, rows = HEADS[arch]
+    hf, tok = tiny_hf_reward_model(arch, num_labels=k)
+    hooked = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
+                                               lm_head_rows=rows)
+    model = BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, lm_head_rows=rows)
+    for fn in (_lens, _dra, _head_zero, _attribution_patching):
+        want, got = fn(hooked), fn(model)
+        for key, ref in want.items():
+            torch.testing.assert_close(got[key], ref, rtol=0, equal_nan=True,
+                                       msg=f"{arch} {fn.__name__}: {key}",
+                                       atol=parity_atol(ref.nan_to_num(), 3))
