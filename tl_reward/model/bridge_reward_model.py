@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tl_reward.errors import UnsupportedArchitectureError
-from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead
+from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead, objective_names_of
 from tl_reward.model.pooling import check_rule
 from tl_reward.model.protocol import RewardModelMixin
 from tl_reward.model.readout import accumulation_dtype, normalise
@@ -55,15 +55,13 @@ def custom_head(hf_model: Any, lm_head_rows: Sequence[int] | None,
     a causal LM's ``lm_head_rows``), from its registered architecture: HF's sequence classifier
     of its body (:func:`~tl_reward.tl_backend.bridge.head_classifier`) whose ``score`` is the
     layer HookedRewardModel makes ``W_U`` (INF-ORM: its head module on HF's own layers), the
-    pooling rule, and
-    ``build(gain)``, the reward head as HookedRewardModel builds it."""
+    pooling rule, and ``build(gain)``, the reward head as HookedRewardModel builds it."""
     from tl_reward.architectures import architecture_of
     from tl_reward.architectures.lm_head import (
         causal_lm_architecture,
         lm_head_rows_layer,
         row_objectives,
     )
-    from tl_reward.model.loading import _objective_names
 
     if lm_head_rows is not None:
         arch = causal_lm_architecture(hf_model)
@@ -73,7 +71,7 @@ def custom_head(hf_model: Any, lm_head_rows: Sequence[int] | None,
         arch = architecture_of(hf_model)
         layer, default = arch.head(hf_model), arch.objective_names
     k = int(layer.weight.shape[0])
-    names = _objective_names(hf_model.config, k, objective_names or default)
+    names = objective_names_of(hf_model.config, k, objective_names or default)
     score: torch.nn.Module = layer
     if isinstance(getattr(hf_model, "score", None), torch.nn.Sequential):  # INF-ORM's MLP
         from tl_reward.architectures.inform import mlp_layers
@@ -149,9 +147,7 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         model.cfg.use_normalization_before_and_after = hasattr(model.blocks[0], "ln1_post")
         model.cfg.model_name = name_or_path or str(  # as HookedRewardModel names it
             getattr(hf_model.config, "name_or_path", "") or arch)
-        k = int(hf_model.config.num_labels)
-        names = list(objective_names) if objective_names is not None else (
-            ["reward"] if k == 1 else [f"objective_{i}" for i in range(k)])
+        names = objective_names_of(hf_model.config, hf_model.config.num_labels, objective_names)
         model.reward_head = (build(model.norm_affine(model.ln_final)[0]) if custom
                              else LinearRewardHead(names)).to(model.cfg.device, hf_model.dtype)
         model.pooling = check_rule(pooling or "hf")
