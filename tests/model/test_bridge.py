@@ -179,22 +179,13 @@ def test_architectures_only_the_bridge_loads(family: str) -> None:
         assert name in cache, name
 
 
-CUSTOM = {"armorm": ("ArmoRM's gating head", 3), "qrm": ("QRM's quantile heads", 4),
-          "inform": ("INF-ORM's two-layer MLP head", 1),
-          "internlm2": ("InternLM2's reward token", 1),
-          "nemotron": ("LM-head rows", 1)}
-
-
-@pytest.mark.parametrize("arch", sorted(CUSTOM))
-def test_custom_heads_refuse_by_name(arch: str) -> None:
-    """The custom heads (and LM-head rows) refuse, naming the head and HookedRewardModel,
-    which loads them (their reward tests: tests/model/test_qrm.py, test_internlm2.py, ...)."""
-    head, k = CUSTOM[arch]
-    hf, tok = tiny_hf_reward_model(arch, num_labels=k)
+def test_internlm2_refuses_by_name() -> None:
+    """InternLM2's reward token refuses, naming the head and HookedRewardModel, which loads it
+    (tests/model/test_internlm2.py); the other custom heads: tests/model/test_bridge_heads.py."""
+    hf, tok = tiny_hf_reward_model("internlm2")
     with pytest.raises(UnsupportedArchitectureError,
-                       match=rf"^{head}.*HookedRewardModel\.from_pretrained"):
-        BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok,
-                                          lm_head_rows=[0] if arch == "nemotron" else None)
+                       match=r"^InternLM2's reward token.*HookedRewardModel\.from_pretrained"):
+        BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok)
 
 
 def test_unknown_architecture_names_the_fix() -> None:

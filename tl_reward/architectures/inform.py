@@ -18,7 +18,8 @@ from tl_reward.model.mlp_head import MLPRewardHead
 from tl_reward.tl_backend import tl_converter
 
 
-def _mlp_layers(hf_model: nn.Module) -> tuple[nn.Linear, nn.Linear]:
+def mlp_layers(hf_model: nn.Module) -> tuple[nn.Linear, nn.Linear]:
+    """HF's own two ``Linear`` layers of ``score`` (checked to be ``Linear, ReLU, Linear``)."""
     layers = [m for m in hf_model.score if isinstance(m, nn.Linear)]  # type: ignore[attr-defined]
     acts = [m for m in hf_model.score if not isinstance(m, nn.Linear)]  # type: ignore[attr-defined]
     if len(layers) != 2 or len(acts) != 1 or not isinstance(acts[0], nn.ReLU):
@@ -31,7 +32,7 @@ def _mlp_layers(hf_model: nn.Module) -> tuple[nn.Linear, nn.Linear]:
 
 def placeholder_head(hf_model: nn.Module) -> nn.Linear:
     """A zero ``[K, d_model]`` layer standing in for ``W_U`` (overwritten with NaN)."""
-    first, last = _mlp_layers(hf_model)
+    first, last = mlp_layers(hf_model)
     layer = nn.Linear(first.in_features, last.out_features, bias=False)
     nn.init.zeros_(layer.weight)
     return layer
@@ -39,7 +40,7 @@ def placeholder_head(hf_model: nn.Module) -> nn.Linear:
 
 def mlp_head(hf_model: nn.Module, gain: torch.Tensor, objectives: list[str]) -> MLPRewardHead:
     """Copy the MLP head in float32, folding the final norm's gain into its first layer."""
-    first, last = _mlp_layers(hf_model)
+    first, last = mlp_layers(hf_model)
     hidden = nn.Linear(first.in_features, first.out_features, bias=first.bias is not None)
     out = nn.Linear(last.in_features, last.out_features, bias=last.bias is not None)
     with torch.no_grad():

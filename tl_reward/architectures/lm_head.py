@@ -49,6 +49,12 @@ def causal_lm_architecture(hf_model: nn.Module) -> Architecture:
     )
 
 
+def row_objectives(rows: Sequence[int]) -> list[str] | None:
+    """The objective names of LM-head rows: ``lm_head_row_<id>`` for several (``None``: one
+    row is the reward)."""
+    return [f"lm_head_row_{int(r)}" for r in rows] if len(rows) > 1 else None
+
+
 def lm_head_rows_layer(hf_model: nn.Module, rows: Sequence[int]) -> nn.Linear:
     """An ``nn.Linear`` holding ``rows`` of the LM head (its bias entries when it has one)."""
     head = hf_model.get_output_embeddings()  # type: ignore[operator]

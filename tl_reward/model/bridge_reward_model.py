@@ -14,26 +14,30 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from tl_reward.errors import UnsupportedArchitectureError
-from tl_reward.model.heads import LinearRewardHead
+from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead, objective_names_of
 from tl_reward.model.pooling import check_rule
 from tl_reward.model.protocol import RewardModelMixin
-from tl_reward.model.readout import accumulation_dtype
-from tl_reward.tl_backend.bridge import REWARD_ADAPTERS, RewardBridge, build_reward_bridge
+from tl_reward.model.readout import accumulation_dtype, normalise
+from tl_reward.tl_backend.bridge import (
+    REWARD_ADAPTERS,
+    RewardBridge,
+    build_reward_bridge,
+    head_classifier,
+)
 
-#: HF class -> the custom reward head a reward bridge does not map (its unembed is one linear
-#: layer read at the pooled token); HookedRewardModel loads each of them.
+#: HF class -> the custom reward head a reward bridge does not map; HookedRewardModel loads it.
 CUSTOM_HEADS = {
-    "LlamaForRewardModelWithGating": "ArmoRM's gating head (objectives combined by a gate)",
-    "LlamaForRewardModelWithGating31": "QRM's quantile heads and gating",
-    "INFORMForSequenceClassification": "INF-ORM's two-layer MLP head",
     "InternLM2ForRewardModel": "InternLM2's reward token (v_head at an appended token)",
 }
+#: Custom heads the bridge loads as HF's sequence classifier of their body (:func:`custom_head`).
+HEAD_BRIDGES = ("LlamaForRewardModelWithGating", "LlamaForRewardModelWithGating31",
+                "INFORMForSequenceClassification")
 
 
 def refuse_custom_head(head: str) -> UnsupportedArchitectureError:
@@ -42,6 +46,44 @@ def refuse_custom_head(head: str) -> UnsupportedArchitectureError:
         f"{head} is not supported on the TransformerBridge: a reward bridge reads one linear "
         "head at the pooled token. Load this model with HookedRewardModel.from_pretrained "
         "(TransformerLens 3), which supports it")
+
+
+def custom_head(hf_model: Any, lm_head_rows: Sequence[int] | None,
+                objective_names: Sequence[str] | None
+                ) -> tuple[Any, str, Callable[[torch.Tensor], RewardHead]]:
+    """``(classifier, pooling, build)`` of a custom-head reward model (:data:`HEAD_BRIDGES`, or
+    a causal LM's ``lm_head_rows``), from its registered architecture: HF's sequence classifier
+    of its body (:func:`~tl_reward.tl_backend.bridge.head_classifier`) whose ``score`` is the
+    layer HookedRewardModel makes ``W_U`` (INF-ORM: its head module on HF's own layers), the
+    pooling rule, and ``build(gain)``, the reward head as HookedRewardModel builds it."""
+    from tl_reward.architectures import architecture_of
+    from tl_reward.architectures.lm_head import (
+        causal_lm_architecture,
+        lm_head_rows_layer,
+        row_objectives,
+    )
+
+    if lm_head_rows is not None:
+        arch = causal_lm_architecture(hf_model)
+        layer = lm_head_rows_layer(hf_model, lm_head_rows)
+        default = row_objectives(lm_head_rows)
+    else:
+        arch = architecture_of(hf_model)
+        layer, default = arch.head(hf_model), arch.objective_names
+    k = int(layer.weight.shape[0])
+    names = objective_names_of(hf_model.config, k, objective_names or default)
+    score: torch.nn.Module = layer
+    if isinstance(getattr(hf_model, "score", None), torch.nn.Sequential):  # INF-ORM's MLP
+        from tl_reward.architectures.inform import mlp_layers
+        from tl_reward.model.mlp_head import MLPRewardHead
+
+        score = MLPRewardHead(names, *mlp_layers(hf_model))  # HF's own layers, gain unfolded
+
+    def build(gain: torch.Tensor) -> RewardHead:
+        return (LinearRewardHead(names) if arch.reward_head is None
+                else arch.reward_head(hf_model, gain, names))
+
+    return head_classifier(hf_model, score, k), arch.pooling, build
 
 
 class BridgeRewardModel(RewardModelMixin, RewardBridge):
@@ -59,38 +101,45 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         *,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
-        pooling: str = "hf",
+        pooling: str | None = None,
         objective_names: Sequence[str] | None = None,
         lm_head_rows: Sequence[int] | None = None,
         **hf_kwargs: Any,
     ) -> BridgeRewardModel:
         """Wrap an HF sequence-classification reward model (a hub name, a local directory or
         an in-memory ``hf_model``) without converting its weights. ``device`` and ``dtype``
-        move and cast the HF model first; the bridge itself never does. The custom heads
-        (:data:`CUSTOM_HEADS`) and ``lm_head_rows`` refuse, naming HookedRewardModel."""
+        move and cast the HF model first; the bridge itself never does. ``lm_head_rows`` reads
+        those rows of a causal LM's head; ArmoRM, QRM and INF-ORM load through
+        :func:`custom_head`; :data:`CUSTOM_HEADS` refuse, naming HookedRewardModel."""
         import transformers
 
-        if lm_head_rows is not None or (
-                hf_model is not None and type(hf_model).__name__.endswith("ForCausalLM")):
-            raise refuse_custom_head("LM-head rows as the reward (a causal LM, lm_head_rows=)")
         if hf_model is None:
             if name_or_path is None:
                 raise ValueError("pass name_or_path or hf_model")
-            hf_model = transformers.AutoModelForSequenceClassification.from_pretrained(
-                name_or_path, **hf_kwargs)
+            auto = transformers.AutoModelForSequenceClassification if lm_head_rows is None \
+                else transformers.AutoModelForCausalLM
+            hf_model = auto.from_pretrained(name_or_path, **hf_kwargs)
         if tokenizer is None:
             tokenizer = transformers.AutoTokenizer.from_pretrained(
                 name_or_path or hf_model.config._name_or_path)
         arch = type(hf_model).__name__
         if arch in CUSTOM_HEADS:
             raise refuse_custom_head(CUSTOM_HEADS[arch])
-        if arch not in REWARD_ADAPTERS:
+        if lm_head_rows is None and arch.endswith(("ForCausalLM", "LMHeadModel")):
+            raise UnsupportedArchitectureError(
+                f"{arch} is a causal LM: pass lm_head_rows=[<token ids>] to read those rows of "
+                "its LM head as the reward")
+        custom = lm_head_rows is not None or arch in HEAD_BRIDGES
+        if not custom and arch not in REWARD_ADAPTERS:
             raise UnsupportedArchitectureError(
                 f"no reward bridge for {arch}; supported: {sorted(REWARD_ADAPTERS)}. Load it "
                 "with HookedRewardModel.from_pretrained (TransformerLens 3), or register a "
                 "reward adapter (tl_reward.tl_backend.bridge.reward_adapter) under this "
                 "class name")
         hf_model = hf_model.to(device=device, dtype=dtype).eval()
+        if custom:
+            hf_model, rule, build = custom_head(hf_model, lm_head_rows, objective_names)
+            arch, pooling = type(hf_model).__name__, pooling or rule
         model = build_reward_bridge(hf_model, arch)
         model.__class__ = cls
         # Gemma-2's sandwich norms, as HookedTransformer's config says (the bridge's leaves it
@@ -98,11 +147,10 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         model.cfg.use_normalization_before_and_after = hasattr(model.blocks[0], "ln1_post")
         model.cfg.model_name = name_or_path or str(  # as HookedRewardModel names it
             getattr(hf_model.config, "name_or_path", "") or arch)
-        k = int(hf_model.config.num_labels)
-        names = list(objective_names) if objective_names is not None else (
-            ["reward"] if k == 1 else [f"objective_{i}" for i in range(k)])
-        model.reward_head = LinearRewardHead(names)
-        model.pooling = check_rule(pooling)
+        names = objective_names_of(hf_model.config, hf_model.config.num_labels, objective_names)
+        model.reward_head = (build(model.norm_affine(model.ln_final)[0]) if custom
+                             else LinearRewardHead(names)).to(model.cfg.device, hf_model.dtype)
+        model.pooling = check_rule(pooling or "hf")
         pad = hf_model.config.pad_token_id
         model.pad_token_id = tokenizer.pad_token_id if pad is None else pad
         model.tokenizer = tokenizer
@@ -142,7 +190,7 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
     @property
     def folded_head(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(W [d_model, K], b [K])`` in float32: HF's head with its final norm's gain and
-        bias (:meth:`norm_affine`) folded in."""
+        bias (:meth:`norm_affine`) folded in (NaN for an MLP head, as HookedRewardModel's)."""
         gain, beta = self.norm_affine(self.ln_final)
         w_u, b_u = self.unembed.W_U.detach().float(), self.unembed.b_U
         b_u = torch.zeros(w_u.shape[1], device=w_u.device) if b_u is None else b_u.float()
@@ -164,20 +212,28 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
     @torch.no_grad()
     def pooled_outputs(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor, pooling: str | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
-        """``(rewards [b, K], score [b] or None, None)``: ``unembed.hook_out`` of the forward at
-        the pooled token, in float32 (float64 for a float64 model)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``(rewards [b, K], score [b] or None, gating [b, K] or None)``: ``unembed.hook_out``
+        of the forward at the pooled token, in float32 (float64 for a float64 model); a gate
+        (ArmoRM, QRM) reads the final residual the same forward records, normed afresh as
+        HookedRewardModel reads it."""
         seen: dict[str, torch.Tensor] = {}
 
-        def grab(act: torch.Tensor, hook: Any) -> None:
-            seen["out"] = act
+        def grab(name: str) -> Callable[[torch.Tensor, Any], None]:
+            return lambda act, hook: seen.__setitem__(name, act)
 
-        device = self.cfg.device
+        head, device, acc = self.reward_head, self.cfg.device, accumulation_dtype(self)
+        names = ["unembed.hook_out"] + [f"blocks.{self.cfg.n_layers - 1}.hook_resid_post"] * (
+            head.reads_states)
         tokens, attention_mask = tokens.to(device), attention_mask.to(device)
         self.run_with_hooks(tokens, attention_mask=attention_mask, return_type=None,
-                            fwd_hooks=[("unembed.hook_out", grab)])
+                            fwd_hooks=[(n, grab(n)) for n in names])
+        out, states = seen[names[0]], seen.get(names[-1]) if head.reads_states else None
         pos = self.pool_positions(tokens, attention_mask, pooling).to(device)
         rows = torch.arange(tokens.shape[0], device=device)
-        rewards = seen["out"][rows, pos].to(accumulation_dtype(self))
-        c = self.reward_head.combination(rewards[:, None], tokens)
-        return rewards, None if c is None else (rewards * c.to(rewards.dtype)).sum(-1), None
+        rewards = out[rows, pos].to(acc)
+        normed = rewards[:, None] if states is None else normalise(self, states)
+        c = head.combination(normed, tokens)
+        gating = head.gate(normed[rows, head.gating_positions(tokens)]) if isinstance(
+            head, ArmoRMHead) else None
+        return rewards, None if c is None else (rewards * c.to(acc)).sum(-1), gating

@@ -9,6 +9,7 @@ for ArmoRM (``c(x) = T g(x)``), so the effective direction is ``w_eff(x) = W_U c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -43,6 +44,17 @@ ARMORM_OBJECTIVES: tuple[str, ...] = (
     "code-instruction-following",
     "code-readability",
 )
+
+
+def objective_names_of(hf_config: Any, k: int, default: Sequence[str] | None) -> list[str]:
+    """The K objectives' names: ``default`` when it has K, else the HF config's ``id2label``
+    unless HF's placeholders, else ``reward`` (K = 1) or ``objective_<i>``."""
+    if default is not None and len(default) == k:
+        return list(default)
+    labels = [str((getattr(hf_config, "id2label", None) or {}).get(i, "")) for i in range(k)]
+    if all(labels) and not all(lab == f"LABEL_{i}" for i, lab in enumerate(labels)):
+        return labels
+    return ["reward"] if k == 1 else [f"objective_{i}" for i in range(k)]
 
 
 def objective_slot(objectives: Sequence[str], objective: int | str) -> int:

@@ -17,7 +17,7 @@ import torch
 from tl_reward import tl_backend
 from tl_reward.architectures import architecture_of, get_architecture
 from tl_reward.errors import TLRewardError, TokenizerMismatchError
-from tl_reward.model.heads import LinearRewardHead
+from tl_reward.model.heads import LinearRewardHead, objective_names_of
 from tl_reward.model.pooling import check_rule
 
 if TYPE_CHECKING:
@@ -97,15 +97,6 @@ def load_hf_reward_model(
     )
 
 
-def _objective_names(hf_config: Any, k: int, default: Sequence[str] | None) -> list[str]:
-    if default is not None and len(default) == k:
-        return list(default)
-    labels = [str((getattr(hf_config, "id2label", None) or {}).get(i, "")) for i in range(k)]
-    if all(labels) and not all(lab == f"LABEL_{i}" for i, lab in enumerate(labels)):
-        return labels
-    return ["reward"] if k == 1 else [f"objective_{i}" for i in range(k)]
-
-
 def _check_tokenizer(tokenizer: Any, d_vocab: int) -> None:
     if tokenizer is None:
         return
@@ -159,12 +150,15 @@ def from_hf_model(
     model (nothing of the converted model when ``device`` is a GPU)."""
     hf_config = hf_model.config
     if lm_head_rows is not None:
-        from tl_reward.architectures.lm_head import causal_lm_architecture, lm_head_rows_layer
+        from tl_reward.architectures.lm_head import (
+            causal_lm_architecture,
+            lm_head_rows_layer,
+            row_objectives,
+        )
 
         arch = causal_lm_architecture(hf_model)
         head_layer = lm_head_rows_layer(hf_model, lm_head_rows)
-        if objective_names is None and len(lm_head_rows) > 1:
-            objective_names = [f"lm_head_row_{int(r)}" for r in lm_head_rows]
+        objective_names = objective_names or row_objectives(lm_head_rows)
     else:
         arch = architecture_of(hf_model)
         head_layer = arch.head(hf_model)
@@ -186,7 +180,7 @@ def from_hf_model(
         state_dict = tl_backend.convert_state_dict(arch.convert, hf_model, head_layer,
                                                    tl_backend.cpu_config(cfg))
         gain = state_dict["ln_final.w"].detach().float().clone()
-    objectives = _objective_names(hf_config, k, objective_names or arch.objective_names)
+    objectives = objective_names_of(hf_config, k, objective_names or arch.objective_names)
     pad = getattr(hf_config, "pad_token_id", None)
     if pad is None and tokenizer is not None:
         pad = tokenizer.pad_token_id

@@ -63,6 +63,20 @@ class MLPRewardHead(RewardHead):
         post = self.hook_post(F.relu(self.hook_pre(self.hidden(x))))
         return self.out(post)
 
+    forward = outputs  # as a model's own head module (the bridge's unembed)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """``[K, d_model]`` NaN: an MLP head has no fixed direction (as a linear layer's weight
+        would give ``W_U``), so any use of one fails loudly."""
+        return torch.full((self.out.out_features, self.hidden.in_features), float("nan"),
+                          device=self.out.weight.device, dtype=self.out.weight.dtype)
+
+    @property
+    def bias(self) -> torch.Tensor:
+        """``[K]`` NaN (see :attr:`weight`)."""
+        return self.weight[:, 0]
+
     def active(self, pooled: Float[torch.Tensor, "batch d_model"]
                ) -> Float[torch.Tensor, "batch d_hidden"]:
         """``D(x)``: 1 where a hidden unit is active at ``pooled``, else 0."""

@@ -86,6 +86,34 @@ REWARD_ADAPTERS: dict[str, type] = {
 }
 
 
+def head_classifier(hf_model: torch.nn.Module, score: torch.nn.Module, num_labels: int
+                    ) -> torch.nn.Module:
+    """HF's ``*ForSequenceClassification`` of ``hf_model``'s body with ``score`` as its head, read
+    at every position: the reward bridge of a custom head (LM-head rows, ArmoRM's regression
+    layer, QRM's expectation rows, INF-ORM's MLP). Built on the meta device, then the body and
+    ``score`` are put in, shared (not copied)."""
+    import copy
+
+    import transformers
+
+    from tl_reward.errors import UnsupportedArchitectureError
+
+    body = hf_model.base_model
+    name = type(body).__name__.removesuffix("Model") + "ForSequenceClassification"
+    if name not in REWARD_ADAPTERS or not hasattr(transformers, name):
+        raise UnsupportedArchitectureError(
+            f"no reward bridge for a {type(body).__name__} body ({type(hf_model).__name__}); "
+            f"supported: {sorted(REWARD_ADAPTERS)}. Load it with "
+            "HookedRewardModel.from_pretrained (TransformerLens 3)")
+    config = copy.deepcopy(hf_model.config)
+    config.num_labels, config.architectures = num_labels, [name]
+    with torch.device("meta"):
+        model = getattr(transformers, name)(config)
+    setattr(model, model.base_model_prefix, body)
+    model.score = score
+    return model.eval()
+
+
 def register_reward_adapters() -> None:
     """Register every reward adapter not already known to TransformerLens's factory (the
     entry points normally have; this is the fallback, e.g. in a source checkout)."""

@@ -1,0 +1,173 @@
+"""Custom reward heads on the TransformerBridge (issue 30): LM-head rows, INF-ORM's MLP head,
+ArmoRM's and QRM's gating heads.
+
+References: the HF (custom-code reference) module's own forward on each unpadded row (rewards,
+score and gate), and the HookedRewardModel converted from the same weights (skipped under
+TransformerLens 4). Tolerances from the dtype: float32, :func:`parity_atol`; bfloat16, four
+roundings of the reward scale (``4 x 2^-7 x max(1, |reward|)``; measured at most 1.2 of them,
+bridge against HookedRewardModel, which rounds differently; the bridge against HF's own bf16
+forward is exact but for QRM, whose published head runs in float32). A reward read one token
+before the pooled one exceeds it (checked).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.helpers import CONVERSATIONS, needs_hooked_transformer, parity_atol
+from tl_reward.errors import TLRewardError, UnsupportedArchitectureError
+from tl_reward.model.bridge_reward_model import BridgeRewardModel
+from tl_reward.testing import save_tiny_reward_model, tiny_hf_reward_model
+
+#: tiny model -> (num_labels, lm_head_rows)
+HEADS: dict[str, tuple[int, list[int] | None]] = {
+    "nemotron": (1, [0, 7]), "inform": (1, None), "armorm": (3, None), "qrm": (4, None)}
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _tol(ref: torch.Tensor, dtype: torch.dtype) -> float:
+    if dtype == torch.float32:
+        return parity_atol(ref, 3)
+    return 4 * torch.finfo(dtype).eps * max(1.0, float(ref.abs().max()))
+
+
+def _hf_reference(hf: Any, ids: list[int], rows: list[int] | None) -> dict[str, torch.Tensor]:
+    """The HF module's own outputs on one unpadded row, in float32."""
+    tokens = torch.tensor([ids])
+    with torch.no_grad():
+        out = hf(input_ids=tokens, attention_mask=torch.ones_like(tokens))
+    if rows is not None:  # a causal LM: its logits at the last token, those rows
+        return {"reward": out.logits[0, -1, rows].float()}
+    if hasattr(out, "gating_output"):
+        return {"reward": out.rewards[0].float(), "score": out.score.reshape(-1)[0].float(),
+                "gating": out.gating_output[0].float()}
+    return {"reward": out.logits[0].float(), "score": out.logits[0, 0].float()}
+
+
+def _bridge(arch: str, dtype: torch.dtype) -> tuple[BridgeRewardModel, Any]:
+    k, rows = HEADS[arch]
+    hf, tok = tiny_hf_reward_model(arch, num_labels=k)
+    model = BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, dtype=dtype,
+                                              lm_head_rows=rows)
+    return model, hf
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", sorted(HEADS))
+def test_custom_head_rewards_equal_hf(arch: str, dtype: torch.dtype) -> None:
+    """Rewards, score and gate equal the HF module's own on every row, right and left padded;
+    the reward is ``unembed.hook_out`` (the forward's own head output) at the pooled token."""
+    model, hf = _bridge(arch, dtype)
+    rows = HEADS[arch][1]
+    refs = [_hf_reference(hf, model.encode(c).ids, rows) for c in CONVERSATIONS]
+    ref = {key: torch.stack([r[key] for r in refs]) for key in refs[0]}
+    tol = _tol(ref["reward"], dtype)
+    for side in ("right", "left"):
+        res = model.rewards(CONVERSATIONS, padding_side=side)
+        assert res.rewards.dtype == torch.float32
+        torch.testing.assert_close(res.rewards, ref["reward"], atol=tol, rtol=0)
+        for key in ("score", "gating"):
+            if key in ref:
+                torch.testing.assert_close(getattr(res, key), ref[key], atol=tol, rtol=0)
+    batch = model.build(CONVERSATIONS)
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
+    out = cache["unembed.hook_out"].float()
+    at = torch.arange(len(CONVERSATIONS))
+    torch.testing.assert_close(out[at, batch.pooled], res.rewards, atol=0, rtol=0)
+    assert (out[at, batch.pooled - 1] - ref["reward"]).abs().max() > tol  # the check can fail
+
+
+@needs_hooked_transformer
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", sorted(HEADS))
+def test_custom_head_rewards_equal_hooked(arch: str, dtype: torch.dtype) -> None:
+    """The same weights loaded by HookedRewardModel: the same objectives, pooling rule,
+    rewards, score and gate, right and left padded."""
+    from tl_reward import HookedRewardModel
+
+    k, rows = HEADS[arch]
+    hf, tok = tiny_hf_reward_model(arch, num_labels=k)
+    hooked = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
+                                               dtype=dtype, lm_head_rows=rows)
+    model = BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, dtype=dtype,
+                                              lm_head_rows=rows)
+    assert (model.objectives, model.pooling) == (hooked.objectives, hooked.pooling)
+    assert type(model.reward_head) is type(hooked.reward_head)
+    for side in ("right", "left"):
+        got, ref = (m.rewards(CONVERSATIONS, padding_side=side) for m in (model, hooked))
+        tol = _tol(ref.rewards, dtype)
+        for key in ("rewards", "score", "gating"):
+            if getattr(ref, key) is None:
+                assert getattr(got, key) is None, key
+            else:
+                torch.testing.assert_close(getattr(got, key), getattr(ref, key), atol=tol,
+                                           rtol=0)
+
+
+def test_mlp_head_has_no_fixed_direction() -> None:
+    """INF-ORM's head is HookedRewardModel's :class:`MLPRewardHead` on HF's own layers, its
+    hooks fire in the bridge's forward, and ``W_U`` is NaN (as HookedRewardModel's)."""
+    model, hf = _bridge("inform", torch.float32)
+    head = model.unembed.original_component
+    assert type(head).__name__ == "MLPRewardHead" and head.hidden is hf.score[0]
+    seen = []
+    head.hook_post.add_hook(lambda act, hook: seen.append(act.shape))
+    model.rewards(CONVERSATIONS[:1])
+    head.hook_post.remove_hooks()
+    assert seen and seen[0][-1] == hf.config.hidden_size
+    assert bool(model.folded_head[0].isnan().all())
+
+
+def test_from_disk(tmp_path: Path) -> None:
+    """By path: a causal LM with ``lm_head_rows`` and ArmoRM's custom code, as loaded models."""
+    path = save_tiny_reward_model(tmp_path / "nemo", "nemotron")
+    model = BridgeRewardModel.from_pretrained(str(path), lm_head_rows=[3])
+    hf = tiny_hf_reward_model("nemotron")[0]
+    ref = _hf_reference(hf, model.encode(CONVERSATIONS[0]).ids, [3])["reward"]
+    torch.testing.assert_close(model.rewards(CONVERSATIONS[:1]).rewards[0], ref,
+                               atol=parity_atol(ref, 3), rtol=0)
+    path = save_tiny_reward_model(tmp_path / "armo", "armorm", num_labels=3)
+    model = BridgeRewardModel.from_pretrained(str(path), trust_remote_code=True)
+    hf = tiny_hf_reward_model("armorm", num_labels=3)[0]
+    ref = _hf_reference(hf, model.encode(CONVERSATIONS[0]).ids, None)["score"]
+    torch.testing.assert_close(model.rewards(CONVERSATIONS[:1]).score[0], ref,
+                               atol=parity_atol(ref, 3), rtol=0)
+
+
+def test_lm_head_rows_refusals() -> None:
+    """A causal LM without ``lm_head_rows``, rows out of range, and a soft-capped LM head
+    refuse by name."""
+    hf, tok = tiny_hf_reward_model("nemotron")
+    with pytest.raises(UnsupportedArchitectureError, match="pass lm_head_rows="):
+        BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok)
+    with pytest.raises(TLRewardError, match="lm_head_rows must be"):
+        BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, lm_head_rows=[10**6])
+    seq, tok = tiny_hf_reward_model("llama")
+    with pytest.raises(UnsupportedArchitectureError, match="CausalLM"):
+        BridgeRewardModel.from_pretrained(hf_model=seq, tokenizer=tok, lm_head_rows=[0])
+
+
+@needs_hooked_transformer
+@pytest.mark.parametrize("arch", sorted(HEADS))
+def test_decompositions_equal_hooked(arch: str) -> None:
+    """The lens, direct reward attribution, zero-ablated heads and attribution patching read
+    the same custom head on both backends (ArmoRM's and QRM's prompt-dependent gate, the MLP
+    head's local linearisation): float32, :func:`parity_atol` of each quantity."""
+    from tests.model.test_bridge_analyses import _attribution_patching, _dra, _head_zero, _lens
+    from tl_reward import HookedRewardModel
+
+    k, rows = HEADS[arch]
+    hf, tok = tiny_hf_reward_model(arch, num_labels=k)
+    hooked = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
+                                               lm_head_rows=rows)
+    model = BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, lm_head_rows=rows)
+    for fn in (_lens, _dra, _head_zero, _attribution_patching):
+        want, got = fn(hooked), fn(model)
+        for key, ref in want.items():
+            torch.testing.assert_close(got[key], ref, rtol=0, equal_nan=True,
+                                       msg=f"{arch} {fn.__name__}: {key}",
+                                       atol=parity_atol(ref.nan_to_num(), 3))
