@@ -205,3 +205,14 @@ def test_sae_at_another_hook_is_refused_with_the_fix(tiny) -> None:
     sae = make_sae(model.cfg.d_model, "blocks.1.hook_resid_mid")
     with pytest.raises(TLRewardError, match="hook_mlp_out"):
         edge_attribution(model, CLEAN, CORRUPT, method="eap", sae=sae)
+
+
+def test_padding_side_and_batch_size_do_not_change_feature_edges(tiny) -> None:
+    model, _, _ = tiny("llama")
+    sae = make_sae(model.cfg.d_model, "blocks.1.hook_resid_post")
+    clean, corrupt = [*CLEAN, [7, 8, 9, 10]], [*CORRUPT, [7, 8, 11, 10]]
+    ref = edge_attribution(model, clean, corrupt, method="eap", batch_size=1, sae=sae).features
+    for kw in [dict(batch_size=3, padding_side="left"), dict(batch_size=2, padding_side="right")]:
+        got = edge_attribution(model, clean, corrupt, method="eap", sae=sae, **kw).features
+        assert got.features == ref.features
+        torch.testing.assert_close(got.scores, ref.scores, atol=ATOL, rtol=0, equal_nan=True)
