@@ -10,9 +10,9 @@ from tl_reward.circuits.circuit import (
     faithfulness_curve,
     prune,
 )
-from tl_reward.circuits.edges import EdgeAttribution, edge_attribution
+from tl_reward.circuits.edges import EdgeAttribution, FeatureEdges, edge_attribution
 from tl_reward.circuits.graph import RewardGraph
 
 __all__ = ["MIB_SIZES", "CircuitEvaluation", "EdgeAttribution", "FaithfulnessCurve",
-           "RewardCircuit", "RewardGraph", "edge_attribution", "evaluate_circuit",
+           "FeatureEdges", "RewardCircuit", "RewardGraph", "edge_attribution", "evaluate_circuit",
            "faithfulness_curve", "prune"]

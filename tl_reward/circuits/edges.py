@@ -23,10 +23,23 @@ sources at a time (at most ``chunk_sources``, never crossing a layer), never as 
 summed over the IG steps, for one batch: ``[n_dests, rows, pos, d_model]`` in the
 accumulation dtype (lower ``batch_size`` to shrink it), so each source difference is built
 and contracted once per batch.
+
+SAE nodes (Sparse Feature Circuits' construction): with ``sae=`` (or one SAE attached with
+SAELens's ``add_sae``) at ``blocks.{l}.hook_mlp_out`` (it splits ``m{l}``) or a residual hook
+(``hook_resid_pre``/``hook_resid_post``: it splits the sum of every source before it), each
+feature and the error term are sources of edges into every destination after the hook. The
+hook's activation ``x`` moves by ``dx``, the sum of its split sources' differences; feature
+``i``'s output moves by ``(enc(x + dx)_i - enc(x)_i) W_dec[i]`` and the error node's by the rest
+of ``dx`` (the change of ``x - x_hat``), so the nodes' changes sum exactly to ``dx``
+and, EAP being linear in them, their edges into a destination sum to the hook's. Nodes are the
+features whose activation changes at some real token (every other feature's edges are exactly
+0). Forwards run the plain model (an attached SAE is lifted off for the call); the nodes'
+changes are taken at the clean run.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -191,9 +204,10 @@ def ablated(model: Any, batch: RewardBatch, inputs: Inputs) -> dict[str, torch.T
     return out
 
 
-def record(model: Any, tokens: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Source activations of one unpatched forward."""
-    hooks = set(source_hooks(model))
+def record(model: Any, tokens: torch.Tensor, mask: torch.Tensor,
+           extra: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """Source activations (and those of the ``extra`` hooks) of one unpatched forward."""
+    hooks = set(source_hooks(model)) | set(extra)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, attention_mask=mask, return_type=None,
                                         names_filter=lambda n: n in hooks)
@@ -253,13 +267,16 @@ def forward(
     on_grad: Callable[[int, int, int, torch.Tensor], None] | None = None,
     embed: torch.Tensor | None = None,
     chunk_sources: int | None = None,
+    nodes: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The objective-ready final residual ``[batch, pos, d_model]`` of one forward.
 
     ``patch`` ``[batch or 1, n_dst, n_src]``: each destination input gets
-    ``sum_u patch[v, u] * (a_u(corrupt) - a_u(this forward))``. ``on_grad(first, count,
-    upstream, grad)`` receives the gradient of each destination hook's input (the embeddings
-    become a leaf that needs a gradient). ``embed`` replaces the embeddings.
+    ``sum_u patch[v, u] * (a_u(corrupt) - a_u(this forward))``. ``nodes`` ``(d [batch, pos,
+    d_model], m [batch, n_dst])``: destination ``v``'s input of row ``r`` gets ``d[r]`` where
+    ``m[r, v]`` (an SAE node's change). ``on_grad(first, count, upstream, grad)`` receives the
+    gradient of each destination hook's input (the embeddings become a leaf that needs a
+    gradient). ``embed`` replaces the embeddings.
     """
     cur: dict[str, torch.Tensor] = {}
     hooks: list[tuple[str, Callable[..., Any]]] = []
@@ -303,6 +320,9 @@ def forward(
                                  else torch.einsum("rpsd,rjs->rpjd", d, mm))
                 if isinstance(add, torch.Tensor):
                     act = act + (add if act.ndim == 4 else add[:, :, 0]).to(act.dtype)
+        if nodes is not None and bool(nodes[1][:, first : first + count].any()):
+            d = nodes[0][:, :, None] * nodes[1][:, None, first : first + count, None]
+            act = act + (d if act.ndim == 4 else d[:, :, 0]).to(act.dtype)
         if on_grad is not None:
             act.register_hook(lambda g: on_grad(first, count, up, g))
         return act
@@ -328,6 +348,122 @@ def per_item(values: torch.Tensor, batch: Batch, n_items: int) -> torch.Tensor:
     return out.index_add(0, batch.item, values * batch.sign.to(values.dtype))
 
 
+# -- SAE nodes ----------------------------------------------------------------------------
+def _table(edges: list[tuple[str, str, str]], scores: torch.Tensor) -> pd.DataFrame:
+    """One row per edge (``src``, ``dst``, ``qkv``, ``score``), by ``|score|`` descending."""
+    df = pd.DataFrame(edges, columns=["src", "dst", "qkv"])
+    df["score"] = scores.double().numpy()
+    order = df["score"].abs().sort_values(ascending=False, kind="stable").index
+    return df.loc[order].reset_index(drop=True)
+
+
+@dataclass(repr=False)
+class FeatureEdges(ShortRepr):
+    """Edges out of the nodes of an SAE at ``hook`` (see the module doc).
+
+    Attributes:
+        graph: the edge graph.
+        hook: the hook the SAE reads.
+        prefix: the nodes' prefix: ``m{l}`` (``hook_mlp_out``) or ``r{l}`` (the residual
+            entering layer ``l``); nodes are ``{prefix}.f{i}`` and ``{prefix}.err``.
+        features: the features that are nodes (their activation changes at some token).
+        scores: ``[n_dests, len(features) + 1]`` (NaN where no edge; the last column is the
+            error node's): the mean over items.
+    """
+
+    graph: RewardGraph
+    hook: str
+    prefix: str
+    features: list[int]
+    scores: torch.Tensor
+
+    def headline(self) -> dict[str, Any]:
+        return {"hook": self.hook, "features": len(self.features)}
+
+    @property
+    def nodes(self) -> list[str]:
+        return [f"{self.prefix}.f{i}" for i in self.features] + [f"{self.prefix}.err"]
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per edge out of a node, as :meth:`EdgeAttribution.to_dataframe`."""
+        has = ~self.scores.isnan()
+        dst, nodes = self.graph.dests, self.nodes
+        return _table([(nodes[i], *dst[j]) for j, i in has.nonzero().tolist()],
+                      self.scores[has])
+
+
+def sae_split(graph: RewardGraph, hook: str) -> tuple[str, int, int]:
+    """``(prefix, lo, hi)``: the nodes' prefix of an SAE at ``hook``, whose activation is the
+    sum of sources ``lo .. hi-1`` (plus constants)."""
+    m = re.fullmatch(r"blocks\.(\d+)\.hook_(mlp_out|resid_pre|resid_post)", hook)
+    if m is None or int(m[1]) >= graph.n_layers:
+        raise TLRewardError(
+            f"SAE nodes need an SAE at a hook whose activation is a sum of graph sources: "
+            f"blocks.l.hook_mlp_out, hook_resid_pre or hook_resid_post; this SAE reads {hook!r}")
+    layer = int(m[1])
+    if m[2] == "mlp_out":
+        s = graph.layer_start(layer) + graph.n_heads
+        return f"m{layer}", s, s + 1
+    layer += m[2] == "resid_post"
+    return f"r{layer}", 0, graph.layer_start(layer)
+
+
+def after(graph: RewardGraph, hi: int) -> torch.Tensor:
+    """``[n_dests]`` bool: the destinations that read sources ``0 .. hi-1``."""
+    return torch.tensor([up >= hi for _, _, count, up in graph.dest_groups()
+                         for _ in range(count)])
+
+
+@contextmanager
+def lifted_saes(model: Any, sae: Any) -> Iterator[Any]:
+    """The SAE to make nodes of (``sae``, else the one attached to ``model``, else None), with
+    every attached SAE lifted off for the duration and attached again after, with its
+    settings (SAELens keeps them on its wrappers, ``_acts_to_saes``)."""
+    attached = dict(getattr(model, "_acts_to_saes", None) or {})
+    if sae is None and len(attached) > 1:
+        raise TLRewardError(f"{len(attached)} SAEs are attached ({sorted(attached)}); SAE "
+                            "nodes come from one: pass sae= the one to use")
+    sae = sae if sae is not None else next((w.sae for w in attached.values()), None)
+    if attached:
+        model.reset_saes()
+    try:
+        yield sae
+    finally:
+        for w in attached.values():
+            model.add_sae(w.sae, use_error_term=w.use_error_term,
+                          exclude_special_tokens=w.exclude_special_tokens)
+
+
+@torch.no_grad()
+def sae_changes(model: Any, graph: RewardGraph, sae: Any, batch: Batch,
+                base: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(df [rows, pos, d_sae], d_err [rows, pos, d_model])``: each feature's activation
+    change and the error node's output change when the sources the hook sums are corrupted
+    (zero at padding)."""
+    from tl_reward.sae.splice import decoder_directions
+
+    hook = sae.cfg.metadata.hook_name
+    _, lo, hi = sae_split(graph, hook)
+    acc = accumulation_dtype(model)
+    dx = sum(delta(model, graph, batch.corr, base, b, max(s0, lo), s1, batch.mask).sum(2)
+             for b, s0, s1 in chunks(graph, hi, None) if s1 > lo)
+    x = base[hook].to(acc)
+    f0, f1 = (sae.encode(v.to(sae.dtype)).to(acc) for v in (x, x + dx))
+    df = (f1 - f0) * batch.mask[:, :, None].to(acc)
+    return df, dx - df @ decoder_directions(sae).detach().to(acc)
+
+
+def node_chunks(df: torch.Tensor, d_err: torch.Tensor, w: torch.Tensor,
+                size: int = 64) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(columns, changes [rows, pos, n, d_model])`` of the features that move in this batch
+    (column = feature id) and then the error node (column ``d_sae``), ``size`` at a time."""
+    moved = (df != 0).flatten(0, 1).any(0).nonzero().flatten()
+    for s in range(0, len(moved), size):
+        i = moved[s : s + size]
+        yield i, df[:, :, i, None] * w[i].to(df.dtype)
+    yield torch.tensor([w.shape[0]], device=df.device), d_err[:, :, None]
+
+
 # -- the result ---------------------------------------------------------------------------
 @dataclass(repr=False)
 class EdgeAttribution(ShortRepr):
@@ -340,6 +476,7 @@ class EdgeAttribution(ShortRepr):
         settings: ablation (None for counterfactuals), ig_steps, items.
         clean_metric, corrupt_metric: ``[n_items]`` the metric of each item, clean and with
             every edge corrupted (the counterfactual's own metric, or every source ablated).
+        features: the edges out of an SAE's nodes (None without an SAE).
     """
 
     graph: RewardGraph
@@ -349,6 +486,7 @@ class EdgeAttribution(ShortRepr):
     settings: dict[str, Any]
     clean_metric: torch.Tensor
     corrupt_metric: torch.Tensor
+    features: FeatureEdges | None = None
 
     def headline(self) -> dict[str, Any]:
         return {"edges": self.graph.n_edges,
@@ -360,11 +498,9 @@ class EdgeAttribution(ShortRepr):
         return self.scores[self.graph.edge_mask()]
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per edge (``src``, ``dst``, ``qkv``, ``score``), by ``|score|`` descending."""
-        df = pd.DataFrame(self.graph.edges(), columns=["src", "dst", "qkv"])
-        df["score"] = self.edge_scores().double().numpy()
-        order = df["score"].abs().sort_values(ascending=False, kind="stable").index
-        return df.loc[order].reset_index(drop=True)
+        """One row per edge (``src``, ``dst``, ``qkv``, ``score``), by ``|score|`` descending
+        (the SAE nodes' edges: ``features.to_dataframe()``)."""
+        return _table(self.graph.edges(), self.edge_scores())
 
     def view(self, title: str | None = None, max_edges: int = 200, shown: int = 30) -> Any:
         """The circuit view (:func:`~tl_reward.viz.circuit.circuit_html`) of the top
@@ -397,42 +533,73 @@ def edge_attribution(
     batch_size: int = 8,
     chunk_sources: int | None = None,
     padding_side: str = "right",
+    sae: Any = None,
 ) -> EdgeAttribution:
     """Score every edge of ``model``'s graph (methods, corruption and the sign in the module
     doc). ``clean``: sequences (built with the model's own builder) or preference pairs (the
     metric is the margin). ``batch_size`` rows per forward (a pair is two rows; ``"exact"``
     stacks edges so that each forward has about ``batch_size * 8`` rows); ``chunk_sources``
-    caps the sources whose differences are held at once (default: one layer's)."""
+    caps the sources whose differences are held at once (default: one layer's). ``sae``: a
+    SAELens SAE whose features and error term become nodes (default: the one attached to
+    ``model``, if any); their edges are in ``.features``."""
     if method not in METHODS:
         raise TLRewardError(f"method must be one of {METHODS}, got {method!r}")
     if ig_steps < 1:
         raise TLRewardError(f"ig_steps must be at least 1, got {ig_steps}")
-    graph = RewardGraph.from_model(model)
-    obj = resolve_objectives(model, objective)[0]
-    inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
-    acc = accumulation_dtype(model)
-    dev = model.cfg.device
-    n_items = inputs.n_items
-    scores = torch.zeros(len(graph.dests), len(graph.sources), dtype=acc, device=dev)
-    clean_m = torch.zeros(n_items, dtype=acc, device=dev)
-    corr_m = torch.zeros(n_items, dtype=acc, device=dev)
-    for batch in batches(model, inputs, batch_size, padding_side):
-        with torch.no_grad():
-            base = record(model, batch.tokens, batch.mask)
-            r0 = read_metric(model, forward(model, graph, batch), batch, obj)
-            clean_m += per_item(r0, batch, n_items)
-            r1 = corrupted_metric(model, graph, batch, obj, chunk_sources)
-            corr_m += per_item(r1, batch, n_items)
-        if method == "exact":
-            _exact(model, graph, batch, obj, r0, scores, batch_size, chunk_sources)
-        else:
-            _gradient(model, graph, batch, base, obj, scores,
-                      1 if method == "eap" else ig_steps, method == "eap-ig", chunk_sources)
+    with lifted_saes(model, sae) as sae:
+        graph = RewardGraph.from_model(model)
+        obj = resolve_objectives(model, objective)[0]
+        inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
+        acc = accumulation_dtype(model)
+        dev = model.cfg.device
+        n_items = inputs.n_items
+        scores = torch.zeros(len(graph.dests), len(graph.sources), dtype=acc, device=dev)
+        clean_m = torch.zeros(n_items, dtype=acc, device=dev)
+        corr_m = torch.zeros(n_items, dtype=acc, device=dev)
+        hooks: tuple[str, ...] = ()
+        if sae is not None:
+            from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
+            from tl_reward.sae.splice import check_affine_sae, decoder_directions
+
+            hooks = (HookedSAERewardModel.check_sae(model, sae),)
+            check_affine_sae(sae)
+            prefix, _, hi = sae_split(graph, hooks[0])
+            dests = after(graph, hi)
+            w = decoder_directions(sae).detach()
+            fscores = torch.zeros(len(graph.dests), w.shape[0] + 1, dtype=acc, device=dev)
+            moved = torch.zeros(w.shape[0], dtype=torch.bool)
+        for batch in batches(model, inputs, batch_size, padding_side):
+            with torch.no_grad():
+                base = record(model, batch.tokens, batch.mask, hooks)
+                r0 = read_metric(model, forward(model, graph, batch), batch, obj)
+                clean_m += per_item(r0, batch, n_items)
+                r1 = corrupted_metric(model, graph, batch, obj, chunk_sources)
+                corr_m += per_item(r1, batch, n_items)
+            nodes = [] if sae is None else list(node_chunks(*sae_changes(model, graph, sae,
+                                                                          batch, base), w))
+            if method == "exact":
+                _exact(model, graph, batch, obj, r0, scores, batch_size, chunk_sources)
+                for cols, d in nodes:
+                    _exact(model, graph, batch, obj, r0, fscores, batch_size, chunk_sources,
+                           (d, cols, dests))
+            else:
+                steps = 1 if method == "eap" else ig_steps
+                grads = _gradient(model, graph, batch, base, obj, scores, steps,
+                                  method == "eap-ig", chunk_sources).flatten(1)
+                for cols, d in nodes:
+                    fscores[:, cols] += grads @ d.permute(2, 0, 1, 3).flatten(1).T / steps
+            for cols, _ in nodes[:-1]:
+                moved[cols.cpu()] = True
     scores = (scores / n_items).masked_fill(~graph.edge_mask().to(dev), torch.nan)
     settings = {"ablation": inputs.ablation, "items": n_items,
                 "ig_steps": ig_steps if method == "eap-ig" else 0}
+    features = None
+    if sae is not None:
+        keep = [*moved.nonzero().flatten().tolist(), w.shape[0]]
+        fs = (fscores[:, keep] / n_items).masked_fill(~dests[:, None].to(dev), torch.nan)
+        features = FeatureEdges(graph, hooks[0], prefix, keep[:-1], fs.cpu())
     return EdgeAttribution(graph, scores.cpu(), method, obj, settings, clean_m.cpu(),
-                           corr_m.cpu())
+                           corr_m.cpu(), features)
 
 
 @torch.no_grad()
@@ -450,27 +617,40 @@ def corrupted_metric(model: Any, graph: RewardGraph, batch: Batch, obj: str,
 
 @torch.no_grad()
 def _exact(model: Any, graph: RewardGraph, batch: Batch, obj: str, r0: torch.Tensor,
-           scores: torch.Tensor, batch_size: int, chunk_sources: int | None) -> None:
-    """Add each edge's summed signed effect on this batch's rows to ``scores``."""
-    idx = graph.edge_mask().nonzero().to(scores.device)
+           scores: torch.Tensor, batch_size: int, chunk_sources: int | None,
+           nodes: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Add each edge's summed signed effect on this batch's rows to ``scores``; with ``nodes``
+    ``(changes [rows, pos, n, d_model], columns [n], dests [n_dests] bool)``, each edge from
+    those n SAE nodes into those destinations instead, in those columns of ``scores``."""
+    mask = graph.edge_mask() if nodes is None else nodes[2][:, None].expand(-1, len(nodes[1]))
+    idx = mask.nonzero().to(scores.device)
     rows = batch.tokens.shape[0]
     per = max(1, batch_size * 8 // rows)
     for s in range(0, len(idx), per):
         e = idx[s : s + per]
-        onehot = torch.zeros(len(e), *scores.shape, dtype=torch.bool, device=scores.device)
-        onehot[torch.arange(len(e)), e[:, 0], e[:, 1]] = True
         big = batch.repeat(len(e))
-        r = read_metric(model, forward(model, graph, big, patch=onehot.repeat_interleave(rows, 0),
-                                     chunk_sources=chunk_sources), big, obj)
+        if nodes is None:
+            onehot = torch.zeros(len(e), *scores.shape, dtype=torch.bool, device=scores.device)
+            onehot[torch.arange(len(e)), e[:, 0], e[:, 1]] = True
+            kw: dict[str, Any] = {"patch": onehot.repeat_interleave(rows, 0)}
+            cols = e[:, 1]
+        else:
+            to = torch.nn.functional.one_hot(e[:, 0], len(graph.dests)).bool()
+            kw = {"nodes": (nodes[0][:, :, e[:, 1]].permute(2, 0, 1, 3).flatten(0, 1),
+                            to.repeat_interleave(rows, 0))}
+            cols = nodes[1][e[:, 1]]
+        r = read_metric(model, forward(model, graph, big, chunk_sources=chunk_sources, **kw),
+                        big, obj)
         eff = ((r.view(len(e), rows) - r0[None]) * batch.sign[None].to(r.dtype)).sum(1)
-        scores[e[:, 0], e[:, 1]] += eff.to(scores.dtype)
+        scores[e[:, 0], cols] += eff.to(scores.dtype)
 
 
 def _gradient(model: Any, graph: RewardGraph, batch: Batch, base: dict[str, torch.Tensor],
               obj: str, scores: torch.Tensor, steps: int, interpolate: bool,
-              chunk_sources: int | None) -> None:
+              chunk_sources: int | None) -> torch.Tensor:
     """EAP (``steps = 1``, the clean run) or EAP-IG-inputs: add ``sum over rows, positions of
-    sign * (a_u(corrupt) - a_u(clean)) . mean_k dM/d(in_v)`` to ``scores``.
+    sign * (a_u(corrupt) - a_u(clean)) . mean_k dM/d(in_v)`` to ``scores``; return the
+    destinations' signed gradients summed over the steps, ``[n_dests, rows, pos, d_model]``.
 
     The score is linear in the gradient, so the ``steps`` gradients of every destination are
     summed first (one ``[n_dests, rows * pos * d_model]`` buffer per batch) and contracted once
@@ -505,3 +685,4 @@ def _gradient(model: Any, graph: RewardGraph, batch: Batch, base: dict[str, torc
             d = delta(model, graph, batch.corr, base, block, s0, s1, batch.mask)
             d = d.permute(2, 0, 1, 3).reshape(s1 - s0, -1)
             scores[j0:, s0:s1] += (flat[j0:] @ d.T) / steps
+    return grads
