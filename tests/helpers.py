@@ -165,3 +165,32 @@ def hf_reward_at(hf: Any, ids: list[int], position: int) -> torch.Tensor:
         tokens = torch.tensor([ids])
         h = hf.base_model(input_ids=tokens, attention_mask=torch.ones_like(tokens))[0]
         return hf.score(h[0, position]).float()
+
+
+def patch_edge_input(model: Any, clean: list[int], diff: torch.Tensor, dst: str, qkv: str
+                     ) -> float:
+    """reward(clean with ``diff`` added to ``dst``'s input only) - reward(clean), with plain
+    TransformerLens hooks: the hand-written path patch edge attribution is checked against."""
+    tok = torch.tensor([clean])
+    if dst == "reward":
+        name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    elif dst.startswith("m"):
+        name = f"blocks.{dst[1:]}.hook_mlp_in"
+    else:
+        lay, h = (int(x) for x in dst[1:].split(".h"))
+        name = f"blocks.{lay}.hook_{qkv}_input"
+
+    def fn(act: torch.Tensor, hook: object) -> torch.Tensor:
+        if act.ndim == 3:
+            return act + diff
+        act = act.clone()
+        act[:, :, h] += diff
+        return act
+    model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = True
+    try:
+        with torch.no_grad():
+            r0 = model(tok, return_type="reward")[0, 0]
+            r1 = model.run_with_hooks(tok, return_type="reward", fwd_hooks=[(name, fn)])[0, 0]
+    finally:
+        model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = False
+    return float(r1 - r0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import hf_rewards
+from helpers import hf_rewards, patch_edge_input
 
 from tl_reward import HookedRewardModel
 from tl_reward.analysis.direct_path import direct_path_patching
@@ -69,28 +69,7 @@ def _hand_patch(model: HookedRewardModel, clean: list[int], corrupt: list[int],
         lay, h = (int(x) for x in src[1:].split(".h"))
         name = f"blocks.{lay}.attn.hook_z"
         diff = (c1[name][:, :, h] - c0[name][:, :, h]) @ model.blocks[lay].attn.W_O[h]
-    if dst == "reward":
-        hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-        fn = lambda act, hook: act + diff  # noqa: E731
-    elif dst.startswith("m"):
-        hook = f"blocks.{dst[1:]}.hook_mlp_in"
-        fn = lambda act, hook: act + diff  # noqa: E731
-    else:
-        lay, h = (int(x) for x in dst[1:].split(".h"))
-        hook = f"blocks.{lay}.hook_{qkv}_input"
-
-        def fn(act: torch.Tensor, hook: object) -> torch.Tensor:
-            act = act.clone()
-            act[:, :, h] += diff
-            return act
-    model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = True
-    try:
-        with torch.no_grad():
-            r0 = model(tok, return_type="reward")[0, 0]
-            r1 = model.run_with_hooks(tok, return_type="reward", fwd_hooks=[(hook, fn)])[0, 0]
-    finally:
-        model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = False
-    return float(r1 - r0)
+    return patch_edge_input(model, clean, diff, dst, qkv)
 
 
 def _score(res, src: str, dst: str, qkv: str) -> float:

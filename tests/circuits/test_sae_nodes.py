@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import hf_readout
+from helpers import hf_readout, patch_edge_input
 from sae_lens.saes.sae import SAEMetadata
 from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
 
@@ -100,34 +100,6 @@ def test_feature_nodes_are_the_features_that_move(tiny) -> None:
     assert res.features.nodes[-1] == "m1.err" and res.features.nodes[0].startswith("m1.f")
 
 
-def _hand_patch(model, clean: list[int], diff: torch.Tensor, dst: str, qkv: str) -> float:
-    """reward(clean with ``diff`` added to ``dst``'s input only) - reward(clean), with plain
-    TransformerLens hooks."""
-    tok = torch.tensor([clean])
-    if dst == "reward":
-        name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    elif dst.startswith("m"):
-        name = f"blocks.{dst[1:]}.hook_mlp_in"
-    else:
-        lay, h = (int(x) for x in dst[1:].split(".h"))
-        name = f"blocks.{lay}.hook_{qkv}_input"
-
-    def fn(act: torch.Tensor, hook: object) -> torch.Tensor:
-        if act.ndim == 3:
-            return act + diff
-        act = act.clone()
-        act[:, :, h] += diff
-        return act
-    model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = True
-    try:
-        with torch.no_grad():
-            r0 = model(tok, return_type="reward")[0, 0]
-            r1 = model.run_with_hooks(tok, return_type="reward", fwd_hooks=[(name, fn)])[0, 0]
-    finally:
-        model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = False
-    return float(r1 - r0)
-
-
 def test_exact_feature_edges_equal_hand_path_patches(tiny) -> None:
     model, _, _ = tiny("llama")
     sae = make_sae(model.cfg.d_model, "blocks.1.hook_mlp_out")
@@ -141,10 +113,10 @@ def test_exact_feature_edges_equal_hand_path_patches(tiny) -> None:
         col = len(fe.features) if node == "err" else fe.features.index(node)
         for dst, qkv in [("reward", ""), ("m2", ""), ("a2.h1", "q"), ("a2.h0", "k"),
                          ("a2.h1", "v")]:
-            ref = _hand_patch(model, CLEAN[0], diff, dst, qkv)
+            ref = patch_edge_input(model, CLEAN[0], diff, dst, qkv)
             got = float(fe.scores[g.dests.index((dst, qkv)), col])
             assert got == pytest.approx(ref, abs=ATOL), (node, dst, qkv)
-    assert abs(_hand_patch(model, CLEAN[0], df[:, top, None] * sae.W_dec[top], "reward", "")
+    assert abs(patch_edge_input(model, CLEAN[0], df[:, top, None] * sae.W_dec[top], "reward", "")
                ) > 1e-3
 
 
