@@ -22,6 +22,7 @@ from tl_reward.analysis.attribution import direct_reward_attribution
 from tl_reward.analysis.attribution_patching import attribution_patching
 from tl_reward.analysis.direct_path import direct_path_patching
 from tl_reward.analysis.lens import reward_lens
+from tl_reward.circuits import RewardCircuit, RewardGraph, edge_attribution, evaluate_circuit
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
@@ -56,7 +57,19 @@ ANALYSES: dict[str, Callable[[Any], tuple[torch.Tensor, torch.Tensor]]] = {
                               _forward(m, [PAIR.chosen_conversation()])[0]),
     "attribution_patching": lambda m: (torch.tensor(attribution_patching(m, PAIR).clean_chosen),
                                        _forward(m, [PAIR.chosen_conversation()])[0]),
+    "edge_attribution": lambda m: (edge_attribution(m, CONVERSATIONS, ablation="zero",
+                                                    method="eap").clean_metric,
+                                   _forward(m, CONVERSATIONS)),
+    "evaluate_circuit": lambda m: (evaluate_circuit(m, _half_circuit(m), CONVERSATIONS,
+                                                    ablation="zero").full,
+                                   _forward(m, CONVERSATIONS)),
 }
+
+
+def _half_circuit(model: Any) -> RewardCircuit:
+    graph = RewardGraph.from_model(model)
+    return RewardCircuit.from_mask(graph, graph.edge_mask() & (torch.rand(graph.edge_mask().shape,
+                                   generator=torch.Generator().manual_seed(0)) < 0.5))
 
 
 
@@ -113,3 +126,6 @@ def test_every_analysis_reads_the_hooked_forward(tiny: Any, kind: str) -> None:
         assert outcomes[label] == ("refused" if readout_hooked else "equal"), (label, outcomes)
     for label in ("rewards", "score_pairs", "sweep", "attribution_patching"):
         assert outcomes[label] == "equal", (label, outcomes)
+    # edge circuits make an SAE's error term a node: one attached without it is refused
+    for label in ("edge_attribution", "evaluate_circuit"):
+        assert outcomes[label] == ("refused" if kind.startswith("sae") else "equal"), label

@@ -22,6 +22,7 @@ from tl_reward.circuits.edges import (
     batches,
     corrupted_metric,
     forward,
+    lifted_saes,
     per_item,
     prepare_inputs,
     read_metric,
@@ -164,7 +165,7 @@ def _metrics(model: Any, graph: RewardGraph, inputs: Inputs, obj: str,
     full, empty = (torch.zeros(n, dtype=acc, device=dev) for _ in range(2))
     out = [torch.zeros(n, dtype=acc, device=dev) for _ in masks]
     patches = [(graph.edge_mask() & ~m).to(dev)[None] for m in masks]
-    with torch.no_grad():
+    with torch.no_grad(), lifted_saes(model, None):  # an SAE with its error term: plain model
         for batch in batches(model, inputs, batch_size, padding_side):
             full += per_item(read_metric(model, forward(model, graph, batch), batch, obj),
                              batch, n)

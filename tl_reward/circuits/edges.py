@@ -418,8 +418,14 @@ def after(graph: RewardGraph, hi: int) -> torch.Tensor:
 def lifted_saes(model: Any, sae: Any) -> Iterator[Any]:
     """The SAE to make nodes of (``sae``, else the one attached to ``model``, else None), with
     every attached SAE lifted off for the duration and attached again after, with its
-    settings (SAELens keeps them on its wrappers, ``_acts_to_saes``)."""
+    settings (SAELens keeps them on its wrappers, ``_acts_to_saes``). An SAE attached without
+    its error term is refused (the forward would not be the one the graph sums)."""
     attached = dict(getattr(model, "_acts_to_saes", None) or {})
+    bare = sorted(h for h, w in attached.items() if not w.use_error_term)
+    if bare:  # without it the forward is not the graph's sum of sources
+        raise TLRewardError(f"an SAE is attached at {bare[0]} without its error term; edge "
+                            "circuits make its features and error term nodes: attach it with "
+                            "use_error_term=True")
     if sae is None and len(attached) > 1:
         raise TLRewardError(f"{len(attached)} SAEs are attached ({sorted(attached)}); SAE "
                             "nodes come from one: pass sae= the one to use")
