@@ -1,6 +1,6 @@
-"""Resampling statistics: the one bootstrap (items or whole units) with its percentile
-interval, and the Spearman rank correlation the faithfulness report averages. A mean's interval
-is not a bootstrap one: it inverts the sign-flip test (:mod:`tl_reward.stats.paired`).
+"""Resampling statistics: the one bootstrap (items or whole units), the jackknife Fisher-z
+interval of a correlation, and the Spearman rank correlation the faithfulness report averages.
+A mean's interval inverts the sign-flip test (:mod:`tl_reward.stats.paired`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
+from scipy import stats
 
 from tl_reward.stats.ranks import ArrayLike, as_array, average_ranks
 
@@ -61,14 +62,31 @@ def bootstrap_indices(n: int, n_bootstrap: int = 2000, seed: int = 0,
     return out
 
 
-def percentile_ci(values: ArrayLike, confidence: float = 0.95, min_valid: int = 1
-                  ) -> tuple[float, float]:
-    """The percentile interval of bootstrap ``values`` (NaNs dropped; NaN when fewer than
-    ``min_valid`` are left)."""
-    v = as_array(values)
-    v = v[~np.isnan(v)]
-    if v.size < max(min_valid, 1):
-        return float("nan"), float("nan")
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(v, [alpha, 1 - alpha])
-    return float(lo), float(hi)
+#: Smallest number of units for which :func:`fisher_interval` gives an interval.
+FISHER_MIN_N = 10
+
+
+def leave_one_out(n: int) -> np.ndarray:
+    """``[n, n - 1]``: row ``i`` indexes every item but ``i``."""
+    j = np.arange(n - 1)
+    return j[None] + (j[None] >= np.arange(n)[:, None])
+
+
+def fisher_interval(value: float, jackknife: ArrayLike, floor_se: float,
+                    confidence: float = 0.95) -> tuple[float, float, str]:
+    """``(low, high, reason)``: the interval of a correlation-like ``value`` in ``(-1, 1)`` on
+    the Fisher-z scale, ``tanh(atanh(value) +- t_{n-1} se)``, with ``se`` the jackknife standard
+    error of ``atanh`` over the ``n`` leave-one-out ``jackknife`` values, but at least
+    ``floor_se`` (the normal-theory se: the jackknife's own is too noisy at small n). Simulated
+    coverage (``tests/stats/test_fisher_interval.py``) at least 0.93 of nominal 0.95 from
+    ``FISHER_MIN_N`` units, normal and skewed data; NaN below that, at ``|value| = 1`` or when a
+    leave-one-out value is undefined (``reason`` says why, else ``""``)."""
+    z = np.arctanh(np.clip(as_array(jackknife), -1.0, 1.0))
+    n = z.size
+    if n < FISHER_MIN_N:
+        return np.nan, np.nan, f"no interval below {FISHER_MIN_N} units (got {n})"
+    if not (abs(value) < 1 and np.isfinite(z).all()):
+        return np.nan, np.nan, "no interval at |r| = 1 or with an undefined leave-one-out r"
+    se = max(float(np.sqrt((n - 1) / n * ((z - z.mean()) ** 2).sum())), floor_se)
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * se
+    return float(np.tanh(np.arctanh(value) - half)), float(np.tanh(np.arctanh(value) + half)), ""
