@@ -81,7 +81,8 @@ def fisher_interval(value: float, jackknife: ArrayLike, floor_se: float,
     coverage (``tests/stats/test_fisher_interval.py``) at least 0.93 of nominal 0.95 from
     ``FISHER_MIN_N`` units, normal and skewed data; NaN below that, at ``|value| = 1`` or when a
     leave-one-out value is undefined (``reason`` says why, else ``""``)."""
-    z = np.arctanh(np.clip(as_array(jackknife), -1.0, 1.0))
+    with np.errstate(divide="ignore"):
+        z = np.arctanh(np.clip(as_array(jackknife), -1.0, 1.0))
     n = z.size
     if n < FISHER_MIN_N:
         return np.nan, np.nan, f"no interval below {FISHER_MIN_N} units (got {n})"
