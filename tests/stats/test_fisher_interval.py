@@ -94,12 +94,18 @@ def test_interval_below_its_smallest_n_and_by_hand():
 
 @pytest.mark.parametrize("n", [2, 10])
 def test_share_interval_covers_where_the_bootstrap_does_not(n):
-    """Exact coverage (summed over the binomial law, no simulation) of the disagreement
-    share's interval from its smallest n (2 pairs): Clopper-Pearson at least 0.959 at true
-    shares 0.05-0.5 and n = 2-20; the percentile bootstrap's (its resampled share is
-    Binomial(n, k / n) / n) 0.10-0.50 at n = 2, 0.40 (share 0.05) and 0.89 (0.2) at n = 10."""
+    """Clopper-Pearson as scipy's binomtest gives it, and its exact coverage (summed over the
+    binomial law, no simulation) as the disagreement share's interval from its smallest n (2
+    pairs): at least 0.959 at true shares 0.05-0.5 and n = 2-20; the percentile bootstrap's
+    (its resampled share is Binomial(n, k / n) / n) 0.10-0.50 at n = 2, 0.40 (share 0.05)
+    and 0.89 (0.2) at n = 10."""
     k = np.arange(n + 1)
     cp = np.array([share_interval(int(i), 0, n) for i in k])
+    ties = [share_interval(int(i), n - int(i), n, 0.9) for i in k]  # ties: low as losses
+    ref = [(stats.binomtest(int(i), n).proportion_ci(0.9).low, 1.0) for i in k]
+    assert np.allclose(ties, ref, atol=1e-12, rtol=0) and np.allclose(cp, [(
+        c.low, c.high) for c in (stats.binomtest(int(i), n).proportion_ci() for i in k)],
+        atol=1e-12, rtol=0)
     boot = np.stack([stats.binom.ppf(q, n, k / n) / n for q in (0.025, 0.975)], axis=1)
     worst = 1.0
     for p in (0.05, 0.1, 0.2, 0.3, 0.5):

@@ -1,15 +1,11 @@
-"""Resampling statistics: the one bootstrap (items or whole units), the jackknife Fisher-z
-interval of a correlation, and the Spearman rank correlation the faithfulness report averages.
+"""Resampling statistics: the jackknife Fisher-z interval of a correlation, the bootstrap's
+resamples (tests only), and the Spearman rank correlation the faithfulness report averages.
 A mean's interval inverts the sign-flip test (:mod:`tl_reward.stats.paired`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
-import pandas as pd
 import torch
 from jaxtyping import Float
 from scipy import stats
@@ -33,33 +29,11 @@ def spearman(a: Float[torch.Tensor, "... n"], b: Float[torch.Tensor, "... n"]
                            dtype=torch.float64, device=a.device)
 
 
-def bootstrap_indices(n: int, n_bootstrap: int = 2000, seed: int = 0,
-                      units: ArrayLike | Sequence[Any] | None = None
-                      ) -> np.ndarray | list[np.ndarray]:
-    """The one bootstrap's resamples of ``n`` items (seeded).
-
-    Without ``units``: ``[n_bootstrap, n]`` item indices drawn with replacement. With ``units``
-    (one label per item, e.g. the word a token belongs to), whole units are drawn with
-    replacement, as many as there are units, and each resample is the indices of all their
-    items (a cluster bootstrap): a list of ``n_bootstrap`` index arrays. Units are numbered in
-    order of first appearance, so one unit per item draws exactly the item bootstrap.
-    """
-    rng = np.random.default_rng(seed)
-    if units is None:
-        return rng.integers(0, n, size=(n_bootstrap, n))
-    # units numbered in order of first appearance; a missing label (None) is a unit too
-    codes, _ = pd.factorize(np.asarray(units, dtype=object), use_na_sentinel=False)
-    if codes.shape != (n,):
-        raise ValueError(f"units must give one label per item ({n}), got shape {codes.shape}")
-    order = np.argsort(codes, kind="stable")  # each unit's items, in input order
-    counts = np.bincount(codes)
-    starts = np.cumsum(counts) - counts
-    out = []
-    for picked in rng.integers(0, counts.size, size=(n_bootstrap, counts.size)):
-        lens = counts[picked]
-        out.append(order[np.repeat(starts[picked] - (np.cumsum(lens) - lens), lens)
-                         + np.arange(lens.sum())])
-    return out
+def bootstrap_indices(n: int, n_bootstrap: int = 2000, seed: int = 0) -> np.ndarray:
+    """``[n_bootstrap, n]`` item indices drawn with replacement (seeded): the percentile
+    bootstrap's resamples, which no reported interval uses any more (the tests measure its
+    coverage beside the intervals that replaced it)."""
+    return np.random.default_rng(seed).integers(0, n, size=(n_bootstrap, n))
 
 
 #: Smallest number of units for which :func:`fisher_interval` gives an interval.
