@@ -73,6 +73,26 @@ def test_correlation_interval_covers_at_its_smallest_n(kind, control, skewed):
         assert boot < 0.93, boot
 
 
+@pytest.mark.parametrize("kind", ["pearson", "spearman"])
+def test_correlation_interval_covers_on_heavy_tails(kind):
+    """Bivariate t(3), rho = 0.8 (test_correlation_intervals.py's law, where the normal-theory
+    Fisher-z interval of Pearson's r covers 0.77 at n = 30): 600 data sets of 10 units.
+    Measured: Pearson 0.978, Spearman 0.958; at n = 30 0.940 / 0.957, at n = 100 0.940 /
+    0.963 (300 sets)."""
+    rng = np.random.default_rng(10)
+    z = rng.standard_normal((600, 10, 2)) @ np.linalg.cholesky([[1, 0.8], [0.8, 1]]).T
+    x, y = (z / np.sqrt(rng.chisquare(3, (600, 10, 1)) / 3)).transpose(2, 0, 1)
+    truth = 0.8
+    if kind == "spearman":  # the population value from 400,000 draws (sd 0.001)
+        big = np.random.default_rng(5).standard_normal((400_000, 2)) @ np.linalg.cholesky(
+            [[1, 0.8], [0.8, 1]]).T
+        big /= np.sqrt(np.random.default_rng(6).chisquare(3, (400_000, 1)) / 3)
+        truth = stats.spearmanr(big[:, 0], big[:, 1]).statistic
+    est = [permutation_correlation(a, b, kind, n_permutations=1) for a, b in zip(x, y,
+                                                                                 strict=True)]
+    assert np.mean([e.ci_low <= truth <= e.ci_high for e in est]) >= 0.93
+
+
 def test_interval_below_its_smallest_n_and_by_hand():
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=FISHER_MIN_N - 1), rng.normal(size=FISHER_MIN_N - 1)
