@@ -34,8 +34,7 @@ def _residualised(v: np.ndarray, c: np.ndarray) -> np.ndarray:
     """Row-wise least-squares residuals of ``v`` on ``[1, c]``."""
     v, c = v - v.mean(-1, keepdims=True), c - c.mean(-1, keepdims=True)
     ss = (c * c).sum(-1, keepdims=True)
-    return v - np.divide((v * c).sum(-1, keepdims=True), ss, out=np.zeros_like(ss),
-                         where=ss > 0) * c
+    return v - (v * c).sum(-1, keepdims=True) / np.where(ss > 0, ss, 1.0) * c
 
 
 def _correlation(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, kind: str) -> np.ndarray:
@@ -53,11 +52,10 @@ def permutation_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] 
                             confidence: float = 0.95, exact_max_n: int = 8, seed: int = 0,
                             control: Sequence[float] | np.ndarray | None = None) -> Estimate:
     """Correlation of paired values (pairs with a NaN dropped) as an :class:`Estimate`: the
-    jackknife Fisher-z interval over units (:func:`~tl_reward.stats.resampling.fisher_interval`,
-    each leave-one-out r refitted; floor se ``1 / sqrt(n - 3 - k)`` for Pearson, Bonett-Wright's
-    ``sqrt((1 + r^2 / 2) / (n - 3 - k))`` for Spearman, ``k`` controls; none below
-    ``FISHER_MIN_N`` units) and a two-sided permutation p (exact over every pairing up to
-    ``exact_max_n`` units, else ``n_permutations``; ``method`` names which).
+    jackknife Fisher-z interval over units (:func:`~tl_reward.stats.resampling.fisher_interval`;
+    each leave-one-out r refitted; floor se ``1 / sqrt(n - 3 - k)``, Spearman's ``sqrt((1 +
+    r^2 / 2) / (n - 3 - k))``, ``k`` controls) and a two-sided permutation p (exact over every
+    pairing up to ``exact_max_n`` units, else ``n_permutations``; ``method`` names which).
 
     ``control``: per-unit values to partial out. Both columns are residualised on them (least
     squares with an intercept) and the partial correlation is tested by Freedman-Lane: each
@@ -90,13 +88,10 @@ def permutation_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] 
         null = null_r(rng.permuted(np.broadcast_to(np.arange(n), (n_permutations, n)), axis=1))
         p = (1 + int((np.abs(null) >= abs(r) - tol).sum())) / (1 + n_permutations)
         method = "monte_carlo"
-    loo = leave_one_out(n)
-    step = max(1, 2_000_000 // n)  # bounds the leave-one-out rows held at once
-    jack = np.concatenate([_correlation(a[i], b[i], None if c is None else c[i], kind)
-                           for i in np.array_split(loo, range(step, n, step))])
-    k = int(c is not None)
-    floor = np.sqrt((1 + r**2 / 2 if kind == "spearman" else 1.0) / max(n - 3 - k, 1))
-    lo, hi, why = fisher_interval(r, jack, float(floor), confidence)
+    jack = np.concatenate([_correlation(a[i], b[i], None if c is None else c[i], kind)  # ~2M
+                           for i in np.array_split(leave_one_out(n), 1 + n * n // 2_000_000)])
+    floor = ((1 + r**2 / 2 if kind == "spearman" else 1.0) / max(n - 3 - (c is not None), 1))**.5
+    lo, hi, why = fisher_interval(r, jack, floor, confidence)
     how = "jackknife Fisher-z interval over units" + (f" ({why})" if why else "")
     return Estimate(r, lo, hi, p, n, f"{how}; {method} permutation test", confidence)
 
