@@ -1,5 +1,6 @@
-"""The whitened-cosine bootstrap CI of ``geometric_conflict``: old (a d x d Ledoit-Wolf fit per
-resample) against new (the n x n Gram of the centred rows, :class:`GramLedoitWolf`), same run.
+"""Whitened cosines of resampled items (once ``geometric_conflict``'s bootstrap CI, removed: no
+interval of the whitened cosine reaches its coverage, docs/statistics.md): a d x d Ledoit-Wolf
+fit per resample against the n x n Gram of the centred rows (:class:`GramLedoitWolf`), same run.
 
 The old way, per resample: centre the resampled rows, form ``S = Xc'Xc / n`` and the
 Ledoit-Wolf sums (``O(n d^2)``), then ``w S w'`` (``O(T d^2)``). The new way builds ``K = Y Y'``

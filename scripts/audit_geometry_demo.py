@@ -114,15 +114,15 @@ def main() -> None:
     with safe_open(str(smollm2_local_dir() / "model.safetensors"), framework="pt") as fh:
         gain = fh.get_tensor("model.norm.weight").double()
     feats = torch.cat([fc, fr])
-    geo = geometric_conflict(model, normed=feats / gain, n_bootstrap=500)
+    geo = geometric_conflict(model, normed=feats / gain)
     out["geometric"] = geo.to_dataframe().to_dict("records")
     out["geometric_meta"] = geo.meta
     w = raw.double()  # HF's rows: reward = feature . row
     names = list(model.objectives)
     s_all = (feats @ w.T).numpy()
     m = ((fc - fr) @ w.T).numpy()
-    disagreement, family = pair_disagreement(list(m.T), names, 0.05, 2000, seed=0)
-    beh = ConflictResult(names, pair_correlation(list(s_all.T), names, Thresholds(), 2000, 2000,
+    disagreement, family = pair_disagreement(list(m.T), names, 0.05, seed=0)
+    beh = ConflictResult(names, pair_correlation(list(s_all.T), names, Thresholds(), 2000,
                                                  seed=0) + disagreement, Thresholds(),
                          {"n_corpus": len(s_all), "n_pairs": len(m),
                           "pair disagreement family": family})

@@ -54,7 +54,7 @@ def test_cascade_null_calibration_over_matched_items() -> None:
     """Independent dimensions over the same 25 items: 200 simulated pairs, rejection ~5 %."""
     rng = np.random.default_rng(7)
     ps = [permutation_correlation(rng.normal(size=25), rng.standard_t(4, size=25),
-                                  n_permutations=499, n_bootstrap=50, seed=i).p_value
+                                  n_permutations=499, seed=i).p_value
           for i in range(200)]
     rate = float(np.mean(np.array(ps) <= 0.05))
     assert 0.02 <= rate <= 0.08, rate
@@ -66,7 +66,7 @@ def test_cascade_over_items_and_models() -> None:
     mat = pd.DataFrame({"a": base + rng.normal(0, 0.5, 40), "b": base + rng.normal(0, 0.5, 40),
                         "c": rng.normal(size=40)}, index=[f"i{k}" for k in range(40)])
     mat.loc["i0", "c"] = np.nan  # an edit that did not apply: the pair drops that item
-    res = cascade(mat, n_permutations=999, n_bootstrap=500)
+    res = cascade(mat, n_permutations=999)
     df = res.to_dataframe().set_index(["dim_a", "dim_b"])
     assert df.loc[("a", "b"), "n"] == 40 and df.loc[("a", "c"), "n"] == 39
     assert df.loc[("a", "b"), "p_adjusted"] < 0.01
@@ -78,7 +78,7 @@ def test_cascade_over_items_and_models() -> None:
     heat = res.plot().data[0]  # the heatmap shows the matrix, symmetric, 1 on the diagonal
     np.testing.assert_allclose(heat.z, res.matrix().loc[list(heat.x), list(heat.y)].to_numpy())
     assert res.matrix().loc["b", "a"] == df.loc[("a", "b"), "r"]
-    across = cascade_across_models(mat.iloc[1:6], n_bootstrap=99)
+    across = cascade_across_models(mat.iloc[1:6])
     assert across.units == "models" and (across.pairs.n == 5).all()
     with pytest.raises(Exception, match="distinct matched units"):
         cascade(pd.concat([mat, mat.iloc[:1]]))
@@ -108,9 +108,9 @@ def test_shared_neutral_baseline_is_controlled() -> None:
         nat = pd.Series(rng.normal(size=40), index=[f"i{k}" for k in range(40)])
         mat = pd.DataFrame({"a": rng.normal(size=40) - nat.to_numpy(),
                             "b": rng.normal(size=40) - nat.to_numpy()}, index=nat.index)
-        raw_p.append(cascade(mat, control=None, n_permutations=199, n_bootstrap=20, seed=i)
+        raw_p.append(cascade(mat, control=None, n_permutations=199, seed=i)
                      .pairs.p_value[0])
-        ctrl_p.append(cascade(mat, control=nat, n_permutations=199, n_bootstrap=20, seed=i)
+        ctrl_p.append(cascade(mat, control=nat, n_permutations=199, seed=i)
                       .pairs.p_value[0])
     assert np.mean(np.array(raw_p) <= 0.05) > 0.3  # the confound: spurious "cascades"
     rate = float(np.mean(np.array(ctrl_p) <= 0.05))

@@ -35,7 +35,7 @@ CORPUS = [("Tell me something.", f"Item {i}: love music war {i % 3} " + "yes " *
 
 def test_whitened_cosine_by_hand(tiny):
     model, _, _ = tiny("llama", 3)
-    res = geometric_conflict(model, CORPUS, n_bootstrap=20)
+    res = geometric_conflict(model, CORPUS)
     df = res.to_dataframe()
     h = pooled_residual(model, CORPUS, normed=True).double().numpy()
     cov = LedoitWolf().fit(h).covariance_
@@ -47,21 +47,12 @@ def test_whitened_cosine_by_hand(tiny):
         raw = w[i] @ w[j] / np.linalg.norm(w[i]) / np.linalg.norm(w[j])
         assert row.loc["whitened cosine", "value"] == pytest.approx(white, abs=1e-9)
         assert row.loc["raw cosine", "value"] == pytest.approx(raw, abs=1e-9)
-    # the CI: a brute-force percentile bootstrap with the same draws, one scikit-learn
-    # Ledoit-Wolf fit of the resampled items at a time
-    rng = np.random.default_rng(0)
-    boot = []
-    for _ in range(20):
-        c = LedoitWolf().fit(h[rng.integers(0, 24, 24)]).covariance_
-        q = w @ c @ w.T
-        boot.append(q / np.sqrt(np.outer(np.diag(q), np.diag(q))))
-    lo_ref, hi_ref = np.quantile(boot, [0.025, 0.975], axis=0)
-    for s in res.stats:
-        if s.view == "whitened cosine":
-            i, j = res.terms.index(s.term_a), res.terms.index(s.term_b)
-            assert (s.ci_low, s.ci_high) == pytest.approx((lo_ref[i, j], hi_ref[i, j]), abs=1e-9)
+    # no interval (the shrinkage's bias: tests/stats/test_fisher_interval.py), so no verdict
+    white_rows = [s for s in res.stats if s.view == "whitened cosine"]
+    assert all(np.isnan(s.ci_low) and s.verdict == "undetermined" for s in white_rows)
+    assert res.meta["whitened_ci_reason"].startswith("no interval")
     # the same from precomputed normed activations (e.g. a feature cache)
-    again = geometric_conflict(model, normed=torch.from_numpy(h), n_bootstrap=20)
+    again = geometric_conflict(model, normed=torch.from_numpy(h))
     np.testing.assert_allclose(again.matrix("whitened cosine"), res.matrix("whitened cosine"))
     # whitening changes the answer on this anisotropic residual (a no-op metric would not)
     assert np.abs(res.matrix("whitened cosine") - res.matrix("raw cosine")).max() > 0.05
@@ -91,17 +82,15 @@ def test_disagreement_share_brute_force():
     rng = np.random.default_rng(3)
     ma, mb = rng.normal(size=15), rng.normal(size=15) + 0.3
     ma[2] = 0.0  # a tie prefers neither reply: it never disagrees
-    d = disagreement_share(ma, mb, n_bootstrap=300, n_permutations=300, seed=5)
+    d = disagreement_share(ma, mb, n_permutations=300, seed=5)
     count = sum(1 for x, y in zip(ma, mb, strict=True) if (x > 0 and y < 0) or (x < 0 and y > 0))
     assert d.share == count / 15
     pa, qa = np.mean(ma > 0), np.mean(ma < 0)
     pb, qb = np.mean(mb > 0), np.mean(mb < 0)
     assert d.expected == pytest.approx(pa * qb + qa * pb)
-    # the bootstrap with the same draws, one resample at a time
-    r = np.random.default_rng(5)
-    idx = r.integers(0, 15, (300, 15))
-    shares = [sum((ma[k] * mb[k]) < 0 for k in row) / 15 for row in idx]
-    assert (d.ci_low, d.ci_high) == pytest.approx(tuple(np.quantile(shares, [0.025, 0.975])))
+    # pairs are independent: the share's interval is Clopper-Pearson (scipy's)
+    ci = stats.binomtest(count, 15).proportion_ci(0.95)
+    assert (d.ci_low, d.ci_high) == pytest.approx((ci.low, ci.high), abs=1e-12)
 
 
 def test_permutation_p_against_exact_enumeration():
@@ -111,7 +100,7 @@ def test_permutation_p_against_exact_enumeration():
     r = np.corrcoef(a, b)[0, 1]
     exact = np.mean([abs(np.corrcoef(a, b[list(p)])[0, 1]) >= abs(r) - 1e-12
                      for p in permutations(range(7))])
-    got = score_correlation(a, b, n_bootstrap=100, n_permutations=20000, seed=1)
+    got = score_correlation(a, b, n_permutations=20000, seed=1)
     # 7 items: the one permutation-correlation test enumerates all 5040 pairings
     assert got.p_value == pytest.approx(exact, abs=1e-12)
     assert got.value == pytest.approx(r)
@@ -130,12 +119,13 @@ def test_permutation_p_against_exact_enumeration():
 
 def test_pair_correlation_rows_against_scipy():
     """Every pair of three terms, in order: Pearson r from scipy, the exact permutation p over
-    all 5040 pairings of 7 items (scipy's permutation_test), the thresholds' verdict on the CI."""
+    all 5040 pairings of 7 items (scipy's permutation_test); below 10 items no interval, so no
+    verdict."""
     rng = np.random.default_rng(3)
     x = rng.normal(size=7)
     scores = [x, 2 * x + 0.05 * rng.normal(size=7), rng.normal(size=7)]
     t = Thresholds(aligned=0.4)
-    rows = pair_correlation(scores, ["a", "b", "c"], t, n_bootstrap=300, seed=2)
+    rows = pair_correlation(scores, ["a", "b", "c"], t, seed=2)
     assert [(r.term_a, r.term_b) for r in rows] == [("a", "b"), ("a", "c"), ("b", "c")]
     for r, (i, j) in zip(rows, [(0, 1), (0, 2), (1, 2)], strict=True):
         ref = stats.permutation_test((scores[j],), lambda v, i=i: abs(
@@ -143,8 +133,8 @@ def test_pair_correlation_rows_against_scipy():
             n_resamples=10_000, alternative="greater")
         assert r.value == pytest.approx(stats.pearsonr(scores[i], scores[j])[0], abs=1e-12)
         assert r.p_value == pytest.approx(ref.pvalue, abs=1e-12)
-        assert r.verdict == verdict(r.ci_low, r.ci_high, t)
-    assert rows[0].verdict == "aligned" and rows[0].p_value == pytest.approx(1 / 5040)
+        assert np.isnan(r.ci_low) and r.verdict == "undetermined"
+    assert rows[0].p_value == pytest.approx(1 / 5040)
 
 
 def test_null_calibration_behavioural():
@@ -156,9 +146,9 @@ def test_null_calibration_behavioural():
     for s in range(n_sim):
         a = rng.normal(size=40)
         b = rng.standard_t(3, size=40) + 0.2  # a different, heavy-tailed distribution
-        hits_corr += score_correlation(a, b, n_bootstrap=10, n_permutations=199,
+        hits_corr += score_correlation(a, b, n_permutations=199,
                                        seed=s).p_value < 0.05
-        d = disagreement_share(a, b, n_bootstrap=10, n_permutations=199, seed=s)
+        d = disagreement_share(a, b, n_permutations=199, seed=s)
         hits_dis += d.p_value < 0.05
         hits_cons += d.p_value_conservative < 0.05
     assert 0.02 <= hits_corr / n_sim <= 0.08
@@ -183,7 +173,7 @@ def test_null_calibration_random_head_shuffled_pairs(tiny):
     for s in range(n_sim):
         w = torch.from_numpy(rng.normal(size=model.cfg.d_model))
         mb = ((ch - rj) @ w).numpy()[rng.permutation(30)]
-        hits += disagreement_share(ma, mb, n_bootstrap=10, n_permutations=199,
+        hits += disagreement_share(ma, mb, n_permutations=199,
                                    seed=s).p_value < 0.05
     assert 0.02 <= hits / n_sim <= 0.08
 
@@ -191,7 +181,7 @@ def test_null_calibration_random_head_shuffled_pairs(tiny):
 def test_behavioural_conflict_on_model(tiny):
     model, hf, _ = tiny("llama", 2)
     pairs = [("Is the sky blue?", f"Yes {i}", f"No {'!' * i}") for i in range(1, 9)]
-    res = behavioural_conflict(model, CORPUS[:12], pairs, n_bootstrap=100, n_permutations=99)
+    res = behavioural_conflict(model, CORPUS[:12], pairs, n_permutations=99)
     df = res.to_dataframe().set_index("view")
     batch = model.make_batch(CORPUS[:12])
     logits = hf(input_ids=batch.tokens, attention_mask=batch.attention_mask).logits.detach()
@@ -282,7 +272,7 @@ def test_pair_disagreement_family_controls_false_verdicts_under_the_null():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # K = 19: B = 199 is too few
                 rows, family = pair_disagreement(margins, [f"t{i}" for i in range(k)], alpha,
-                                                 n_bootstrap=10, n_permutations=199, seed=s)
+                                                 n_permutations=199, seed=s)
             assert family["tests"] == k * (k - 1) // 2 == len(rows)
             hits += any(r.verdict != "no evidence" for r in rows)
             raw_any_19 += k == 19 and any(r.p_value < alpha for r in rows)
@@ -300,7 +290,7 @@ def test_disagreement_p_is_exact_over_every_permutation():
     all 8! shuffles (mid-p: ties counted half), which the Monte Carlo test approaches."""
     rng = np.random.default_rng(4)
     ma, mb = rng.normal(size=8), rng.normal(size=8) + 0.5
-    d = disagreement_share(ma, mb, n_bootstrap=10)
+    d = disagreement_share(ma, mb)
     obs = abs(d.share - d.expected)
     null = np.array([abs(np.mean(ma * mb[list(p)] < 0) - d.expected)
                      for p in permutations(range(8))])
@@ -308,7 +298,7 @@ def test_disagreement_p_is_exact_over_every_permutation():
     assert d.p_value == pytest.approx(greater + ties / 2, abs=1e-12)
     assert d.p_value_conservative == pytest.approx(greater + ties, abs=1e-12)
     mb[0] = 0.0  # a zero margin: Monte Carlo shuffles, close to the enumeration
-    mc = disagreement_share(ma, mb, n_bootstrap=10, n_permutations=20000)
+    mc = disagreement_share(ma, mb, n_permutations=20000)
     null = np.array([abs(np.mean(ma * mb[list(p)] < 0) - mc.expected)
                      for p in permutations(range(8))])
     obs = abs(mc.share - mc.expected)
@@ -321,12 +311,12 @@ def test_pair_disagreement_warns_when_permutations_cannot_reach_the_bh_threshold
     margins = [rng.normal(size=20) for _ in range(19)]
     margins[0][0] = 0.0  # a zero margin: Monte Carlo p-values, capped at 1 / (1 + B)
     with pytest.warns(RuntimeWarning, match="raise n_permutations above 3420"):
-        pair_disagreement(margins, [f"t{i}" for i in range(19)], 0.05, n_bootstrap=5,
+        pair_disagreement(margins, [f"t{i}" for i in range(19)], 0.05,
                           n_permutations=99)
     margins = [rng.normal(size=40) for _ in range(19)]
     margins[0][0], margins[1] = 0.0, -margins[0]  # terms 0 and 1 always disagree
     with warnings.catch_warnings():  # the default scales with the family: 10 * 171 / 0.05
         warnings.simplefilter("error", RuntimeWarning)
-        rows, _ = pair_disagreement(margins, [f"t{i}" for i in range(19)], 0.05, n_bootstrap=5)
+        rows, _ = pair_disagreement(margins, [f"t{i}" for i in range(19)], 0.05)
     assert rows[0].p_value == 0.5 / (1 + 34_200)  # no shuffle as extreme: the smallest mid-p
     assert rows[0].verdict == "conflict"

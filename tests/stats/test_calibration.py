@@ -177,7 +177,7 @@ def _conflict_rate(n: int, t: int, sims: int, seed: int) -> float:
     called = []
     for s in range(sims):
         rows, family = pair_disagreement(_null_margins(rng, n, t), [f"t{i}" for i in range(t)],
-                                         alpha=ALPHA, n_bootstrap=2, seed=s)
+                                         alpha=ALPHA, seed=s)
         called.append(any(r.verdict != "no evidence" for r in rows))
     assert family["tests"] == t * (t - 1) // 2
     return float(np.mean(called))
@@ -222,7 +222,7 @@ def test_cascade_link_is_calibrated(n: int, k: int, control: bool) -> None:
         if control:
             d = d - nat[:, None]
         res = cascade(pd.DataFrame(d), control=pd.Series(nat) if control else None,
-                      n_permutations=399, n_bootstrap=2, seed=s)
+                      n_permutations=399, seed=s)
         called.append(bool((res.pairs.p_adjusted < ALPHA).any()))
     rate = float(np.mean(called))
     assert LOW <= rate <= HIGH, rate

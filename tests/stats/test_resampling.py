@@ -1,5 +1,4 @@
-"""Resampling statistics against scipy: ranks, Spearman, the bootstrap and its percentile
-interval, sign-flip p-values."""
+"""Resampling statistics against scipy: ranks, Spearman, sign-flip p-values."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from scipy import stats
 
 from tl_reward.stats.paired import sign_flip_test
 from tl_reward.stats.ranks import average_ranks
-from tl_reward.stats.resampling import bootstrap_indices, percentile_ci, spearman
+from tl_reward.stats.resampling import spearman
 
 
 def test_ranks_and_spearman_match_scipy() -> None:
@@ -53,30 +52,3 @@ def test_sign_flip_p_matches_scipy_exact() -> None:
     # Monte Carlo path agrees with the exact value
     assert sign_flip_test(x, exact_max_n=4, n_permutations=20_000).p_value == pytest.approx(
         ref, abs=0.01)
-
-
-def test_percentile_ci_matches_scipy_percentile() -> None:
-    rng = np.random.default_rng(1)
-    x = rng.normal(0.3, 1.0, size=60)
-    lo, hi = percentile_ci(x[bootstrap_indices(60, 20_000)].mean(-1))
-    ref = stats.bootstrap((x,), np.mean, n_resamples=20_000, method="percentile",
-                          random_state=2).confidence_interval
-    assert lo == pytest.approx(ref.low, abs=0.03) and hi == pytest.approx(ref.high, abs=0.03)
-
-
-def test_cluster_bootstrap_draws_whole_units() -> None:
-    """With ``units``, each resample is whole units drawn with replacement: equal to a
-    brute-force cluster bootstrap with the same draws, and (items duplicated within units)
-    wider than the item bootstrap, which treats copies as independent."""
-    rng = np.random.default_rng(3)
-    unit_values = rng.normal(size=15)
-    x = np.repeat(unit_values, 4) + rng.normal(scale=1e-3, size=60)  # 4 near-copies per unit
-    units = np.repeat([f"w{i:02d}" for i in range(15)], 4)
-    lo, hi = percentile_ci([x[i].mean() for i in bootstrap_indices(60, 4000, 5, units)])
-    draws = np.random.default_rng(5).integers(0, 15, size=(4000, 15))  # unit ids (sorted labels)
-    boot = [np.concatenate([x[4 * u: 4 * u + 4] for u in row]).mean() for row in draws]
-    assert (lo, hi) == pytest.approx(tuple(np.quantile(boot, [0.025, 0.975])), abs=1e-12)
-    ilo, ihi = percentile_ci(x[bootstrap_indices(60, 4000, 5)].mean(-1))
-    assert (hi - lo) / (ihi - ilo) == pytest.approx(2.0, rel=0.2)  # sqrt(4 copies)
-    with pytest.raises(ValueError, match="one label per item"):
-        bootstrap_indices(60, 10, units=units[:10])

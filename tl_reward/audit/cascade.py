@@ -3,7 +3,7 @@
 Ours correlates two dimensions over *matched* units only: the same base items perturbed along
 each dimension (an items x dimensions delta matrix from one probe run), or the same models
 (one value per model per dimension). Per pair of dimensions: n (units where both are present)
-and :func:`permutation_correlation` (r, bootstrap CI, permutation p), Benjamini-Hochberg
+and :func:`permutation_correlation` (r, jackknife Fisher-z CI, permutation p), Benjamini-Hochberg
 adjusted across pairs.
 
 Example:
@@ -27,21 +27,35 @@ from tl_reward.results import ShortRepr
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import benjamini_hochberg
 from tl_reward.stats.ranks import average_ranks
-from tl_reward.stats.resampling import bootstrap_indices, pearson_rows, percentile_ci
+from tl_reward.stats.resampling import fisher_interval, leave_one_out, pearson_rows
 
 
-def _ranked(v: np.ndarray, kind: str) -> np.ndarray:
-    return average_ranks(v) if kind == "spearman" else v
+def _residualised(v: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Row-wise least-squares residuals of ``v`` on ``[1, c]``."""
+    v, c = v - v.mean(-1, keepdims=True), c - c.mean(-1, keepdims=True)
+    ss = (c * c).sum(-1, keepdims=True)
+    return v - (v * c).sum(-1, keepdims=True) / np.where(ss > 0, ss, 1.0) * c
+
+
+def _correlation(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, kind: str) -> np.ndarray:
+    """Row-wise r of ``a`` and ``b`` (ranked for Spearman), both first residualised on
+    ``[1, c]`` when a control ``c`` is given."""
+    if c is not None:
+        a, b = _residualised(a, c), _residualised(b, c)
+    if kind == "spearman":
+        a, b = average_ranks(a), average_ranks(b)
+    return pearson_rows(a, b)
 
 
 def permutation_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
                             kind: str = "pearson", n_permutations: int = 4999,
-                            n_bootstrap: int = 2000, confidence: float = 0.95, exact_max_n: int = 8,
-                            seed: int = 0, control: Sequence[float] | np.ndarray | None = None
-                            ) -> Estimate:
-    """Correlation of paired values (pairs with a NaN dropped) as an :class:`Estimate`: a
-    percentile bootstrap CI over units and a two-sided permutation p (exact over every pairing
-    up to ``exact_max_n`` units, else ``n_permutations``; ``method`` names which).
+                            confidence: float = 0.95, exact_max_n: int = 8, seed: int = 0,
+                            control: Sequence[float] | np.ndarray | None = None) -> Estimate:
+    """Correlation of paired values (pairs with a NaN dropped) as an :class:`Estimate`: the
+    jackknife Fisher-z interval over units (:func:`~tl_reward.stats.resampling.fisher_interval`;
+    each leave-one-out r refitted; floor se ``1 / sqrt(n - 3 - k)``, Spearman's ``sqrt((1 +
+    r^2 / 2) / (n - 3 - k))``, ``k`` controls) and a two-sided permutation p (exact over every
+    pairing up to ``exact_max_n`` units, else ``n_permutations``; ``method`` names which).
 
     ``control``: per-unit values to partial out. Both columns are residualised on them (least
     squares with an intercept) and the partial correlation is tested by Freedman-Lane: each
@@ -53,24 +67,17 @@ def permutation_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] 
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     c = None if control is None else np.asarray(control, dtype=np.float64)
     ok = ~(np.isnan(a) | np.isnan(b)) if c is None else ~(np.isnan(a) | np.isnan(b) | np.isnan(c))
-    a, b = a[ok], b[ok]
+    a, b, c = a[ok], b[ok], None if c is None else c[ok]
     n = int(a.size)
-    hat = None
-    if c is not None and n >= 3:
-        design = np.column_stack([np.ones(n), c[ok]])
-        hat = design @ np.linalg.pinv(design)  # least-squares projection onto [1, control]
-        a, b = a - hat @ a, b - hat @ b
-    ra, rb = _ranked(a, kind), _ranked(b, kind)
-    r = float(pearson_rows(ra, rb)) if n >= 2 else float("nan")
+    r = float(_correlation(a, b, c if n >= 3 else None, kind)) if n >= 2 else float("nan")
     if n < 3 or r != r:
         return Estimate(r, p_value=float("nan") if r != r else 1.0, n=n,
                         method="undefined" if r != r else "exact permutation test")
+    ea, eb = (a, b) if c is None else (_residualised(a, c), _residualised(b, c))
 
     def null_r(perms: np.ndarray) -> np.ndarray:
-        pa = a[perms]
-        if hat is not None:
-            pa = pa - pa @ hat.T
-        return pearson_rows(_ranked(pa, kind), np.broadcast_to(rb, perms.shape))
+        return _correlation(ea[perms], np.broadcast_to(eb, perms.shape),
+                            None if c is None else np.broadcast_to(c, perms.shape), kind)
 
     tol = 1e-12
     if n <= exact_max_n:
@@ -81,10 +88,12 @@ def permutation_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] 
         null = null_r(rng.permuted(np.broadcast_to(np.arange(n), (n_permutations, n)), axis=1))
         p = (1 + int((np.abs(null) >= abs(r) - tol).sum())) / (1 + n_permutations)
         method = "monte_carlo"
-    idx = bootstrap_indices(n, n_bootstrap, seed + 1)
-    boot = pearson_rows(_ranked(a[idx], kind), _ranked(b[idx], kind))
-    return Estimate(r, *percentile_ci(boot, confidence), p, n,
-                    f"percentile bootstrap over units; {method} permutation test", confidence)
+    jack = np.concatenate([_correlation(a[i], b[i], None if c is None else c[i], kind)  # ~2M
+                           for i in np.array_split(leave_one_out(n), 1 + n * n // 2_000_000)])
+    floor = ((1 + r**2 / 2 if kind == "spearman" else 1.0) / max(n - 3 - (c is not None), 1))**.5
+    lo, hi, why = fisher_interval(r, jack, floor, confidence)
+    how = "jackknife Fisher-z interval over units" + (f" ({why})" if why else "")
+    return Estimate(r, lo, hi, p, n, f"{how}; {method} permutation test", confidence)
 
 
 @dataclass(repr=False)
@@ -123,7 +132,7 @@ class CascadeResult(ShortRepr):
 
 
 def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_permutations: int = 4999,
-            n_bootstrap: int = 2000, seed: int = 0, control: pd.Series | str | None = "natural"
+            seed: int = 0, control: pd.Series | str | None = "natural"
             ) -> CascadeResult:
     """Correlations between every pair of dimensions over matched units.
 
@@ -151,7 +160,7 @@ def cascade(deltas: Any, kind: str = "pearson", units: str = "items", n_permutat
     cv = None if control is None else control.reindex(mat.index).to_numpy(np.float64)
     for a, b in combinations(dims, 2):
         x, y = mat[cols[a]].to_numpy(np.float64), mat[cols[b]].to_numpy(np.float64)
-        c = permutation_correlation(x, y, kind, n_permutations, n_bootstrap, seed=seed, control=cv)
+        c = permutation_correlation(x, y, kind, n_permutations, seed=seed, control=cv)
         rows.append({"dim_a": a, "dim_b": b, "n": c.n, "r": c.value, "ci_low": c.ci_low,
                      "ci_high": c.ci_high, "p_value": c.p_value,
                      "p_method": c.method.split("; ")[-1].split(" ")[0]})

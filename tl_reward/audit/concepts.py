@@ -19,7 +19,7 @@ We report
   spread added at ``t*`` (exact as the step shrinks when the concept is at the final layer; for
   an earlier layer it is the direct path only, and the steering curve gives the total effect);
 * ``separability``: held-out (cross-validated) accuracy of a logistic-regression probe on the
-  activations, with a bootstrap CI over items.
+  activations, with its exact binomial interval over items.
 
 The published definition, for comparison: :mod:`tl_reward.compat.published`.
 """

@@ -8,13 +8,15 @@ Three views, each saying which it is:
   coordinates, which are anisotropic; the *whitened* cosine
   ``w_i' S w_j / sqrt(w_i' S w_i * w_j' S w_j)`` compares them where the normed final residual at
   ``t*`` is isotropic (``S``: its Ledoit-Wolf covariance over a corpus). It equals the
-  correlation the two terms' scores would have under ``S``; its CI is a bootstrap over the
-  corpus items ``S`` is estimated from.
+  correlation the two terms' scores would have under ``S``. It gets no interval (NaN, verdict
+  ``undetermined``; :data:`NO_WHITENED_INTERVAL`): the shrinkage biases it at any corpus size
+  short of ``d``.
 * **behavioural**: Pearson correlation of the terms' scores over a corpus, and on preference
   pairs the share of pairs on which the terms disagree against the share expected if their
   preferences were independent (:func:`disagreement_share`).
 * **gradient**: per item, the cosine of the two terms' gradients with respect to the residual
-  stream at a layer (default 0: the embeddings), over all positions; mean with a bootstrap CI.
+  stream at a layer (default 0: the embeddings), over all positions; mean with the interval
+  that inverts the sign-flip test.
 
 Verdicts come from an interval and thresholds that are parameters: ``conflict`` when the whole
 interval lies below ``conflict``, ``aligned`` when it lies above ``aligned``, ``orthogonal`` when
@@ -44,9 +46,8 @@ from tl_reward.model.heads import LinearRewardHead
 from tl_reward.model.readout import is_layernorm, resolve_objectives
 from tl_reward.results import ShortRepr, result_type
 from tl_reward.stats.estimate import Estimate
-from tl_reward.stats.paired import benjamini_hochberg, sign_flip_test
+from tl_reward.stats.paired import benjamini_hochberg, share_interval, sign_flip_test
 from tl_reward.stats.ranks import paired_arrays
-from tl_reward.stats.resampling import bootstrap_indices
 
 
 @result_type
@@ -284,20 +285,24 @@ class ConflictResult(ShortRepr):
                               {**self.meta, **other.meta})
 
 
+#: Why the whitened cosine gets no interval.
+NO_WHITENED_INTERVAL = (
+    "no interval: the Ledoit-Wolf shrinkage biases the whitened cosine toward the raw one short "
+    "of about d items, so none reaches its coverage (docs/statistics.md, One interval rule)")
+
+
 def geometric_conflict(
     model_or_terms: Any, corpus: Sequence[Any] | None = None,
     objectives: Sequence[int | str] | None = None, transformed: bool = False,
-    thresholds: Thresholds = Thresholds(), n_bootstrap: int = 200, seed: int = 0,
-    batch_size: int = 8, normed: Float[torch.Tensor, "n d_model"] | None = None,
+    thresholds: Thresholds = Thresholds(), batch_size: int = 8,
+    normed: Float[torch.Tensor, "n d_model"] | None = None,
 ) -> ConflictResult:
     """Raw cosines of the terms' head directions and, with a ``corpus``, cosines whitened by
-    the Ledoit-Wolf covariance of the normed final residual at ``t*`` (bootstrap CI over items).
-    ``normed``: that normed residual already computed (``pooled_residual(..., normed=True)``,
-    e.g. from a feature cache), instead of a corpus.
-    ``transformed=True`` (ArmoRM) adds the ``T``-transformed directions as extra terms.
-    The bootstrap never forms a ``d x d`` covariance (:class:`GramLedoitWolf`): ``O(n^2 d)``
-    once, then ``O(n^2)`` per resample (0.3 s instead of about 6 min for 200 resamples at
-    ``d = 4096``, ``n = 256`` on one CPU thread: ``benchmarks/conflict_ci.py``)."""
+    the Ledoit-Wolf covariance of the normed final residual at ``t*`` (no interval:
+    :data:`NO_WHITENED_INTERVAL`, in ``meta["whitened_ci_reason"]``). ``normed``: that normed
+    residual already computed (``pooled_residual(..., normed=True)``, e.g. from a feature
+    cache), instead of a corpus. ``transformed=True`` (ArmoRM) adds the ``T``-transformed
+    directions as extra terms. No ``d x d`` covariance is formed (:class:`GramLedoitWolf`)."""
     terms = as_terms(model_or_terms, objectives)
     _check_shared_space(terms)
     names = [t.name for t in terms]
@@ -308,50 +313,46 @@ def geometric_conflict(
     raw = cosine_matrix(w).cpu().numpy()
     stats = []
     meta: dict[str, Any] = {}
-    white = lo = hi = None
+    white = None
     if corpus is not None or normed is not None:
         h = normed.double() if normed is not None else pooled_residual(
             terms[0].model, corpus, batch_size=batch_size, normed=True).double()
         if is_layernorm(terms[0].model):
             h = h - h.mean(-1, keepdim=True)
-        gram = GramLedoitWolf(h, w)
-        white, a = gram.cosines(np.arange(len(h)))
-        boot = np.stack([gram.cosines(i)[0] for i in bootstrap_indices(len(h), n_bootstrap, seed)])
-        lo, hi = np.quantile(boot, [0.025, 0.975], axis=0)
-        meta |= {"n_corpus": len(h), "shrinkage": a}
+        white, a = GramLedoitWolf(h, w).cosines(np.arange(len(h)))
+        meta |= {"n_corpus": len(h), "shrinkage": a, "whitened_ci_reason": NO_WHITENED_INTERVAL}
     for i, j in combinations(range(len(names)), 2):
         v = float(raw[i, j])
         stats.append(PairStat(names[i], names[j], "raw cosine", v, v, v,
                               verdict(v, v, thresholds)))
         if white is not None:
             stats.append(PairStat(names[i], names[j], "whitened cosine", float(white[i, j]),
-                                  float(lo[i, j]), float(hi[i, j]),
-                                  verdict(float(lo[i, j]), float(hi[i, j]), thresholds)))
+                                  math.nan, math.nan, "undetermined"))
     return ConflictResult(names, stats, thresholds, meta)
 
 
 # ----------------------------------------------------------------------------- behavioural
 
 
-def score_correlation(a: Any, b: Any, n_bootstrap: int = 2000, n_permutations: int = 2000,
-                      seed: int = 0) -> Estimate:
+def score_correlation(a: Any, b: Any, n_permutations: int = 2000, seed: int = 0) -> Estimate:
     """Pearson correlation of paired scores by the one permutation-correlation test
     (:func:`~tl_reward.audit.cascade.permutation_correlation`: two-sided p exact over every
-    pairing up to 8 items, else ``(1 + #{|r*| >= |r|}) / (1 + B)``; bootstrap CI over items)."""
+    pairing up to 8 items, else ``(1 + #{|r*| >= |r|}) / (1 + B)``; jackknife Fisher-z CI
+    over items from 10 items)."""
     from tl_reward.audit.cascade import permutation_correlation
 
     a, b = paired_arrays(a, b, 3, "score")
-    return permutation_correlation(a, b, "pearson", n_permutations, n_bootstrap, seed=seed)
+    return permutation_correlation(a, b, "pearson", n_permutations, seed=seed)
 
 
 def pair_correlation(
     scores: Sequence[Any], names: Sequence[str], thresholds: Thresholds = Thresholds(),
-    n_bootstrap: int = 2000, n_permutations: int = 2000, seed: int = 0,
+    n_permutations: int = 2000, seed: int = 0,
 ) -> list[PairStat]:
     """:func:`score_correlation` for every pair of terms' scores over one corpus (``scores[k]``:
-    term ``k``'s score per item), each with the thresholds' verdict on its bootstrap CI (no
+    term ``k``'s score per item), each with the thresholds' verdict on its CI (no
     p-value enters the verdict, so no multiplicity adjustment; the p is the raw one)."""
-    cs = [(i, j, score_correlation(scores[i], scores[j], n_bootstrap, n_permutations, seed))
+    cs = [(i, j, score_correlation(scores[i], scores[j], n_permutations, seed))
           for i, j in combinations(range(len(scores)), 2)]
     return [PairStat(names[i], names[j], "score correlation", c.value, c.ci_low, c.ci_high,
                      verdict(c.ci_low, c.ci_high, thresholds), c.p_value) for i, j, c in cs]
@@ -371,9 +372,10 @@ def _expected_disagree(ma: np.ndarray, mb: np.ndarray) -> np.ndarray:
 class Disagreement:
     """Share of pairs on which two terms prefer opposite replies.
 
-    ``share`` with its bootstrap CI; ``expected``: the share if the terms' preferences were
-    independent (from each term's own share of chosen/rejected preferences); ``excess = share -
-    expected`` with its bootstrap CI; ``p_value``: permutation test of ``excess = 0``.
+    ``share`` with its exact binomial (Clopper-Pearson) CI; ``expected``: the share if the
+    terms' preferences were independent (from each term's own share of chosen/rejected
+    preferences); ``excess = share - expected``, without an interval (its inference is the
+    exact permutation ``p_value`` of ``excess = 0``).
     """
 
     share: float
@@ -381,8 +383,6 @@ class Disagreement:
     ci_high: float
     expected: float
     excess: float
-    excess_ci_low: float
-    excess_ci_high: float
     p_value: float
     p_value_conservative: float
     n: int
@@ -391,11 +391,11 @@ class Disagreement:
     def estimate(self) -> Estimate:
         """The share as an :class:`Estimate` (p: the mid-p permutation test of no excess)."""
         return Estimate(self.share, self.ci_low, self.ci_high, self.p_value, self.n,
-                        "percentile bootstrap over pairs; mid-p permutation test")
+                        "Clopper-Pearson over pairs; mid-p permutation test")
 
 
-def disagreement_share(margins_a: Any, margins_b: Any, n_bootstrap: int = 2000,
-                       n_permutations: int = 2000, seed: int = 0) -> Disagreement:
+def disagreement_share(margins_a: Any, margins_b: Any, n_permutations: int = 2000,
+                       seed: int = 0) -> Disagreement:
     """Disagreement of two terms over preference pairs from their margins
     ``r(chosen) - r(rejected)`` (a margin of exactly 0 prefers neither reply). The permutation
     test shuffles one term's margins across pairs. Without zero margins the sign table is 2 x 2
@@ -405,9 +405,6 @@ def disagreement_share(margins_a: Any, margins_b: Any, n_bootstrap: int = 2000,
     n = len(ma)
     share, exp = float(_disagree(ma, mb)), float(_expected_disagree(ma, mb))
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, (n_bootstrap, n))
-    bs = _disagree(ma[idx], mb[idx])
-    be = bs - _expected_disagree(ma[idx], mb[idx])
     if (ma != 0).all() and (mb != 0).all():  # |share - exp| = 2 |X - E X| / n
         a_pos, b_neg = int((ma > 0).sum()), int((mb < 0).sum())
         x = np.arange(max(0, a_pos + b_neg - n), min(a_pos, b_neg) + 1)
@@ -421,9 +418,8 @@ def disagreement_share(margins_a: Any, margins_b: Any, n_bootstrap: int = 2000,
     obs = abs(share - exp)
     greater = float(weight[dev > obs + 1e-12].sum())
     ties = float(weight[np.abs(dev - obs) <= 1e-12].sum())
-    (lo, hi), (elo, ehi) = np.quantile(np.stack([bs, be]), [0.025, 0.975], axis=1).T.tolist()
-    return Disagreement(share, lo, hi, exp, share - exp, elo, ehi, greater + ties / 2,
-                        greater + ties, n)
+    lo, hi = share_interval(int(((ma * mb) < 0).sum()), 0, n)
+    return Disagreement(share, lo, hi, exp, share - exp, greater + ties / 2, greater + ties, n)
 
 
 def _term_scores(term: Term, inputs: Sequence[Any], batch_size: int) -> np.ndarray:
@@ -446,7 +442,7 @@ def _pair_inputs(pairs: Sequence[Any]) -> tuple[list[Any], list[Any]]:
 
 
 def pair_disagreement(
-    margins: Sequence[Any], names: Sequence[str], alpha: float = 0.05, n_bootstrap: int = 2000,
+    margins: Sequence[Any], names: Sequence[str], alpha: float = 0.05,
     n_permutations: int | None = None, seed: int = 0,
 ) -> tuple[list[PairStat], dict[str, Any]]:
     """:func:`disagreement_share` for every pair of terms' margins, with verdicts controlled
@@ -464,7 +460,7 @@ def pair_disagreement(
                       f"smallest p-value cannot pass Benjamini-Hochberg's first step (alpha / "
                       f"{len(pairs)}); raise n_permutations above {int(len(pairs) / alpha)}",
                       RuntimeWarning, stacklevel=2)
-    ds = [disagreement_share(margins[i], margins[j], n_bootstrap, n_permutations, seed)
+    ds = [disagreement_share(margins[i], margins[j], n_permutations, seed)
           for i, j in pairs]
     adjusted = benjamini_hochberg([d.p_value for d in ds]) if ds else np.array([])
     rows = []
@@ -473,8 +469,7 @@ def pair_disagreement(
         rows.append(PairStat(names[i], names[j], "pair disagreement", d.share, d.ci_low,
                              d.ci_high, v, d.p_value,
                              {"expected": d.expected, "excess": d.excess,
-                              "excess_ci_low": d.excess_ci_low,
-                              "excess_ci_high": d.excess_ci_high, "p_adjusted": float(q)}))
+                              "p_adjusted": float(q)}))
     family = {"tests": len(ds), "adjustment": "Benjamini-Hochberg (FDR)", "alpha": alpha,
               "hypotheses": "no excess disagreement, every pair of terms"}
     return rows, family
@@ -483,8 +478,8 @@ def pair_disagreement(
 def behavioural_conflict(
     model_or_terms: Any, corpus: Sequence[Any] | None = None, pairs: Sequence[Any] | None = None,
     objectives: Sequence[int | str] | None = None, thresholds: Thresholds = Thresholds(),
-    alpha: float = 0.05, n_bootstrap: int = 2000, n_permutations: int | None = None,
-    seed: int = 0, batch_size: int = 8,
+    alpha: float = 0.05, n_permutations: int | None = None, seed: int = 0,
+    batch_size: int = 8,
 ) -> ConflictResult:
     """Score correlation over ``corpus`` and disagreement over preference ``pairs`` (either or
     both). Terms may come from different models. The correlation's verdict uses the thresholds
@@ -502,15 +497,14 @@ def behavioural_conflict(
     if corpus is not None:
         scores = [_term_scores(t, corpus, batch_size) for t in terms]
         meta["n_corpus"] = len(corpus)
-        stats.extend(pair_correlation(scores, names, thresholds, n_bootstrap,
-                                      n_permutations or 2000, seed))
+        stats.extend(pair_correlation(scores, names, thresholds, n_permutations or 2000, seed))
     if pairs is not None:
         chosen, rejected = _pair_inputs(pairs)
         margins = [_term_scores(t, chosen, batch_size) - _term_scores(t, rejected, batch_size)
                    for t in terms]
         meta["n_pairs"] = len(pairs)
         pair_stats, meta["pair disagreement family"] = pair_disagreement(
-            margins, names, alpha, n_bootstrap, n_permutations, seed)
+            margins, names, alpha, n_permutations, seed)
         stats.extend(pair_stats)
     return ConflictResult(names, stats, thresholds, meta)
 

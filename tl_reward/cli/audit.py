@@ -124,7 +124,7 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
     table["effect_reason"] = stats.effect_reason.fillna("")
     dist = distortion_index(rep, seed=seed)
     pub_dist = published_distortion_index(rep.delta_matrix())
-    casc = cascade(rep, n_bootstrap=min(n_bootstrap, 1000), seed=seed)
+    casc = cascade(rep, seed=seed)
     sources = pd.Series([getattr(it, "source", "user") for it in items]).value_counts()
     parts: list[Any] = [
         f"<p><b>Model:</b> {html.escape(rep.model_name)} (fingerprint "
@@ -155,7 +155,8 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
         distortion_chart(dist),
         dist.to_dataframe().merge(pub_dist.to_dataframe(), on="dimension"),
         "<h2>Cascade</h2><p>Pearson r between dimensions over matched items (the same base "
-        "items perturbed along each), bootstrap CI, permutation p, BH-adjusted over pairs.</p>",
+        "items perturbed along each), jackknife Fisher-z CI, permutation p, BH-adjusted over "
+        "pairs.</p>",
         cascade_heatmap(casc), casc.to_dataframe(),
     ]
     if published:
@@ -190,14 +191,13 @@ def _geometry_parts(model: Any, rep: Any, items: list[Any], concepts: bool, batc
     parts: list[Any] = []
     corpus = [it.conversation() for it in items]
     if len(model.objectives) >= 2:
-        res = geometric_conflict(model, corpus=corpus, n_bootstrap=100, seed=seed,
-                                 batch_size=batch_size)
+        res = geometric_conflict(model, corpus=corpus, batch_size=batch_size)
         res = res + behavioural_conflict(model, corpus=corpus, seed=seed, batch_size=batch_size)
         parts += ["<h2>Reward-term conflict</h2><p>Geometric: cosines of the objectives' head "
                   "directions, raw and whitened by the (Ledoit-Wolf) covariance of the final "
                   "normed residual over the base items' natural replies; behavioural: "
                   "correlation of the objectives' scores over the same replies. Verdicts come "
-                  "from the interval, not the point value.</p>",
+                  "from the interval, not the point value (the whitened cosine has none).</p>",
                   *[res.plot(v) for v in res.views], res.to_dataframe()]
     if not concepts:
         return parts

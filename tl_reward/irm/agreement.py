@@ -21,7 +21,7 @@ __all__ = ["PairAgreement", "RankAgreement", "pair_agreement", "rank_agreement"]
 @dataclass(repr=False)
 class PairAgreement(ShortRepr):
     """Share of preference pairs on which the implicit reward prefers the explicit reward's
-    choice (ties count one half), with a percentile-bootstrap CI over pairs.
+    choice (ties count one half), with its Clopper-Pearson CI over pairs.
 
     Attributes:
         agreement: the share as an :class:`Estimate`; margins: ``[n]`` implicit margins.

@@ -11,8 +11,8 @@ per-token utilities of the reward it was tuned on.
    encode it with that model's SAE.
 4. Ridge regression (penalty chosen by inner cross-validation) from SAE features to the
    utility, predicted out of fold (folds grouped by word, so ``"love"`` and ``" Love"`` never
-   straddle train and test); reconstructed vs true utilities by Kendall tau-b with a bootstrap
-   CI resampling words (the folds' unit: a word's tokens are near-duplicates, not independent
+   straddle train and test); reconstructed vs true utilities by Kendall tau-b with its interval
+   clustered by word (the folds' unit: a word's tokens are near-duplicates, not independent
    items), for the policy's features, the reference's, and both.
 
 The seed validated with histograms and an LLM's feature labels; the Kendall tau here is the
@@ -117,7 +117,7 @@ class UtilityReconstruction:
         feature_set: which features were used (e.g. ``"policy"``, ``"reference"``, ``"both"``).
         words: the word of each item; ``utilities``: true values; ``reconstructed``: ridge
             predictions made without the item's word in training.
-        agreement: Kendall tau-b (bootstrap CI resampling words, the folds' unit) and
+        agreement: Kendall tau-b (CI clustered by word, the folds' unit) and
             Spearman rho.
         alphas: the ridge penalty chosen in each outer fold; ``r2``: out-of-fold R^2.
     """

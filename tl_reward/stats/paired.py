@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.ranks import ArrayLike, as_array
@@ -154,12 +154,14 @@ def summarise_mean(x: ArrayLike, confidence: float = 0.95, seed: int = 0,
 def share_interval(wins: int, ties: int, n: int, confidence: float = 0.95
                    ) -> tuple[float, float]:
     """The interval of a share ``(wins + ties / 2) / n`` that inverts the exact binomial test
-    (Clopper-Pearson, ``scipy.stats.binomtest``): the low end counts ties as losses, the high
-    end as wins, so it covers at least ``confidence`` at every ``n`` (NaN when ``n == 0``)."""
+    (Clopper-Pearson: beta quantiles, as ``scipy.stats.binomtest(...).proportion_ci`` without
+    its root search): the low end counts ties as losses, the high end as wins, so it covers
+    at least ``confidence`` at every ``n`` (NaN when ``n == 0``)."""
     if n == 0:
         return float("nan"), float("nan")
-    low = stats.binomtest(wins, n).proportion_ci(confidence).low
-    return float(low), float(stats.binomtest(wins + ties, n).proportion_ci(confidence).high)
+    a, hi = (1 - confidence) / 2, wins + ties
+    return (float(special.betaincinv(wins, n - wins + 1, a)) if wins else 0.0,
+            float(special.betaincinv(hi + 1, n - hi, 1 - a)) if hi < n else 1.0)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def patching_figure(result: Any) -> Any:
 
 
 def faithfulness_figure(summary: pd.DataFrame, title: str = "Faithfulness") -> Any:
-    """Mean Spearman rho per (observational, causal) pairing with its bootstrap CI; the
+    """Mean Spearman rho per (observational, causal) pairing with its sign-flip CI; the
     published reward-lens values are drawn as reference lines."""
     import plotly.graph_objects as go
 
