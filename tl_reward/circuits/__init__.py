@@ -6,13 +6,15 @@ from tl_reward.circuits.circuit import (
     CircuitEvaluation,
     FaithfulnessCurve,
     RewardCircuit,
+    edge_stability,
     evaluate_circuit,
     faithfulness_curve,
+    heldout_faithfulness,
     prune,
 )
 from tl_reward.circuits.edges import EdgeAttribution, edge_attribution
 from tl_reward.circuits.graph import RewardGraph
 
 __all__ = ["MIB_SIZES", "CircuitEvaluation", "EdgeAttribution", "FaithfulnessCurve",
-           "RewardCircuit", "RewardGraph", "edge_attribution", "evaluate_circuit",
-           "faithfulness_curve", "prune"]
+           "RewardCircuit", "RewardGraph", "edge_attribution", "edge_stability",
+           "evaluate_circuit", "faithfulness_curve", "heldout_faithfulness", "prune"]
