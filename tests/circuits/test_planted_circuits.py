@@ -190,8 +190,8 @@ def test_trigger_head_edges_and_circuit() -> None:
     head -> reward second and input -> key fourth (after input -> m1 and m1 -> key: it spreads
     the key's saturated effect over the key's inputs). But the effect needs the key's whole
     input (an AND of many edges): the head's three edges alone keep 0.2 of it, and only a
-    greedy EAP-IG circuit of 48 edges (a quarter of 190) keeps >= 0.9; random circuits of 48
-    edges keep about 0."""
+    greedy EAP-IG circuit of 48 of the 262 edges (GQA unrolled) keeps >= 0.9; random circuits
+    of 48 edges keep about 0."""
     truth, model, clean, corrupt = trigger_setup()
     _, layer, head = truth.component
     h = f"a{layer}.h{head}"
