@@ -101,9 +101,9 @@ class RewardCircuit(ShortRepr):
                ) -> RewardCircuit:
         """Grown from ``reward`` backwards: each step adds the edge of largest ``|score|``
         (``absolute=False``: score) into ``reward`` or into an input of a node already in the
-        circuit, so every edge reaches ``reward``; steps go on until :func:`prune` (which drops
-        edges from nodes ``input`` does not reach) keeps ``n`` edges (more when one step
-        connects several) or none are left."""
+        circuit, so every edge reaches ``reward``; the first steps after which :func:`prune`
+        (which drops edges from nodes ``input`` does not reach) keeps at least ``n`` edges
+        (more when one step connects several), or every step."""
         g = attribution.graph
         s = attribution.scores.nan_to_num(nan=-torch.inf)
         s = s.abs().masked_fill(s == -torch.inf, -torch.inf) if absolute else s
@@ -112,20 +112,31 @@ class RewardCircuit(ShortRepr):
         cand[-1] = s[-1]
         alive = torch.zeros(len(s), dtype=torch.bool)
         alive[-1] = True
-        mask = torch.zeros_like(g.edge_mask())
+        order: list[int] = []
+
+        def pruned(steps: int) -> torch.Tensor:
+            mask = torch.zeros(s.numel(), dtype=torch.bool)
+            mask[order[:steps]] = True
+            return prune(g, mask.view_as(s))
+
         kept = 0
-        while kept < n:
+        while kept < n and cand.max() > -torch.inf:  # rounds of n - kept steps
             for _ in range(n - kept):
                 k = int(cand.argmax())
                 d, u = divmod(k, s.shape[1])
                 if cand[d, u] == -torch.inf:
-                    return cls(g, prune(g, mask))
-                mask[d, u], cand[d, u] = True, -torch.inf
+                    break
+                order.append(k)
+                cand[d, u] = -torch.inf
                 new = [f for f in feeds[u] if not alive[f]]
                 if new:
                     alive[new], cand[new] = True, s[new]
-            kept = int(prune(g, mask).sum())
-        return cls(g, prune(g, mask))
+            kept = int(pruned(len(order)).sum())
+        lo, hi = 0, len(order)  # the fewest steps keeping n (kept grows with the steps)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if int(pruned(mid).sum()) >= n else (mid + 1, hi)
+        return cls(g, pruned(hi))
 
     @classmethod
     def from_edges(cls, graph: RewardGraph,
