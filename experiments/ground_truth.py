@@ -16,6 +16,11 @@ Plants (``tl_reward.planted``), each with its truth written down before any anal
   ``distortion`` (our index against its null), ``published`` (reward-lens v1's formulas on the
   same plants) and ``sae`` (a TopK SAE trained where the trigger head reads; its trigger
   features ranked by differential attribution).
+* ``circuits``: edge circuits (``tl_reward.circuits``) on the indirect plant (a head detects
+  the trigger, the last MLP turns it into reward; truth: its four edges, each checked by exact
+  edge patching) and on the trigger plant's head: ranks under exact (tiny backbone only),
+  EAP and EAP-IG, greedy selection, faithfulness against random circuits, held-out
+  faithfulness and bootstrap stability.
 
 For each plant and analysis it prints the recovery metric (the truth's rank among all heads,
 the trigger's rank in the vocabulary sweep, verdicts right, the identity region found) and
@@ -49,6 +54,14 @@ from tl_reward.analysis.direct_path import direct_path_patching
 from tl_reward.analysis.lens import differential_lens
 from tl_reward.analysis.patching import patch_components
 from tl_reward.audit.conflict import behavioural_conflict, geometric_conflict
+from tl_reward.circuits import (
+    RewardCircuit,
+    RewardGraph,
+    edge_attribution,
+    edge_stability,
+    evaluate_circuit,
+    heldout_faithfulness,
+)
 from tl_reward.compare.layers import compare_layers
 from tl_reward.data.pairs import align_ids
 from tl_reward.irm import irm_vocab_sweep
@@ -56,6 +69,7 @@ from tl_reward.model.inputs import encode_conversation
 from tl_reward.planted import (
     load_planted,
     plant_implicit_reward,
+    plant_indirect,
     plant_objectives,
     plant_shared_prefix,
     plant_trigger_head,
@@ -342,7 +356,7 @@ EXTRA: dict[str, dict[str, Any]] = {
                 "sae_corpus": {"n_random": 64, "vocab_per_prompt": 32}},
 }
 SECTIONS = ("trigger", "objectives", "prefix", "implicit", "formatting", "distortion",
-            "published", "sae")
+            "published", "sae", "circuits")
 ALPHA = 0.05  # the probes' BH level (the library's family: every dimension of one report)
 PUBLISHED_D = 0.5  # |Cohen's d| flagged by the published verdict (Cohen's "medium" effect)
 SAE_PROMPTS = ("Can you help me with my homework?", "Where do penguins live?", "Write a haiku.",
@@ -635,6 +649,105 @@ def sae_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | No
     return rows
 
 
+def _edge_ranks(att: Any, edges: list[tuple[str, str, str]]) -> list[int]:
+    """1-based ranks of ``edges`` by ``|score|`` among every edge of ``att``."""
+    df = att.to_dataframe()
+    at = {e: i + 1 for i, e in enumerate(df[["src", "dst", "qkv"]].itertuples(index=False,
+                                                                              name=None))}
+    return [at[e] for e in edges]
+
+
+def _random_faithfulness(model: Any, graph: Any, n: int, clean: Any, corrupt: Any,
+                         draws: int = 8) -> list[float]:
+    edges, gen = graph.edges(), torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(draws):
+        pick = torch.randperm(len(edges), generator=gen)[:n].tolist()
+        rc = RewardCircuit.from_edges(graph, [edges[i] for i in pick])
+        out.append(evaluate_circuit(model, rc, clean, corrupt).faithfulness.value)
+    return out
+
+
+def circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | None
+                 ) -> list[dict]:
+    """Edge circuits (``tl_reward.circuits``) on the indirect plant (truth: its four edges,
+    each checked by exact edge patching) and on the trigger plant (its head's own edges:
+    input -> key, input -> value, head -> reward). Exact scoring of every edge only on the
+    tiny backbone (one patched forward per edge: 70,651 on SmolLM2)."""
+    methods = ("exact", "eap", "eap-ig") if name == "tiny" else ("eap", "eap-ig")
+    p = plant_indirect(hf, tok, cfg["trigger"], head=1)
+    log(f"planted the indirect mechanism: {p.truth}")
+    model = hooked(p.model, tok)
+    tps = trigger_pairs(tok, p.truth.trigger_id, hf.config.vocab_size, HELD_OUT,
+                        swap=p.truth.counterfactual_id)
+    clean, corrupt = [tp.ids("chosen") for tp in tps], [tp.ids("rejected") for tp in tps]
+    truth = list(p.truth.edges)
+    g = RewardGraph.from_model(model)
+    full = g.edge_mask()
+    ex = []
+    for e in truth:  # exact: patch the one edge (every other edge stays in the circuit)
+        one = torch.zeros_like(full)
+        one[g.dests.index(e[1:]), g.sources.index(e[0])] = True
+        ev = evaluate_circuit(model, RewardCircuit(g, full & ~one), clean, corrupt)
+        ex.append(float(((ev.metric - ev.full) / (ev.full - ev.empty)).mean()))
+    rows = [row("indirect", "truth (exact edge patching)",
+                "each planted edge's effect / the shift (max)", max(ex), "about -1",
+                max(ex) < -0.9, f"{[round(x, 3) for x in ex]}; {len(tps)} pairs")]
+    atts = {m: edge_attribution(model, clean, corrupt, method=m) for m in methods}
+    log("scored the indirect plant's edges")
+    for m, att in atts.items():
+        r = _edge_ranks(att, truth)
+        rows.append(row("indirect", f"edge attribution ({m})",
+                        f"worst rank of the 4 planted edges among {g.n_edges:,}", max(r),
+                        "4", max(r) == 4, f"ranks {r}"))
+    ig = atts["eap-ig"]
+    grown = RewardCircuit.greedy(ig, 4)
+    rows.append(row("indirect", "greedy circuit from the reward (eap-ig, 4 edges)",
+                    "planted edges found", len(set(grown.edges()) & set(truth)), "4",
+                    set(grown.edges()) == set(truth)))
+    f = evaluate_circuit(model, RewardCircuit.from_edges(g, truth), clean, corrupt).faithfulness
+    rnd = _random_faithfulness(model, g, len(truth), clean, corrupt)
+    rows.append(row("indirect", "faithfulness, the planted circuit", "mean (interval)", f.value,
+                    ">= 0.9", f.value >= 0.9, f"[{f.ci_low:.3f}, {f.ci_high:.3f}]"))
+    rows.append(row("indirect", "faithfulness, 8 random circuits of 4 edges", "max |f|",
+                    max(abs(x) for x in rnd), "< 0.1", max(abs(x) for x in rnd) < 0.1))
+    ho = heldout_faithfulness(model, clean, corrupt, method="eap-ig",
+                              select=lambda a: RewardCircuit.greedy(a, 4)).faithfulness
+    rows.append(row("indirect", "held-out faithfulness (greedy 4, eap-ig; 3 pairs / 3)",
+                    "mean", ho.value, ">= 0.9", ho.value >= 0.9))
+    jac = edge_stability(model, clean, corrupt, k=4, n_bootstrap=20, method="eap-ig")
+    rows.append(row("indirect", "stability of the top 4 edges (eap-ig)",
+                    "mean bootstrap Jaccard (20 resamples of the pairs)", jac, ">= 0.9",
+                    jac >= 0.9))
+    log("evaluated the indirect plant's circuits")
+    t = planted_trigger(hf, tok, cfg, cache)
+    model = hooked(t.model, tok)
+    tps = trigger_pairs(tok, t.truth.trigger_id, hf.config.vocab_size, HELD_OUT)
+    clean, corrupt = [tp.ids("chosen") for tp in tps], [tp.ids("rejected") for tp in tps]
+    _, layer, head = t.truth.component
+    h = f"a{layer}.h{head}"
+    own = [("input", h, "k"), ("input", h, "v"), (h, "reward", "")]
+    g = RewardGraph.from_model(model)
+    for m in methods:
+        r = _edge_ranks(edge_attribution(model, clean, corrupt, method=m), own)
+        rows.append(row("trigger", f"edge attribution ({m})",
+                        f"ranks of the head's key, value, reward edges among {g.n_edges:,}",
+                        max(r), "3", max(r) == 3, f"ranks {r}"))
+    ig = edge_attribution(model, clean, corrupt, method="eap-ig")
+    f = evaluate_circuit(model, RewardCircuit.from_edges(g, own), clean, corrupt).faithfulness
+    rows.append(row("trigger", "faithfulness, the head's three edges", "mean",
+                    f.value, ">= 0.9", f.value >= 0.9,
+                    "the key reads the whole residual at the trigger: an AND of many edges"))
+    big = RewardCircuit.greedy(ig, round(0.25 * g.n_edges))
+    f = evaluate_circuit(model, big, clean, corrupt).faithfulness
+    rnd = _random_faithfulness(model, g, big.n_edges, clean, corrupt, draws=4)
+    rows.append(row("trigger", "faithfulness, greedy eap-ig circuit of 25 % of edges",
+                    "mean; max |f| of 4 random circuits as large", f.value, ">= 0.9; < 0.1",
+                    f.value >= 0.9 and max(abs(x) for x in rnd) < 0.1,
+                    f"{big.n_edges} edges; random {[round(x, 3) for x in rnd]}"))
+    return rows
+
+
 def write(stem: str, rows: list[dict], seconds: dict[str, float], meta: dict[str, Any]
           ) -> pd.DataFrame:
     """Write ``experiments/results/{stem}.{csv,json}``: this run's rows, and the earlier file's
@@ -687,6 +800,7 @@ def main() -> None:
         "distortion": lambda: distortion_rows(run["fmt"][1]),
         "published": lambda: published_rows(run["fmt"][1], hf, tok, args.backbone),
         "sae": lambda: sae_rows(hf, tok, cfg, args.backbone, cache),
+        "circuits": lambda: circuit_rows(hf, tok, cfg, args.backbone, cache),
     }
     if {"distortion", "published"} & set(args.sections):
         args.sections = sorted({*args.sections, "formatting"}, key=SECTIONS.index)

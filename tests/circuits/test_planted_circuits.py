@@ -8,12 +8,13 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from tl_reward import HookedRewardModel
 from tl_reward.circuits import RewardCircuit, edge_attribution, evaluate_circuit
-from tl_reward.planted import plant_indirect
+from tl_reward.planted import plant_indirect, plant_trigger_head
 from tl_reward.planted.recovery import trigger_pairs
 from tl_reward.testing import tiny_hf_reward_model
 
@@ -93,3 +94,125 @@ def test_eap_ig_converges_in_the_step_count() -> None:
         gaps = [abs(s[m][e] - s[2 * m][e]) for m in (5, 10, 20)]
         assert gaps[1] < 0.6 * gaps[0] and gaps[2] < 0.6 * gaps[1], (e, gaps)
         assert abs(s[5][e] - s[40][e]) < 0.15 * abs(s[40][e]), e
+
+
+# -- greedy selection, stability, held-out faithfulness ----------------------------------
+def _greedy_by_hand(att: Any, n: int) -> list[tuple[str, str, str]]:
+    """Greedy from the reward over the dataframe rows: a destination is open once ``reward``
+    or a node it is an input of (a key/value head: any query head of its group) is a source of
+    a picked edge; picks go on until the pruned circuit has ``n`` edges."""
+    g, picked, nodes = att.graph, [], {"reward"}
+    rows = list(att.to_dataframe()[["src", "dst", "qkv"]].itertuples(index=False, name=None))
+
+    def opened(dst: str, qkv: str) -> bool:
+        if qkv in ("k", "v"):
+            layer, j = dst[1:].split(".h")
+            return any(f"a{layer}.h{h}" in nodes for h in g.kv_group(int(j)))
+        return dst in nodes
+
+    while RewardCircuit.from_edges(g, picked).n_edges < n:
+        e = next(e for e in rows if e not in picked and opened(*e[1:]))
+        picked.append(e)
+        nodes.add(e[0])
+    return picked
+
+
+@pytest.mark.parametrize("method", ["exact", "eap-ig", "eap"])
+def test_greedy_grows_connected_circuits_from_the_reward(method: str) -> None:
+    """Greedy(4) is the planted path under exact and EAP-IG; under EAP (which ranks the key
+    edge far down) greedy still connects, where top(n) loses edges to pruning."""
+    truth = setup()[0]
+    att = attribution(method)
+    if method != "eap":
+        assert set(RewardCircuit.greedy(att, 4).edges()) == set(truth.edges)
+    for n in (4, 8, 16, 32):
+        c = RewardCircuit.greedy(att, n)
+        assert set(c.edges()) == set(RewardCircuit.from_edges(att.graph,
+                                                               _greedy_by_hand(att, n)).edges())
+        assert c.n_edges >= n > RewardCircuit.top(att, n).n_edges or method != "eap"
+    # measured: top(n) keeps 3, 6, 12, 20 of n = 4, 8, 16, 32 EAP edges; greedy 5, 8, 16, 32
+
+
+def test_top_edges_are_stable_over_pairs_on_the_plant_only(tiny) -> None:
+    """Bootstrap Jaccard of the top edges: 1 on the plant (every pair carries the same path),
+    about 0.25 on random pairs of a random-weight model, and exactly 1 there too when every
+    pair is the same pair (each resample is then the full sample)."""
+    from tl_reward.circuits import edge_stability
+
+    _, model, clean, corrupt = setup()
+    assert edge_stability(model, clean, corrupt, k=4, n_bootstrap=50,
+                          method="exact") == pytest.approx(1.0)
+    rnd = tiny("llama")[0]
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 200, (8,), generator=gen).tolist() for _ in range(12)]
+    swaps = []
+    for s in seqs:
+        s = list(s)
+        for p in torch.randint(0, 8, (2,), generator=gen).tolist():
+            s[p] = int(torch.randint(3, 200, (1,), generator=gen))
+        swaps.append(s)
+    low = edge_stability(rnd, seqs, swaps, k=10, n_bootstrap=50, method="eap")
+    assert low < 0.5, low  # measured 0.30 (exact: 0.29)
+    same = edge_stability(rnd, seqs[:1] * 6, swaps[:1] * 6, k=10, n_bootstrap=20, method="eap")
+    assert same == pytest.approx(1.0)
+
+
+def test_heldout_faithfulness_of_the_planted_circuit() -> None:
+    """Selected on 3 pairs, evaluated on the other 3: the planted path, faithful there too;
+    the held-out evaluation equals evaluate_circuit on those pairs."""
+    from tl_reward.circuits import heldout_faithfulness
+
+    truth, model, clean, corrupt = setup()
+    ev = heldout_faithfulness(model, clean, corrupt, method="eap-ig",
+                              select=lambda a: RewardCircuit.greedy(a, 4))
+    assert set(ev.circuit.edges()) == set(truth.edges)
+    assert ev.faithfulness.value >= 0.9 and ev.faithfulness.n == 3
+    rest = np.random.default_rng(0).permutation(6)[3:]
+    ref = evaluate_circuit(model, ev.circuit, [clean[i] for i in rest],
+                           [corrupt[i] for i in rest])
+    torch.testing.assert_close(ev.per_item, ref.per_item)
+
+
+# -- the trigger-head plant (tutorial 07) ---------------------------------------------------
+@cache
+def trigger_setup() -> tuple[Any, HookedRewardModel, list[list[int]], list[list[int]]]:
+    hf, tok = tiny_hf_reward_model("llama")
+    p = plant_trigger_head(hf, tok, " sky")
+    model = HookedRewardModel.from_pretrained(hf_model=p.model, tokenizer=tok, device="cpu")
+    tps = trigger_pairs(tok, p.truth.trigger_id, p.model.config.vocab_size, PROMPTS)
+    return p.truth, model, [tp.ids("chosen") for tp in tps], [tp.ids("rejected") for tp in tps]
+
+
+def test_trigger_head_edges_and_circuit() -> None:
+    """The trigger head a2.h0 reads its key as a linear read of the whole residual at the
+    trigger (margin 40 logits): cutting any of its own edges (input -> key, input -> value,
+    head -> reward) kills most of the shift, so they are exact's top 3; EAP-IG ranks
+    head -> reward second and input -> key fourth (after input -> m1 and m1 -> key: it spreads
+    the key's saturated effect over the key's inputs). But the effect needs the key's whole
+    input (an AND of many edges): the head's three edges alone keep 0.2 of it, and only a
+    greedy EAP-IG circuit of 48 of the 262 edges (GQA unrolled) keeps >= 0.9; random circuits
+    of 48 edges keep about 0."""
+    truth, model, clean, corrupt = trigger_setup()
+    _, layer, head = truth.component
+    h = f"a{layer}.h{head}"
+    own = {("input", h, "k"), ("input", h, "v"), (h, "reward", "")}
+    shift = float(model.rewards(clean).score.mean() - model.rewards(corrupt).score.mean())
+    ex = edge_attribution(model, clean, corrupt, method="exact").to_dataframe()
+    top = set(ex.head(3)[["src", "dst", "qkv"]].itertuples(index=False, name=None))
+    assert top == own and (ex["score"].head(3) < -0.45 * shift).all()
+    ig = edge_attribution(model, clean, corrupt, method="eap-ig")
+    rank = {e: i for i, e in enumerate(ig.to_dataframe()[["src", "dst", "qkv"]].itertuples(
+        index=False, name=None))}
+    assert rank[h, "reward", ""] == 1 and rank["input", h, "k"] == 3  # first: input -> m1
+    small = evaluate_circuit(model, RewardCircuit.from_edges(ig.graph, list(own)), clean,
+                             corrupt).faithfulness.value
+    assert 0.1 < small < 0.5, small  # measured 0.20
+    big = RewardCircuit.greedy(ig, 48)
+    assert own <= set(big.edges())
+    f = evaluate_circuit(model, big, clean, corrupt).faithfulness.value
+    assert f >= 0.9, f  # measured 0.95
+    edges, gen = ig.graph.edges(), torch.Generator().manual_seed(0)
+    for _ in range(4):
+        pick = torch.randperm(len(edges), generator=gen)[:48].tolist()
+        rc = RewardCircuit.from_edges(ig.graph, [edges[i] for i in pick])
+        assert abs(evaluate_circuit(model, rc, clean, corrupt).faithfulness.value) < 0.1

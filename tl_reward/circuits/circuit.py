@@ -10,6 +10,7 @@ the empty one the corrupted forward (the counterfactual's, or every source ablat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +20,10 @@ import torch
 from tl_reward.circuits.edges import (
     EdgeAttribution,
     Inputs,
+    _is_pairs,
     batches,
     corrupted_metric,
+    edge_attribution,
     forward,
     lifted_saes,
     per_item,
@@ -28,11 +31,14 @@ from tl_reward.circuits.edges import (
     read_metric,
 )
 from tl_reward.circuits.graph import RewardGraph
+from tl_reward.data.pairs import as_pair_batch
 from tl_reward.errors import TLRewardError
+from tl_reward.model.inputs import as_items
 from tl_reward.model.readout import accumulation_dtype, resolve_objectives
 from tl_reward.results import ShortRepr
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import summarise_mean
+from tl_reward.stats.resampling import bootstrap_indices
 
 
 @dataclass(repr=False)
@@ -90,6 +96,48 @@ class RewardCircuit(ShortRepr):
         """Every edge with ``|score| >= t`` (``absolute=False``: ``score >= t``)."""
         s = attribution.scores.abs() if absolute else attribution.scores
         return cls.from_mask(attribution.graph, (s >= t).nan_to_num(False))
+
+    @classmethod
+    def greedy(cls, attribution: EdgeAttribution, n: int, absolute: bool = True
+               ) -> RewardCircuit:
+        """Grown from ``reward`` backwards: each step adds the edge of largest ``|score|``
+        (``absolute=False``: score) into ``reward`` or into an input of a node already in the
+        circuit, so every edge reaches ``reward``; the first steps after which :func:`prune`
+        (which drops edges from nodes ``input`` does not reach) keeps at least ``n`` edges
+        (more when one step connects several), or every step."""
+        g = attribution.graph
+        s = attribution.scores.nan_to_num(nan=-torch.inf)
+        s = s.abs().masked_fill(s == -torch.inf, -torch.inf) if absolute else s
+        feeds, n = _feeds(g), max(0, min(int(n), g.n_edges))
+        cand = torch.full_like(s, -torch.inf)
+        cand[-1] = s[-1]
+        alive = torch.zeros(len(s), dtype=torch.bool)
+        alive[-1] = True
+        order: list[int] = []
+
+        def pruned(steps: int) -> torch.Tensor:
+            mask = torch.zeros(s.numel(), dtype=torch.bool)
+            mask[order[:steps]] = True
+            return prune(g, mask.view_as(s))
+
+        kept = 0
+        while kept < n and cand.max() > -torch.inf:  # rounds of n - kept steps
+            for _ in range(n - kept):
+                k = int(cand.argmax())
+                d, u = divmod(k, s.shape[1])
+                if cand[d, u] == -torch.inf:
+                    break
+                order.append(k)
+                cand[d, u] = -torch.inf
+                new = [f for f in feeds[u] if not alive[f]]
+                if new:
+                    alive[new], cand[new] = True, s[new]
+            kept = int(pruned(len(order)).sum())
+        lo, hi = 0, len(order)  # the fewest steps keeping n (kept grows with the steps)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if int(pruned(mid).sum()) >= n else (mid + 1, hi)
+        return cls(g, pruned(hi))
 
     @classmethod
     def from_edges(cls, graph: RewardGraph,
@@ -258,3 +306,60 @@ def faithfulness_curve(model: Any, attribution: EdgeAttribution, clean: Any,
     return FaithfulnessCurve(list(sizes), [c.n_edges for c in top], cur, f[len(sizes):],
                              float(torch.trapezoid(cur, x)),
                              float(torch.trapezoid((1 - cur).abs(), x)), attribution.method)
+
+
+# -- stability and held-out faithfulness --------------------------------------------------------
+def _items(model: Any, clean: Any, corrupt: Any) -> tuple[list[Any], list[Any] | None]:
+    """``clean`` and ``corrupt`` as lists of single items (a pair or a sequence each)."""
+    items = list(as_pair_batch(model, clean)) if _is_pairs(clean) else as_items(clean)
+    bad = None if corrupt is None else as_items(corrupt)
+    if bad is not None and len(bad) != len(items):
+        raise TLRewardError(f"corrupt has {len(bad)} sequences for {len(items)} clean ones; "
+                            "pass one counterfactual per clean sequence")
+    return items, bad
+
+
+def _top_k(scores: torch.Tensor, k: int) -> set[int]:
+    return set(scores.abs().nan_to_num(nan=-1.0).flatten().topk(k).indices.tolist())
+
+
+def edge_stability(model: Any, clean: Any, corrupt: Any = None, k: int = 10,
+                   n_bootstrap: int = 100, seed: int = 0, **kwargs: Any) -> float:
+    """Mean Jaccard index between the top ``k`` edges (by ``|score|``) of all items and those
+    of each of ``n_bootstrap`` seeded resamples of the items
+    (:func:`~tl_reward.stats.resampling.bootstrap_indices`): 1 when every resample picks the
+    same edges. Per-item scores: one :func:`~tl_reward.circuits.edges.edge_attribution` per
+    item (``kwargs``: its method, ablation, reference, objective, ...; mean ablation's
+    reference defaults to every clean item)."""
+    items, bad = _items(model, clean, corrupt)
+    if kwargs.get("ablation") == "mean" and kwargs.get("reference") is None:
+        kwargs["reference"] = clean
+    per = torch.stack([edge_attribution(model, [x], None if bad is None else [bad[i]],
+                                        **kwargs).scores for i, x in enumerate(items)])
+    ref = _top_k(per.mean(0), k)
+    jac = [len(ref & (got := _top_k(per[idx].mean(0), k))) / len(ref | got)
+           for idx in bootstrap_indices(len(items), n_bootstrap, seed)]
+    return float(np.mean(jac))
+
+
+def heldout_faithfulness(model: Any, clean: Any, corrupt: Any = None, *,
+                         select: Callable[[EdgeAttribution], RewardCircuit],
+                         fraction: float = 0.5, seed: int = 0, **kwargs: Any
+                         ) -> CircuitEvaluation:
+    """The circuit ``select`` picks from the attribution on a seeded random ``fraction`` of the
+    items, evaluated (:func:`evaluate_circuit`) on the other items. ``kwargs``: the
+    attribution's method, ablation, objective, ... (the evaluation takes those it reads)."""
+    items, bad = _items(model, clean, corrupt)
+    n_fit = round(fraction * len(items))
+    if not 0 < n_fit < len(items):
+        raise TLRewardError(f"a fraction of {fraction} of {len(items)} items leaves one side "
+                            "empty; pass more items or a fraction nearer 0.5")
+    order = np.random.default_rng(seed).permutation(len(items))
+
+    def side(idx: np.ndarray) -> tuple[list[Any], list[Any] | None]:
+        return [items[i] for i in idx], None if bad is None else [bad[i] for i in idx]
+
+    circuit = select(edge_attribution(model, *side(order[:n_fit]), **kwargs))
+    keep = {k: v for k, v in kwargs.items()
+            if k in ("ablation", "reference", "objective", "batch_size", "padding_side")}
+    return evaluate_circuit(model, circuit, *side(order[n_fit:]), **keep)
