@@ -65,9 +65,6 @@ def token_labels(tokens: Sequence[str], tokenizer: Any = None) -> list[str]:
     return [token_label(t, special) for t in tokens]
 
 
-clean_token = token_label  # the name earlier views used
-
-
 #: the ends of the diverging scale (plotly's RdBu, as in the head heatmaps) and its middle
 _NEG, _MID, _POS = (178, 24, 43), (247, 247, 247), (33, 102, 172)
 
@@ -111,11 +108,6 @@ class TokenMap:
     _repr_html_ = __str__
 
 
-def token_reward_map(tokens: Sequence[str], values: torch.Tensor | Sequence[float]) -> TokenMap:
-    """Tokens (tokenizer symbols) coloured by their contribution, with a colour bar."""
-    return TokenMap(token_labels(tokens), torch.as_tensor(values, dtype=torch.float32).tolist())
-
-
 def attribution_token_map(dra: Any, index: int = 0, objective: int | str = 0,
                           head: tuple[int, int] | None = None) -> Any:
     """Reward map of input ``index`` from a ``DirectAttribution`` computed with
@@ -126,7 +118,7 @@ def attribution_token_map(dra: Any, index: int = 0, objective: int | str = 0,
     k = dra._obj(objective)
     per = dra.head_positions[index][..., k]
     vals = per.sum((0, 1)) if head is None else per[head[0], head[1]]
-    return token_reward_map(dra.tokens[index][: vals.shape[0]], vals)
+    return TokenMap(token_labels(dra.tokens[index][: vals.shape[0]]), vals.float().tolist())
 
 
 @torch.no_grad()
