@@ -73,10 +73,6 @@ class TokenizedPair:
         """Ids of ``side`` as a ``[1, pos]`` tensor."""
         return torch.tensor([self.ids(side)], dtype=torch.long)
 
-    def aligned_positions(self, side: str) -> Int[torch.Tensor, " n_aligned"]:
-        """The aligned positions of ``side``, in the same order for both sides."""
-        return self.aligned[:, _check_side(side)]
-
     def map_position(self, pos: int, from_side: str) -> int | None:
         """The partner of position ``pos`` of ``from_side`` in the other reply, or ``None``."""
         col = _check_side(from_side)
@@ -147,9 +143,7 @@ def tokenize_pair(model: Any, pair: PreferencePair | tuple[Any, str, str]) -> To
     string or a conversation.
     """
     if isinstance(pair, tuple):
-        prompt, chosen, rejected = pair
-        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        pair = PreferencePair(prompt=msgs, chosen=chosen, rejected=rejected)
+        pair = PreferencePair.from_prompt(*pair)
     if not isinstance(pair, PreferencePair):
         raise TypeError(
             "pass a PreferencePair or a (prompt, chosen, rejected) tuple, got "

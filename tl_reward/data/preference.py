@@ -35,12 +35,11 @@ class PreferencePair:
                 )
 
     @classmethod
-    def from_prompt(
-        cls, prompt: str, chosen: str, rejected: str, system: str | None = None
-    ) -> PreferencePair:
-        """Build a single-turn pair from a user prompt string."""
+    def from_prompt(cls, prompt: str | Conversation, chosen: str, rejected: str,
+                    system: str | None = None) -> PreferencePair:
+        """Build a pair from a user prompt string (one turn) or the conversation so far."""
         msgs: Conversation = [] if system is None else [Message(role="system", content=system)]
-        msgs.append(Message(role="user", content=prompt))
+        msgs += [Message(role="user", content=prompt)] if isinstance(prompt, str) else prompt
         return cls(prompt=msgs, chosen=chosen, rejected=rejected)
 
     def chosen_conversation(self) -> Conversation:
