@@ -227,17 +227,16 @@ def run(args: argparse.Namespace) -> int:
     dims = [d.strip() for d in args.dimensions.split(",")] if args.dimensions else None
     runs = args.runs or args.output.with_name(args.output.name + ".runs")
     t0 = time.time()
+    rest = (items, dims, args.objective, runs, args.seed, args.batch_size, args.resamples,
+            not args.no_published, args.concepts)
     if args.ray:
         from tl_reward.scale import ModelSpec
 
         with ray_executor(args).session() as pool:
-            parts = build_report(ModelSpec(args.model, trust_remote_code=args.trust_remote_code),
-                                 items, dims, args.objective, runs, args.seed, args.batch_size,
-                                 args.resamples, not args.no_published, args.concepts, pool)
+            spec = ModelSpec(args.model, trust_remote_code=args.trust_remote_code)
+            parts = build_report(spec, *rest, pool)
     else:
-        parts = build_report(load_model(args), items, dims, args.objective, runs, args.seed,
-                             args.batch_size, args.resamples, not args.no_published,
-                             args.concepts)
+        parts = build_report(load_model(args), *rest)
     path = write_report(args, parts, "Reward model audit")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) in {time.time() - t0:.0f} s; "
           f"probe chunks in {runs}{' (Ray)' if args.ray else ''}")

@@ -50,14 +50,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def read_pair(path: Path, line: int) -> PreferencePair:
-    """Pair number ``line`` of a JSONL file (our fields or HH-RLHF dialogues)."""
-    lines = read_jsonl(path)
-    if not 0 <= line < len(lines):
-        raise TLRewardError(f"{path} has {len(lines)} pairs; --line {line} is out of range")
-    return pair_from_record(lines[line][1], lines[line][0])
-
-
 def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
                  top_k: int = 12, patching: bool = False) -> list[Any]:
     """The parts of the explain report (figures, views, tables, HTML headings)."""
@@ -140,8 +132,12 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.input:
-        pair = read_pair(args.input, args.line)
+    if args.input:  # pair number --line: our fields or HH-RLHF dialogues
+        lines = read_jsonl(args.input)
+        if not 0 <= args.line < len(lines):
+            raise TLRewardError(f"{args.input} has {len(lines)} pairs; --line {args.line} is "
+                                "out of range")
+        pair = pair_from_record(lines[args.line][1], lines[args.line][0])
     elif args.prompt and args.chosen and args.rejected:
         pair = PreferencePair.from_prompt(args.prompt, args.chosen, args.rejected)
     else:
