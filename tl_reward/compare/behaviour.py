@@ -159,17 +159,6 @@ class BehaviourComparison(ShortRepr):
         return plot_behaviour(self.to_dataframe(), self.rewards)
 
 
-def objective_per_model(objective: str | Mapping[str, str], names: Sequence[str]
-                        ) -> dict[str, str]:
-    """``{model name: objective}`` from one objective for all or a mapping naming each model."""
-    if isinstance(objective, str):
-        return dict.fromkeys(names, objective)
-    if set(objective) != set(names):
-        raise TLRewardError(f"objective names models {sorted(objective)}; the models are "
-                            f"{list(names)} (give one objective per model)")
-    return {n: objective[n] for n in names}
-
-
 def _scores(model: Any, inputs: Sequence[Any], objective: str, batch_size: int) -> np.ndarray:
     return model.rewards(list(inputs), batch_size=batch_size).values(objective).double().numpy()
 
@@ -336,9 +325,11 @@ def run_compare_models(
         objectives = [objective] * len(specs)
     elif named is None:
         raise TLRewardError("one objective per model needs the models as {name: model}")
+    elif set(objective) != set(named):
+        raise TLRewardError(f"objective names models {sorted(objective)}; the models are "
+                            f"{list(named)} (give one objective per model)")
     else:
-        per = objective_per_model(objective, list(named))
-        objectives = [per[n] for n in named]
+        objectives = [objective[n] for n in named]
     results: dict[int, tuple[str, ModelFeatures]] = {}
     with (executor or LocalExecutor()).session() as pool:
         run_chunked(pool, features_unit, range(len(specs)),

@@ -130,17 +130,12 @@ class LayerGrams:
 
     def labels(self) -> list[str]:
         """Short labels: ``L`` for ``blocks.L.hook_resid_post``, ``embed`` for
-        ``blocks.0.hook_resid_pre``, ``final_norm`` for ``ln_final.hook_normalized``, else the
-        hook name."""
-        return [hook_label(h) for h in self.hooks]
-
-
-def hook_label(hook: str) -> str:
-    """Short label of a hook point (see :meth:`LayerGrams.labels`)."""
-    if m := re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", hook):
-        return m.group(1)
-    return {"blocks.0.hook_resid_pre": "embed", "ln_final.hook_normalized": "final_norm",
-            "hook_embed": "embed"}.get(hook, hook)
+        ``blocks.0.hook_resid_pre`` and ``hook_embed``, ``final_norm`` for
+        ``ln_final.hook_normalized``, else the hook name."""
+        short = {"blocks.0.hook_resid_pre": "embed", "ln_final.hook_normalized": "final_norm",
+                 "hook_embed": "embed"}
+        return [m.group(1) if (m := re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", h))
+                else short.get(h, h) for h in self.hooks]
 
 
 @torch.no_grad()
