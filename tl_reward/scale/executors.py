@@ -18,6 +18,7 @@ per-model state (plans, prefix caches) between units. A started pool is itself a
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -218,8 +219,6 @@ class _RayPool(Pool):
 
     def stream(self, fn: Callable[..., Any], units: Sequence[tuple[Any, ...]],
                on_result: Callable[[int, Any], None]) -> None:
-        import time
-
         ray = self.ray
         dead = tuple(getattr(ray.exceptions, n) for n in ("RayActorError", "ActorUnavailableError")
                      if hasattr(ray.exceptions, n))  # died, or restarting when handed the unit

@@ -35,6 +35,7 @@ from tl_reward.scale.executors import (
 from tl_reward.scale.jobs import run_chunked
 from tl_reward.store import digest
 from tl_reward.sweep.store import SweepSpec, SweepWriter
+from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, plan_sweep, prefix_caches, score_chunk
 
 __all__ = ["LocalExecutor", "RayExecutor", "RayNotInstalledError", "SweepJob", "run_sweeps"]
 
@@ -72,8 +73,6 @@ class SweepJob:
 
 def _plan(worker: Worker, job: SweepJob) -> tuple[Any, Any, list[Any]]:
     """The worker's model, the job's plan and its prefix caches (kept on the worker)."""
-    from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, plan_sweep
-
     model, key = worker.model(job.spec()), ("sweep", job.key())
     if key not in worker.state:
         worker.state[key] = (plan_sweep(
@@ -92,8 +91,6 @@ def plan_job(worker: Worker, job: SweepJob) -> tuple[SweepSpec, int]:
 
 def score_unit(worker: Worker, job: SweepJob, chunks: Sequence[int]) -> list[pa.Table]:
     """Score ``chunks`` of ``job`` (run on a worker): their rows, in order."""
-    from tl_reward.sweep.vocab_sweep import prefix_caches, score_chunk
-
     model, plan, caches = _plan(worker, job)
     if not caches:
         caches.extend(prefix_caches(model, plan))
