@@ -90,16 +90,6 @@ def read_compare_input(path: Path, limit: int | None = None) -> tuple[list[Any],
     return corpus, pairs
 
 
-def _name(spec: str, taken: set[str]) -> str:
-    base = Path(spec).name or spec
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
-
-
 def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
                  args: argparse.Namespace, pool: Any = None) -> list[Any]:
     """The report's parts: tables, figures and headings. ``models``: ``{name: loaded model}``,
@@ -148,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
     corpus, pairs = read_compare_input(args.input, args.max_items)
     from tl_reward.scale.executors import ModelSpec
 
-    taken: set[str] = set()
-    names = [_name(m, taken) for m in args.model]
+    names: list[str] = []  # folder or hub names; a repeat gets _2, _3, ...
+    for base in (Path(m).name or m for m in args.model):
+        names.append(next(n for k in range(1, len(names) + 2)
+                          if (n := base if k == 1 else f"{base}_{k}") not in names))
     if executor is not None:  # the actors load the models; this process loads none
         specs = {n: ModelSpec(m, trust_remote_code=args.trust_remote_code)
                  for n, m in zip(names, args.model, strict=True)}

@@ -81,15 +81,6 @@ def _encode_all(model: Any, inputs: Sequence[Any]) -> list[EncodedInput]:
     return [encode(model.tokenizer, x) for x in inputs]
 
 
-def _pad_id(model: Any) -> int | None:
-    pad = getattr(model, "pad_token_id", None)
-    if pad is None and getattr(model, "tokenizer", None) is not None:
-        pad = model.tokenizer.pad_token_id
-        if pad is None:
-            pad = model.tokenizer.eos_token_id
-    return pad
-
-
 def _row_index(positions: Positions, batch_pos: torch.Tensor, lengths: torch.Tensor,
                starts: Sequence[int | None], offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if positions == "pooled":
@@ -150,7 +141,10 @@ def read_rows(
     row, in one pass over length-sorted, right-padded batches; the forward stops after the last
     requested block, and only the selected rows are copied out of each batch."""
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))
-    pad, device = _pad_id(model), model.cfg.device
+    pad, device = getattr(model, "pad_token_id", None), model.cfg.device
+    if pad is None and getattr(model, "tokenizer", None) is not None:  # a causal LM's, or EOS
+        pad = model.tokenizer.pad_token_id
+        pad = model.tokenizer.eos_token_id if pad is None else pad
     rows: dict[str, list[torch.Tensor]] = {h: [] for h in hooks}
     items: list[np.ndarray] = []
     blocks = [int(m.group(1)) for h in hooks if (m := _BLOCK.match(h))]
