@@ -295,19 +295,11 @@ def features_unit(worker: Worker, spec: Spec, corpus: Sequence[Any] | None,
 
 
 def run_compare_models(
-    models: Mapping[str, Any] | Sequence[Any],
-    data: Sequence[Any] | None = None,
-    *,
-    pairs: Sequence[PreferencePair] | None = None,
-    sweeps: Mapping[str, Any] | None = None,
-    readability_hook: str | None = "blocks.{layer}.hook_resid_post",
-    readability_layer: int = -1,
-    objective: str | Mapping[str, str] = "score",
-    confidence: float = 0.95,
-    seed: int = 0,
-    batch_size: int = 8,
-    rbo_p: float = 0.9,
-    executor: Executor | None = None,
+    models: Mapping[str, Any] | Sequence[Any], data: Sequence[Any] | None = None, *,
+    pairs: Sequence[PreferencePair] | None = None, sweeps: Mapping[str, Any] | None = None,
+    readability_hook: str | None = "blocks.{layer}.hook_resid_post", readability_layer: int = -1,
+    objective: str | Mapping[str, str] = "score", confidence: float = 0.95, seed: int = 0,
+    batch_size: int = 8, rbo_p: float = 0.9, executor: Executor | None = None,
     progress: bool | None = None,
 ) -> BehaviourComparison:
     """:func:`compare_models` with every model's forward passes on ``executor`` (one unit per

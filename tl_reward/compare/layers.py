@@ -131,11 +131,8 @@ class LayerGrams:
 
 @torch.no_grad()
 def read_rows(
-    model: Any,
-    encoded: Sequence[EncodedInput],
-    hooks: Sequence[str],
-    positions: Positions = "pooled",
-    batch_size: int = 8,
+    model: Any, encoded: Sequence[EncodedInput], hooks: Sequence[str],
+    positions: Positions = "pooled", batch_size: int = 8,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Rows of each hook point's activations (float32, CPU, input order) and the input of each
     row, in one pass over length-sorted, right-padded batches; the forward stops after the last
@@ -281,10 +278,8 @@ class LayerComparison(ShortRepr):
 
 
 def compare_grams(
-    grams_a: LayerGrams,
-    grams_b: LayerGrams | None = None,
-    measure: str | Sequence[str] = ("debiased_cka", "rv2"),
-    n_permutations: int = 199,
+    grams_a: LayerGrams, grams_b: LayerGrams | None = None,
+    measure: str | Sequence[str] = ("debiased_cka", "rv2"), n_permutations: int = 199,
     seed: int = 0,
 ) -> LayerComparison:
     """Similarity maps from precomputed :class:`LayerGrams` (``grams_b=None``: A with itself)."""
@@ -494,19 +489,11 @@ def _run(jobs: Sequence[tuple[Spec, Sequence[int] | None]], inputs: Sequence[Any
 
 
 def run_layer_grams(
-    models: str | Path | Spec | Sequence[str | Path | Spec],
-    inputs: Sequence[Any],
-    hook: str | Sequence[str] = DEFAULT_HOOK,
-    layers: Sequence[int] | None = None,
-    positions: Positions = "pooled",
-    batch_size: int = 8,
-    layer_chunk: int | None = None,
-    executor: Executor | None = None,
-    *,
-    cache_dir: str | Path | None = None,
-    batches_per_unit: int = 4,
-    max_gram_bytes: float = 4e9,
-    progress: bool | None = None,
+    models: str | Path | Spec | Sequence[str | Path | Spec], inputs: Sequence[Any],
+    hook: str | Sequence[str] = DEFAULT_HOOK, layers: Sequence[int] | None = None,
+    positions: Positions = "pooled", batch_size: int = 8, layer_chunk: int | None = None,
+    executor: Executor | None = None, *, cache_dir: str | Path | None = None,
+    batches_per_unit: int = 4, max_gram_bytes: float = 4e9, progress: bool | None = None,
     callback: Callable[[int, int, int], None] | None = None,
 ) -> list[LayerGrams]:
     """:func:`layer_grams` of every model (loaded, or a hub name, local directory or
@@ -532,24 +519,14 @@ def run_layer_grams(
 
 
 def run_compare_layers(
-    model_a: str | Path | Spec,
-    model_b: str | Path | Spec | None = None,
-    inputs: Sequence[Any] = (),
-    measure: str | Sequence[str] = ("debiased_cka", "rv2"),
-    hook: str | Sequence[str] = DEFAULT_HOOK,
-    layers_a: Sequence[int] | None = None,
-    layers_b: Sequence[int] | None = None,
-    positions: Positions = "pooled",
-    n_permutations: int = 199,
-    seed: int = 0,
-    batch_size: int = 8,
-    layer_chunk: int | None = None,
-    executor: Executor | None = None,
-    *,
-    cache_dir: str | Path | None = None,
-    batches_per_unit: int = 4,
-    progress: bool | None = None,
-    callback: Callable[[int, int, int], None] | None = None,
+    model_a: str | Path | Spec, model_b: str | Path | Spec | None = None,
+    inputs: Sequence[Any] = (), measure: str | Sequence[str] = ("debiased_cka", "rv2"),
+    hook: str | Sequence[str] = DEFAULT_HOOK, layers_a: Sequence[int] | None = None,
+    layers_b: Sequence[int] | None = None, positions: Positions = "pooled",
+    n_permutations: int = 199, seed: int = 0, batch_size: int = 8,
+    layer_chunk: int | None = None, executor: Executor | None = None, *,
+    cache_dir: str | Path | None = None, batches_per_unit: int = 4,
+    progress: bool | None = None, callback: Callable[[int, int, int], None] | None = None,
 ) -> LayerComparison:
     """:func:`compare_layers` with the activations read on
     ``executor`` (see :func:`run_layer_grams`); the similarity maps are computed here."""

@@ -223,11 +223,8 @@ def permutations(n: int, n_permutations: int, seed: int) -> np.ndarray:
 
 
 def permutation_test(
-    stat: str | Callable[[np.ndarray, np.ndarray], float],
-    X: Float[Matrix, "n p"],
-    Y: Float[Matrix, "n q"],
-    n_permutations: int = 999,
-    seed: int = 0,
+    stat: str | Callable[[np.ndarray, np.ndarray], float], X: Float[Matrix, "n p"],
+    Y: Float[Matrix, "n q"], n_permutations: int = 999, seed: int = 0,
 ) -> PermutationResult:
     """Permutation null of a similarity: permute the rows of Y, B times.
 

@@ -130,12 +130,8 @@ def _run(pool: Pool, group: Sequence[SweepJob], overwrite: bool, unit_chunks: in
 
 
 def run_sweeps(
-    jobs: Sequence[SweepJob] | SweepJob,
-    executor: Executor | None = None,
-    *,
-    unit_chunks: int = 4,
-    overwrite: bool = False,
-    progress: bool | None = None,
+    jobs: Sequence[SweepJob] | SweepJob, executor: Executor | None = None, *,
+    unit_chunks: int = 4, overwrite: bool = False, progress: bool | None = None,
     callback: Callable[[SweepJob, int], None] | None = None,
 ) -> list[Path]:
     """Run every job to its finished sweep file and return the files' paths.
