@@ -24,9 +24,8 @@ SUBCOMMANDS: dict[str, str] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="tl-reward", description="Mechanistic interpretability for reward models."
-    )
+    parser = argparse.ArgumentParser(prog="tl-reward",
+                                     description="Mechanistic interpretability for reward models.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS.values():
         try:

@@ -31,8 +31,7 @@ class PreferencePair:
             if not str(getattr(self, name)).strip():
                 raise EmptyResponseError(
                     f"the {name} response is empty; every pair needs two non-empty replies "
-                    "(drop the pair, or pass skip_invalid=True to the loader)"
-                )
+                    "(drop the pair, or pass skip_invalid=True to the loader)")
 
     @classmethod
     def from_prompt(cls, prompt: str | Conversation, chosen: str, rejected: str,
