@@ -60,7 +60,7 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
     from tl_reward.data.pairs import tokenize_pair
     from tl_reward.model.readout import resolve_objectives
     from tl_reward.viz.attribution import component_bar, head_heatmap
-    from tl_reward.viz.tokens import attribution_token_map, head_attention_view
+    from tl_reward.viz.tokens import attribution_token_map, head_attention_view, top_heads
 
     require_objective(model, objective)
     obj = resolve_objectives(model, objective)[0]
@@ -86,9 +86,7 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
                         "chosen": dra.chosen.components("head")[0][0, order, 0].tolist(),
                         "rejected": dra.rejected.components("head")[0][0, order, 0].tolist()})
     head_diff = dra.chosen.heads[0, ..., 0] - dra.rejected.heads[0, ..., 0]
-    flat = head_diff.abs().flatten().argsort(descending=True)[: min(4, top_k)]
-    n_heads = head_diff.shape[1]
-    heads = [(int(i) // n_heads, int(i) % n_heads) for i in flat]
+    heads = top_heads(head_diff, min(4, top_k))
     last = pair.prompt[-1]["content"] if pair.prompt else ""
     parts: list[Any] = [
         f"<p><b>Prompt (last turn):</b> {html.escape(last)}<br><b>Chosen:</b> "

@@ -207,14 +207,6 @@ class PermutationResult(ShortRepr):
         return plot_permutation_null(self.null, self.observed, self.measure, self.p_value)
 
 
-def permutation_p_value(observed: float, null: np.ndarray) -> float:
-    """``(1 + #{null >= observed}) / (1 + B)`` (NaN when observed is NaN)."""
-    if np.isnan(observed):
-        return float("nan")
-    tol = 1e-12 * max(1.0, abs(observed))  # ties up to float error count as >= (conservative)
-    return float((1 + np.sum(null >= observed - tol)) / (1 + len(null)))
-
-
 def permutations(n: int, n_permutations: int, seed: int) -> np.ndarray:
     """``[B, n]`` seeded random row permutations."""
     rng = np.random.default_rng(seed)
@@ -251,4 +243,6 @@ def permutation_test(
         name = getattr(stat, "__name__", "statistic")
         observed = float(stat(x, y))
         null = np.array([float(stat(x, y[p])) for p in perms])
-    return PermutationResult(name, observed, null, permutation_p_value(observed, null))
+    tol = 1e-12 * max(1.0, abs(observed))  # ties up to float error count as >= (conservative)
+    p = (1 + np.sum(null >= observed - tol)) / (1 + len(null))  # NaN when observed is NaN
+    return PermutationResult(name, observed, null, float("nan") if np.isnan(observed) else float(p))

@@ -140,8 +140,9 @@ def head_attention_view(model: Any, tokens: torch.Tensor | Sequence[int],
 
 def top_heads(dra: Any, k: int = 4, index: int = 0, objective: int | str = 0
               ) -> list[tuple[int, int]]:
-    """The ``k`` heads with the largest absolute direct contribution for input ``index``."""
-    vals = dra.heads[index, ..., dra._obj(objective)]
+    """The ``k`` heads with the largest absolute direct contribution for input ``index`` (or
+    the largest absolute values of a ``[layer, head]`` tensor ``dra``)."""
+    vals = dra if torch.is_tensor(dra) else dra.heads[index, ..., dra._obj(objective)]
     flat = vals.abs().flatten().argsort(descending=True)[:k]
     n_heads = vals.shape[1]
     return [(int(i) // n_heads, int(i) % n_heads) for i in flat]
