@@ -322,8 +322,10 @@ class RayExecutor:
             ray.init(address=self.address, **kw)
         return ray
 
-    def workers(self) -> list[Any]:
-        """Start the actor pool (one model load per actor happens at its first unit)."""
+    @contextmanager
+    def session(self) -> Iterator[Pool]:
+        """A fresh actor pool for the duration of a job (killed at the end); each actor loads
+        the model at its first unit."""
         ray = self._ray()
         n = self.num_workers
         if n is None:
@@ -334,14 +336,8 @@ class RayExecutor:
             num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_restarts=-1,
             max_task_retries=self.max_task_retries)
         threads = self.threads or max(1, int(self.num_cpus))
-        return [actor.remote(threads, None, self.crash_after_units, self.crash_marker)
-                for _ in range(n)]
-
-    @contextmanager
-    def session(self) -> Iterator[Pool]:
-        """A fresh actor pool for the duration of a job (killed at the end)."""
-        ray = self._ray()
-        actors = self.workers()
+        actors = [actor.remote(threads, None, self.crash_after_units, self.crash_marker)
+                  for _ in range(n)]
         try:
             yield _RayPool(ray, actors, self.max_unit_retries)
         finally:

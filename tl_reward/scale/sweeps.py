@@ -62,18 +62,11 @@ class SweepJob:
     id_range: tuple[int, int] | None = None
     trust_remote_code: bool = False
 
-    def spec(self) -> ModelSpec:
-        """What a worker loads."""
-        return ModelSpec(self.model, self.dtype, self.trust_remote_code)
-
-    def key(self) -> str:
-        """A stable identifier of the job (everything that determines its rows)."""
-        return digest(asdict(self))  # a Path as its text
-
 
 def _plan(worker: Worker, job: SweepJob) -> tuple[Any, Any, list[Any]]:
     """The worker's model, the job's plan and its prefix caches (kept on the worker)."""
-    model, key = worker.model(job.spec()), ("sweep", job.key())
+    model = worker.model(ModelSpec(job.model, job.dtype, job.trust_remote_code))
+    key = ("sweep", digest(asdict(job)))  # everything that determines its rows; a Path as text
     if key not in worker.state:
         worker.state[key] = (plan_sweep(
             model, PAPER_PROMPTS if job.prompts is None else job.prompts,
