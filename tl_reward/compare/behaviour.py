@@ -205,10 +205,9 @@ def model_features(model: Any, corpus: Sequence[Any] | None,
     if corpus is not None:
         rewards = _scores(model, corpus, objective, batch_size)
         if readability_hook is not None:
-            acts = activations(model, corpus, readability_hook, readability_layer,
-                               batch_size=batch_size)
             hook = (readability_hook.format(layer=readability_layer % model.cfg.n_layers)
                     if "{layer}" in readability_hook else readability_hook)
+            acts = activations(model, corpus, hook, batch_size=batch_size)
     if pairs is not None:
         convs = [c for p in pairs for c in (p.chosen_conversation(), p.rejected_conversation())]
         s = _scores(model, convs, objective, batch_size)

@@ -16,20 +16,11 @@ import torch
 
 from tl_reward.viz.html import closed_view
 
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet, symbol -> byte (``'Ġ'`` -> 32, ``'Ċ'`` -> 10)."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars, n = list(printable), 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
-
-
-_BYTES = _byte_decoder()
+_PRINTABLE = [*range(33, 127), *range(161, 173), *range(174, 256)]
+#: GPT-2's byte-level BPE alphabet, symbol -> byte (``'Ġ'`` -> 32, ``'Ċ'`` -> 10): a printable
+#: byte is its own symbol, the others are chr(256), chr(257), ... in byte order
+_BYTES = {chr(b): b for b in _PRINTABLE} | {
+    chr(256 + i): b for i, b in enumerate(b for b in range(256) if b not in _PRINTABLE)}
 _SPECIAL = re.compile(r"^(<\|[^|<>]+\|>|<[/]?[a-z_]+>|\[[A-Z]+\])$")
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 #: whitespace made visible in token labels
