@@ -155,8 +155,7 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
         dist.to_dataframe().merge(pub_dist.to_dataframe(), on="dimension"),
         "<h2>Cascade</h2><p>Pearson r between dimensions over matched items (the same base "
         "items perturbed along each), bootstrap CI, permutation p, BH-adjusted over pairs.</p>",
-        cascade_heatmap(casc), casc.to_dataframe(),
-    ]
+        cascade_heatmap(casc), casc.to_dataframe()]
     if published:
         pub = run_published_probes(model, rep.objective, batch_size, executor)
         parts += ["<h2>The published probes (reward-lens v1.0.0)</h2><p>10 hand-written "
@@ -204,10 +203,9 @@ def _geometry_parts(model: Any, rep: Any, items: list[Any], concepts: bool, batc
     rows = []
     for dim in rep.dimensions:
         r = rep.rows[(rep.rows.dimension == dim) & rep.rows.applied]
-        pos = [by_id[i].conversation(reply=a, user_turn=u)
-               for i, u, a in zip(r.item_id, r.perturbed_user, r.perturbed_reply, strict=True)]
-        neg = [by_id[i].conversation(reply=a, user_turn=u)
-               for i, u, a in zip(r.item_id, r.neutral_user, r.neutral_reply, strict=True)]
+        pos, neg = ([by_id[i].conversation(reply=a, user_turn=u) for i, u, a in zip(
+            r.item_id, r[f"{side}_user"], r[f"{side}_reply"], strict=True)]
+            for side in ("perturbed", "neutral"))
         if len(pos) < 4:
             continue
         cv = concept_vector(model, pos, neg, name=dim, batch_size=batch_size)

@@ -107,8 +107,7 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
         attribution_token_map(dra.chosen, 0, 0), "<h3>Rejected</h3>",
         attribution_token_map(dra.rejected, 0, 0),
         f"<h2>Attention patterns of the top heads {heads} (chosen)</h2>",
-        head_attention_view(model, tp.chosen_ids, heads),
-    ]
+        head_attention_view(model, tp.chosen_ids, heads)]
     if patching:
         from tl_reward.analysis.direct_path import direct_path_patching
         from tl_reward.analysis.patching import patch_components

@@ -200,8 +200,7 @@ def model_features(model: Any, corpus: Sequence[Any] | None,
                    readability_layer: int = -1, batch_size: int = 8) -> ModelFeatures:
     """One model's rewards, readability activations and pair margins (the forward passes of
     :func:`compare_models`; :func:`compare_features` does the statistics)."""
-    rewards = acts = margins = None
-    hook = None
+    rewards = acts = margins = hook = None
     if corpus is not None:
         rewards = _scores(model, corpus, objective, batch_size)
         if readability_hook is not None:

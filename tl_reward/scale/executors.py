@@ -310,7 +310,10 @@ class RayExecutor:
     crash_marker: str | None = None
     init_kwargs: dict[str, Any] = field(default_factory=dict)
 
-    def _ray(self) -> Any:
+    @contextmanager
+    def session(self) -> Iterator[Pool]:
+        """A fresh actor pool for the duration of a job (killed at the end); each actor loads
+        the model at its first unit."""
         try:
             import ray
         except ImportError as exc:
@@ -320,13 +323,6 @@ class RayExecutor:
         if not ray.is_initialized():
             kw = {"include_dashboard": False, "log_to_driver": False, **self.init_kwargs}
             ray.init(address=self.address, **kw)
-        return ray
-
-    @contextmanager
-    def session(self) -> Iterator[Pool]:
-        """A fresh actor pool for the duration of a job (killed at the end); each actor loads
-        the model at its first unit."""
-        ray = self._ray()
         n = self.num_workers
         if n is None:
             res = ray.cluster_resources()

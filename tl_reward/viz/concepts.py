@@ -17,12 +17,9 @@ def concept_alignment_figure(rows: Sequence[dict[str, Any]],
     slope = np.array([r["slope"] for r in rows])
     lo = np.array([r["slope_ci_low"] for r in rows])
     hi = np.array([r["slope_ci_high"] for r in rows])
-    hover = [
-        f"cos(head) {r['cosine_head']:+.3f}<br>cos(local) {r['cosine_local']:+.3f}<br>"
-        + (f"separability {r['separability']:.3f} [{r['separability_ci_low']:.3f}, "
-           f"{r['separability_ci_high']:.3f}]" if "separability" in r else "")
-        for r in rows
-    ]
+    hover = [f"cos(head) {r['cosine_head']:+.3f}<br>cos(local) {r['cosine_local']:+.3f}<br>"
+             + (f"separability {r['separability']:.3f} [{r['separability_ci_low']:.3f}, "
+                f"{r['separability_ci_high']:.3f}]" if "separability" in r else "") for r in rows]
     fig = go.Figure(go.Bar(x=labels, y=slope, hovertext=hover,
                            error_y={"type": "data", "symmetric": False, "array": hi - slope,
                                     "arrayminus": slope - lo}))

@@ -48,15 +48,13 @@ def ablation_scatter(check: Any) -> Any:
         go.Scatter(x=pred, y=act, mode="markers", text=text, name="single features"),
         go.Scatter(x=check.joint_predicted.tolist(), y=check.joint_actual.tolist(),
                    mode="markers", marker_symbol="diamond", name="top features together"),
-        go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dash"}, name="y = x"),
-    ])
+        go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dash"}, name="y = x")])
     what = "margin" if check.kind == "pair" else "reward"
     fig.update_layout(
         title=(f"Ablation check at {check.hook_name}: Pearson {check.pearson:.3f}, "
                f"Spearman {check.spearman:.3f}"),
         xaxis_title=f"predicted {what} change ({check.method} attribution)",
-        yaxis_title=f"actual {what} change (ablation)",
-    )
+        yaxis_title=f"actual {what} change (ablation)")
     return fig
 
 
