@@ -163,13 +163,10 @@ def read_rows(
                  c: torch.Tensor = c) -> None:  # name as asked: a bridge names its aliases
             rows[name].append(act[r, c].float().cpu())
 
-        kwargs: dict[str, Any] = {"attention_mask": batch.attention_mask}
-        if stop is not None and stop < model.cfg.n_layers:
-            kwargs["stop_at_layer"] = stop
-        else:
-            kwargs["return_type"] = None
+        early = stop is not None and stop < model.cfg.n_layers
         model.run_with_hooks(batch.tokens, fwd_hooks=[(h, partial(grab, name=h)) for h in hooks],
-                             **kwargs)
+                             attention_mask=batch.attention_mask,
+                             **({"stop_at_layer": stop} if early else {"return_type": None}))
     item_of_row = np.concatenate(items)
     # rows in input order (stable within an input, so response tokens keep their order)
     perm = np.argsort(item_of_row, kind="stable")
