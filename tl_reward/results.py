@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tl_reward.errors import ResultFileError, TLRewardError
+from tl_reward.store import atomic_write
 
 R = TypeVar("R", bound="ShortRepr")
 T = TypeVar("T", bound=type)
@@ -283,8 +284,6 @@ def save_result(result: Any, path: str | Path) -> Path:
         series = not hasattr(frame, "columns")
         (frame.to_frame() if series else frame).to_parquet(buf := io.BytesIO())
         files[f"{key}.{'series' if series else 'frame'}.parquet"] = buf.getvalue()
-    from tl_reward.store import atomic_write
-
     def write(tmp: Path) -> None:
         with zipfile.ZipFile(tmp, "w") as z:
             for name, data in files.items():

@@ -30,7 +30,7 @@ from typing import Any
 from tl_reward.errors import StoreMismatchError
 
 __all__ = ["ChunkStore", "EntryCache", "Manifest", "RunIdentity", "StoreMismatchError",
-           "atomic_write", "check_resume", "digest", "entry_key", "function_digest", "refusal"]
+           "atomic_write", "check_resume", "digest", "entry_key", "function_digest"]
 
 FORMAT = "tl_reward.store/1"
 
@@ -157,18 +157,11 @@ class Manifest:
         return out
 
 
-def refusal(error: type[StoreMismatchError], what: str, diff: Sequence[str], fix: str
-            ) -> StoreMismatchError:
-    """The one refusal: ``what`` was made with other settings, naming each differing field."""
-    return error(f"cannot resume: {what} was made with other settings ({', '.join(diff)} "
-                 f"differ from this run's); its results cannot be reused. {fix}")
-
-
 def check_resume(found: Manifest, identity: Manifest, error: type[StoreMismatchError],
                  what: str, fix: str) -> None:
     """Refuse to continue ``found`` (a stored run) as ``identity``: when either run had hooks or
-    foreign modules attached (their code is not part of the identity), or with
-    :func:`refusal` when any checked field differs."""
+    foreign modules attached (their code is not part of the identity), or naming each checked
+    field that differs."""
     attached = [*getattr(found, "attachments", ()), *getattr(identity, "attachments", ())]
     if attached:
         raise error(f"cannot resume: {what} or this run has hooks or modules attached to the "
@@ -177,7 +170,8 @@ def check_resume(found: Manifest, identity: Manifest, error: type[StoreMismatchE
                     "again with overwrite=True, or write to another output")
     diff = found.differences(identity)
     if diff:
-        raise refusal(error, what, diff, fix)
+        raise error(f"cannot resume: {what} was made with other settings ({', '.join(diff)} "
+                    f"differ from this run's); its results cannot be reused. {fix}")
 
 
 @dataclass(frozen=True)

@@ -41,3 +41,19 @@ def test_tokenize_pair_matches_model_encoding(tiny) -> None:
     batch = tokenize_pairs(model, [pair, ("hi", "Hello!", "No.")])
     tokens, mask = batch.padded("rejected", model.pad_token_id)
     assert tokens.shape[0] == 2 and int(mask[0].sum()) == tp.rejected_len
+
+
+def test_pair_from_a_prompt_string_or_a_conversation() -> None:
+    """``from_prompt`` is the one home of "a prompt string is one user turn": tokenize_pair's
+    tuples and the CLI's JSONL records with a string or a messages prompt go through it."""
+    from tl_reward.cli.common import pair_from_record
+
+    convo = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
+             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Sky?"}]
+    want = PreferencePair(prompt=convo, chosen="Blue.", rejected="No.")
+    assert PreferencePair.from_prompt(convo, "Blue.", "No.") == want
+    assert pair_from_record({"prompt": convo, "chosen": "Blue.", "rejected": "No."}, "x") == want
+    one = pair_from_record({"prompt": "Sky?", "chosen": "Blue.", "rejected": "No."}, "x")
+    assert one.prompt == [{"role": "user", "content": "Sky?"}]
+    assert PreferencePair.from_prompt("Sky?", "Blue.", "No.", system="S").prompt[0] == {
+        "role": "system", "content": "S"}

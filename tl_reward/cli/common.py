@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tl_reward.data.hh_rlhf import pair_from_dialogues
+from tl_reward.data.preference import PreferencePair
+from tl_reward.errors import TLRewardError
 from tl_reward.model.demo import DEMO_MODEL_NAME
 
 
@@ -32,8 +35,6 @@ def apply_threads(args: argparse.Namespace) -> None:
     """Set torch's CPU thread count from ``--threads`` (this process only runs the command)
     and check that ``--device`` names a device this machine has."""
     import torch
-
-    from tl_reward.errors import TLRewardError
 
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
@@ -66,8 +67,6 @@ def load_model(args: argparse.Namespace, name: str | None = None) -> Any:
 def require_objective(model: Any, objective: str | None) -> None:
     """Refuse a model of several objectives and no combined score when ``--objective`` is
     not given (no reward to read otherwise)."""
-    from tl_reward.errors import TLRewardError
-
     if objective is None and len(model.objectives) > 1 and not model.has_score:
         raise TLRewardError(f"this model has objectives {model.objectives} and no combined "
                             "score; choose one with --objective NAME")
@@ -111,7 +110,6 @@ def ray_executor(args: argparse.Namespace, threads: int | None = None,
     """The :class:`~tl_reward.scale.RayExecutor` the Ray options name (``--device`` must be
     unset unless it still applies to this process: actors use the GPU Ray assigns them, or the
     CPU)."""
-    from tl_reward.errors import TLRewardError
     from tl_reward.scale.executors import RayExecutor
 
     if not device_applies and getattr(args, "device", None) not in (None, "auto"):
@@ -125,8 +123,6 @@ def ray_executor(args: argparse.Namespace, threads: int | None = None,
 def item_from_record(rec: dict[str, Any], where: str, also: str = "") -> Any:
     """A corpus item from one JSONL record: ``messages`` (a conversation), ``prompt`` and
     ``response``, or ``text``; ``also`` names what else the caller accepts, for the error."""
-    from tl_reward.errors import TLRewardError
-
     if "messages" in rec:
         return rec["messages"]
     if "prompt" in rec and "response" in rec:
@@ -140,14 +136,8 @@ def pair_from_record(rec: dict[str, Any], where: str) -> Any:
     """A :class:`~tl_reward.data.PreferencePair` from one JSONL record: ``prompt`` (string or
     messages), ``chosen`` and ``rejected`` replies, or HH-RLHF ``chosen``/``rejected``
     dialogues. ``where`` names the record in errors."""
-    from tl_reward.data.hh_rlhf import pair_from_dialogues
-    from tl_reward.data.preference import PreferencePair
-    from tl_reward.errors import TLRewardError
-
     if {"prompt", "chosen", "rejected"} <= rec.keys():
-        prompt = rec["prompt"]
-        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        return PreferencePair(prompt=msgs, chosen=rec["chosen"], rejected=rec["rejected"])
+        return PreferencePair.from_prompt(rec["prompt"], rec["chosen"], rec["rejected"])
     if {"chosen", "rejected"} <= rec.keys():
         try:
             return pair_from_dialogues(rec["chosen"], rec["rejected"])
@@ -161,8 +151,6 @@ def read_jsonl(path: Path, limit: int | None = None) -> list[tuple[str, dict[str
     """``(where, record)`` for each non-blank line of a JSONL file (the first ``limit``);
     ``where`` is ``path:line`` (1-based). A missing file, bad JSON or a line that is not an
     object raises :class:`~tl_reward.errors.TLRewardError`."""
-    from tl_reward.errors import TLRewardError
-
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -186,8 +174,6 @@ def read_jsonl(path: Path, limit: int | None = None) -> list[tuple[str, dict[str
 
 def read_pairs(path: Path, limit: int | None = None) -> list[Any]:
     """Every pair of a JSONL file (see :func:`pair_from_record`), the first ``limit`` only."""
-    from tl_reward.errors import TLRewardError
-
     pairs = [pair_from_record(rec, where) for where, rec in read_jsonl(path, limit)]
     if not pairs:
         raise TLRewardError(f"{path} holds no pairs")

@@ -90,30 +90,18 @@ def read_compare_input(path: Path, limit: int | None = None) -> tuple[list[Any],
     return corpus, pairs
 
 
-def _name(spec: str, taken: set[str]) -> str:
-    base = Path(spec).name or spec
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
-
-
 def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
                  args: argparse.Namespace, pool: Any = None) -> list[Any]:
     """The report's parts: tables, figures and headings. ``models``: ``{name: loaded model}``,
     or with a started Ray ``pool`` ``{name: ModelSpec}`` that its actors load."""
-    from tl_reward.compare.behaviour import compare_models, run_compare_models
-    from tl_reward.compare.layers import compare_grams, compare_layers, run_layer_grams
+    from tl_reward.compare.behaviour import run_compare_models
+    from tl_reward.compare.layers import compare_grams, run_layer_grams
 
     kw = {"pairs": pairs or None, "readability_layer": args.readability_layer,
           "batch_size": args.batch_size,
           "objective": _objectives(args.objective, list(models))}
-    if pool is not None:
-        rep = run_compare_models(models, corpus, executor=pool, **kw)
-    else:
-        rep = compare_models(models, corpus, **kw)
+    rep = run_compare_models(models, corpus, executor=pool,
+                             progress=None if pool is not None else False, **kw)
     table = rep.to_dataframe()
     parts: list[Any] = [
         f"<p>{len(models)} models ({html.escape(', '.join(models))}), {len(corpus)} corpus "
@@ -132,17 +120,11 @@ def build_report(models: dict[str, Any], corpus: list[Any], pairs: list[Any],
                      "exceeds the number of items, so read them as observed minus the mean of "
                      f"their permutation null ({args.permutations} row permutations). A "
                      "similar geometry is not the same mechanism.</p>")
-        grams = None
-        if pool is not None:
-            grams = run_layer_grams(list(models.values()), corpus, batch_size=args.batch_size,
-                                    executor=pool)
+        # every model's Grams in one pass (on Ray actors with a pool), each read once
+        grams = run_layer_grams(list(models.values()), corpus, batch_size=args.batch_size,
+                                executor=pool)
         for k, other in enumerate(names[1:], 1):
-            if grams is not None:  # the same Grams, read on Ray actors
-                lc = compare_grams(grams[0], grams[k], measures, args.permutations)
-            else:
-                lc = compare_layers(models[names[0]], models[other], corpus, measure=measures,
-                                    n_permutations=args.permutations,
-                                    batch_size=args.batch_size)
+            lc = compare_grams(grams[0], grams[k], measures, args.permutations)
             lc.model_a, lc.model_b = names[0], other
             parts += [f"<h3>{html.escape(names[0])} vs {html.escape(other)}</h3>",
                       lc.plot(kind="observed"), lc.plot(kind="excess")]
@@ -156,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
     corpus, pairs = read_compare_input(args.input, args.max_items)
     from tl_reward.scale.executors import ModelSpec
 
-    taken: set[str] = set()
-    names = [_name(m, taken) for m in args.model]
+    names: list[str] = []  # folder or hub names; a repeat gets _2, _3, ...
+    for base in (Path(m).name or m for m in args.model):
+        names.append(next(n for k in range(1, len(names) + 2)
+                          if (n := base if k == 1 else f"{base}_{k}") not in names))
     if executor is not None:  # the actors load the models; this process loads none
         specs = {n: ModelSpec(m, trust_remote_code=args.trust_remote_code)
                  for n, m in zip(names, args.model, strict=True)}

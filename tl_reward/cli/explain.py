@@ -50,14 +50,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def read_pair(path: Path, line: int) -> PreferencePair:
-    """Pair number ``line`` of a JSONL file (our fields or HH-RLHF dialogues)."""
-    lines = read_jsonl(path)
-    if not 0 <= line < len(lines):
-        raise TLRewardError(f"{path} has {len(lines)} pairs; --line {line} is out of range")
-    return pair_from_record(lines[line][1], lines[line][0])
-
-
 def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
                  top_k: int = 12, patching: bool = False) -> list[Any]:
     """The parts of the explain report (figures, views, tables, HTML headings)."""
@@ -68,7 +60,7 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
     from tl_reward.data.pairs import tokenize_pair
     from tl_reward.model.readout import resolve_objectives
     from tl_reward.viz.attribution import component_bar, head_heatmap
-    from tl_reward.viz.tokens import attribution_token_map, head_attention_view
+    from tl_reward.viz.tokens import attribution_token_map, head_attention_view, top_heads
 
     require_objective(model, objective)
     obj = resolve_objectives(model, objective)[0]
@@ -94,9 +86,7 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
                         "chosen": dra.chosen.components("head")[0][0, order, 0].tolist(),
                         "rejected": dra.rejected.components("head")[0][0, order, 0].tolist()})
     head_diff = dra.chosen.heads[0, ..., 0] - dra.rejected.heads[0, ..., 0]
-    flat = head_diff.abs().flatten().argsort(descending=True)[: min(4, top_k)]
-    n_heads = head_diff.shape[1]
-    heads = [(int(i) // n_heads, int(i) % n_heads) for i in flat]
+    heads = top_heads(head_diff, min(4, top_k))
     last = pair.prompt[-1]["content"] if pair.prompt else ""
     parts: list[Any] = [
         f"<p><b>Prompt (last turn):</b> {html.escape(last)}<br><b>Chosen:</b> "
@@ -117,8 +107,7 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
         attribution_token_map(dra.chosen, 0, 0), "<h3>Rejected</h3>",
         attribution_token_map(dra.rejected, 0, 0),
         f"<h2>Attention patterns of the top heads {heads} (chosen)</h2>",
-        head_attention_view(model, tp.chosen_ids, heads),
-    ]
+        head_attention_view(model, tp.chosen_ids, heads)]
     if patching:
         from tl_reward.analysis.direct_path import direct_path_patching
         from tl_reward.analysis.patching import patch_components
@@ -140,8 +129,12 @@ def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.input:
-        pair = read_pair(args.input, args.line)
+    if args.input:  # pair number --line: our fields or HH-RLHF dialogues
+        lines = read_jsonl(args.input)
+        if not 0 <= args.line < len(lines):
+            raise TLRewardError(f"{args.input} has {len(lines)} pairs; --line {args.line} is "
+                                "out of range")
+        pair = pair_from_record(lines[args.line][1], lines[args.line][0])
     elif args.prompt and args.chosen and args.rejected:
         pair = PreferencePair.from_prompt(args.prompt, args.chosen, args.rejected)
     else:

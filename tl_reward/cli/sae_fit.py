@@ -38,9 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from tl_reward.sae import load_sae, sae_fit, saes_for
 
     if args.list:
-        found = saes_for(args.model, base=args.base)
-        print(found)
-        df = found.to_dataframe()
+        res = saes_for(args.model, base=args.base)
     else:
         if not args.sae or not args.input:
             raise TLRewardError("pass --sae PATH (or a release with --sae-id) and --input "
@@ -49,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
         model = load_model(args)
         require_objective(model, args.objective)
         sae = load_sae(model, args.sae, args.sae_id, args.norm_scaling_factor)
-        fit = sae_fit(model, sae, pairs, objective=args.objective or "score",
+        res = sae_fit(model, sae, pairs, objective=args.objective or "score",
                       batch_size=args.batch_size)
-        print(fit)
-        df = fit.to_dataframe()
+    print(res)
+    df = res.to_dataframe()
     print(df.to_string(index=False))
     if args.output:
         df.to_csv(args.output, index=False)

@@ -93,6 +93,7 @@ def _prompts(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tl_reward.sweep.extremes import top_bottom_tokens
     from tl_reward.sweep.store import merge_sweeps
     from tl_reward.sweep.vocab_sweep import load_sweep, score_vocabulary
 
@@ -105,20 +106,25 @@ def run(args: argparse.Namespace) -> int:
     id_range = _span(args.id_range, ":", "id-range") if args.id_range else None
     prompts, labels = _prompts(args)
     if args.ray:
-        return _run_ray(args, prompts, labels, shard, id_range)
-    model = load_model(args)
-    sweep = score_vocabulary(
-        model, prompts, labels=labels, include_special=args.include_special,
-        batch_size=args.batch_size, mode=args.mode, cache=args.cache, output=args.output,
-        resume=args.resume, overwrite=args.overwrite, shard=shard, id_range=id_range,
-        progress=True)
-    print(f"{len(sweep)} tokens x {len(sweep.labels)} prompts -> {args.output}")
-    _print_top(args, sweep)
+        sweep = _run_ray(args, prompts, labels, shard, id_range)
+    else:
+        sweep = score_vocabulary(
+            load_model(args), prompts, labels=labels, include_special=args.include_special,
+            batch_size=args.batch_size, mode=args.mode, cache=args.cache, output=args.output,
+            resume=args.resume, overwrite=args.overwrite, shard=shard, id_range=id_range,
+            progress=True)
+    print(f"{len(sweep)} tokens x {len(sweep.labels)} prompts -> {args.output}"
+          + (" (Ray)" if args.ray else ""))
+    if args.top and len(sweep) and sweep.scores is not None:
+        ext = top_bottom_tokens(sweep, k=args.top)
+        for side in ("top", "bottom"):
+            print(f"\n{side} {args.top}:\n{ext.side_by_side(side).map(repr).to_string()}")
     return 0
 
 
 def _run_ray(args: argparse.Namespace, prompts: Any, labels: Any,
-             shard: tuple[int, int] | None, id_range: tuple[int, int] | None) -> int:
+             shard: tuple[int, int] | None, id_range: tuple[int, int] | None) -> Any:
+    """The sweep of the options on Ray actors (the file is written by this process)."""
     from tl_reward.scale.sweeps import SweepJob, run_sweeps
     from tl_reward.sweep.store import parts_dir
     from tl_reward.sweep.vocab_sweep import load_sweep
@@ -135,17 +141,4 @@ def _run_ray(args: argparse.Namespace, prompts: Any, labels: Any,
                    trust_remote_code=args.trust_remote_code)
     run_sweeps([job], executor, unit_chunks=args.unit_chunks, overwrite=args.overwrite,
                progress=True)
-    sweep = load_sweep(args.output)
-    print(f"{len(sweep)} tokens x {len(sweep.labels)} prompts -> {args.output} (Ray)")
-    _print_top(args, sweep)
-    return 0
-
-
-def _print_top(args: argparse.Namespace, sweep: Any) -> None:
-    from tl_reward.sweep.extremes import top_bottom_tokens
-
-    if args.top and len(sweep) and sweep.scores is not None:
-        ext = top_bottom_tokens(sweep, k=args.top)
-        for side in ("top", "bottom"):
-            table = ext.side_by_side(side).map(repr)
-            print(f"\n{side} {args.top}:\n{table.to_string()}")
+    return load_sweep(args.output)

@@ -159,17 +159,6 @@ class BehaviourComparison(ShortRepr):
         return plot_behaviour(self.to_dataframe(), self.rewards)
 
 
-def objective_per_model(objective: str | Mapping[str, str], names: Sequence[str]
-                        ) -> dict[str, str]:
-    """``{model name: objective}`` from one objective for all or a mapping naming each model."""
-    if isinstance(objective, str):
-        return dict.fromkeys(names, objective)
-    if set(objective) != set(names):
-        raise TLRewardError(f"objective names models {sorted(objective)}; the models are "
-                            f"{list(names)} (give one objective per model)")
-    return {n: objective[n] for n in names}
-
-
 def _scores(model: Any, inputs: Sequence[Any], objective: str, batch_size: int) -> np.ndarray:
     return model.rewards(list(inputs), batch_size=batch_size).values(objective).double().numpy()
 
@@ -211,15 +200,13 @@ def model_features(model: Any, corpus: Sequence[Any] | None,
                    readability_layer: int = -1, batch_size: int = 8) -> ModelFeatures:
     """One model's rewards, readability activations and pair margins (the forward passes of
     :func:`compare_models`; :func:`compare_features` does the statistics)."""
-    rewards = acts = margins = None
-    hook = None
+    rewards = acts = margins = hook = None
     if corpus is not None:
         rewards = _scores(model, corpus, objective, batch_size)
         if readability_hook is not None:
-            acts = activations(model, corpus, readability_hook, readability_layer,
-                               batch_size=batch_size)
             hook = (readability_hook.format(layer=readability_layer % model.cfg.n_layers)
                     if "{layer}" in readability_hook else readability_hook)
+            acts = activations(model, corpus, hook, batch_size=batch_size)
     if pairs is not None:
         convs = [c for p in pairs for c in (p.chosen_conversation(), p.rejected_conversation())]
         s = _scores(model, convs, objective, batch_size)
@@ -306,19 +293,11 @@ def features_unit(worker: Worker, spec: Spec, corpus: Sequence[Any] | None,
 
 
 def run_compare_models(
-    models: Mapping[str, Any] | Sequence[Any],
-    data: Sequence[Any] | None = None,
-    *,
-    pairs: Sequence[PreferencePair] | None = None,
-    sweeps: Mapping[str, Any] | None = None,
-    readability_hook: str | None = "blocks.{layer}.hook_resid_post",
-    readability_layer: int = -1,
-    objective: str | Mapping[str, str] = "score",
-    confidence: float = 0.95,
-    seed: int = 0,
-    batch_size: int = 8,
-    rbo_p: float = 0.9,
-    executor: Executor | None = None,
+    models: Mapping[str, Any] | Sequence[Any], data: Sequence[Any] | None = None, *,
+    pairs: Sequence[PreferencePair] | None = None, sweeps: Mapping[str, Any] | None = None,
+    readability_hook: str | None = "blocks.{layer}.hook_resid_post", readability_layer: int = -1,
+    objective: str | Mapping[str, str] = "score", confidence: float = 0.95, seed: int = 0,
+    batch_size: int = 8, rbo_p: float = 0.9, executor: Executor | None = None,
     progress: bool | None = None,
 ) -> BehaviourComparison:
     """:func:`compare_models` with every model's forward passes on ``executor`` (one unit per
@@ -336,9 +315,11 @@ def run_compare_models(
         objectives = [objective] * len(specs)
     elif named is None:
         raise TLRewardError("one objective per model needs the models as {name: model}")
+    elif set(objective) != set(named):
+        raise TLRewardError(f"objective names models {sorted(objective)}; the models are "
+                            f"{list(named)} (give one objective per model)")
     else:
-        per = objective_per_model(objective, list(named))
-        objectives = [per[n] for n in named]
+        objectives = [objective[n] for n in named]
     results: dict[int, tuple[str, ModelFeatures]] = {}
     with (executor or LocalExecutor()).session() as pool:
         run_chunked(pool, features_unit, range(len(specs)),

@@ -81,15 +81,6 @@ def _encode_all(model: Any, inputs: Sequence[Any]) -> list[EncodedInput]:
     return [encode(model.tokenizer, x) for x in inputs]
 
 
-def _pad_id(model: Any) -> int | None:
-    pad = getattr(model, "pad_token_id", None)
-    if pad is None and getattr(model, "tokenizer", None) is not None:
-        pad = model.tokenizer.pad_token_id
-        if pad is None:
-            pad = model.tokenizer.eos_token_id
-    return pad
-
-
 def _row_index(positions: Positions, batch_pos: torch.Tensor, lengths: torch.Tensor,
                starts: Sequence[int | None], offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if positions == "pooled":
@@ -130,32 +121,27 @@ class LayerGrams:
 
     def labels(self) -> list[str]:
         """Short labels: ``L`` for ``blocks.L.hook_resid_post``, ``embed`` for
-        ``blocks.0.hook_resid_pre``, ``final_norm`` for ``ln_final.hook_normalized``, else the
-        hook name."""
-        return [hook_label(h) for h in self.hooks]
-
-
-def hook_label(hook: str) -> str:
-    """Short label of a hook point (see :meth:`LayerGrams.labels`)."""
-    if m := re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", hook):
-        return m.group(1)
-    return {"blocks.0.hook_resid_pre": "embed", "ln_final.hook_normalized": "final_norm",
-            "hook_embed": "embed"}.get(hook, hook)
+        ``blocks.0.hook_resid_pre`` and ``hook_embed``, ``final_norm`` for
+        ``ln_final.hook_normalized``, else the hook name."""
+        short = {"blocks.0.hook_resid_pre": "embed", "ln_final.hook_normalized": "final_norm",
+                 "hook_embed": "embed"}
+        return [m.group(1) if (m := re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", h))
+                else short.get(h, h) for h in self.hooks]
 
 
 @torch.no_grad()
 def read_rows(
-    model: Any,
-    encoded: Sequence[EncodedInput],
-    hooks: Sequence[str],
-    positions: Positions = "pooled",
-    batch_size: int = 8,
+    model: Any, encoded: Sequence[EncodedInput], hooks: Sequence[str],
+    positions: Positions = "pooled", batch_size: int = 8,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Rows of each hook point's activations (float32, CPU, input order) and the input of each
     row, in one pass over length-sorted, right-padded batches; the forward stops after the last
     requested block, and only the selected rows are copied out of each batch."""
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))
-    pad, device = _pad_id(model), model.cfg.device
+    pad, device = getattr(model, "pad_token_id", None), model.cfg.device
+    if pad is None and getattr(model, "tokenizer", None) is not None:  # a causal LM's, or EOS
+        pad = model.tokenizer.pad_token_id
+        pad = model.tokenizer.eos_token_id if pad is None else pad
     rows: dict[str, list[torch.Tensor]] = {h: [] for h in hooks}
     items: list[np.ndarray] = []
     blocks = [int(m.group(1)) for h in hooks if (m := _BLOCK.match(h))]
@@ -177,13 +163,10 @@ def read_rows(
                  c: torch.Tensor = c) -> None:  # name as asked: a bridge names its aliases
             rows[name].append(act[r, c].float().cpu())
 
-        kwargs: dict[str, Any] = {"attention_mask": batch.attention_mask}
-        if stop is not None and stop < model.cfg.n_layers:
-            kwargs["stop_at_layer"] = stop
-        else:
-            kwargs["return_type"] = None
+        early = stop is not None and stop < model.cfg.n_layers
         model.run_with_hooks(batch.tokens, fwd_hooks=[(h, partial(grab, name=h)) for h in hooks],
-                             **kwargs)
+                             attention_mask=batch.attention_mask,
+                             **({"stop_at_layer": stop} if early else {"return_type": None}))
     item_of_row = np.concatenate(items)
     # rows in input order (stable within an input, so response tokens keep their order)
     perm = np.argsort(item_of_row, kind="stable")
@@ -292,10 +275,8 @@ class LayerComparison(ShortRepr):
 
 
 def compare_grams(
-    grams_a: LayerGrams,
-    grams_b: LayerGrams | None = None,
-    measure: str | Sequence[str] = ("debiased_cka", "rv2"),
-    n_permutations: int = 199,
+    grams_a: LayerGrams, grams_b: LayerGrams | None = None,
+    measure: str | Sequence[str] = ("debiased_cka", "rv2"), n_permutations: int = 199,
     seed: int = 0,
 ) -> LayerComparison:
     """Similarity maps from precomputed :class:`LayerGrams` (``grams_b=None``: A with itself)."""
@@ -505,19 +486,11 @@ def _run(jobs: Sequence[tuple[Spec, Sequence[int] | None]], inputs: Sequence[Any
 
 
 def run_layer_grams(
-    models: str | Path | Spec | Sequence[str | Path | Spec],
-    inputs: Sequence[Any],
-    hook: str | Sequence[str] = DEFAULT_HOOK,
-    layers: Sequence[int] | None = None,
-    positions: Positions = "pooled",
-    batch_size: int = 8,
-    layer_chunk: int | None = None,
-    executor: Executor | None = None,
-    *,
-    cache_dir: str | Path | None = None,
-    batches_per_unit: int = 4,
-    max_gram_bytes: float = 4e9,
-    progress: bool | None = None,
+    models: str | Path | Spec | Sequence[str | Path | Spec], inputs: Sequence[Any],
+    hook: str | Sequence[str] = DEFAULT_HOOK, layers: Sequence[int] | None = None,
+    positions: Positions = "pooled", batch_size: int = 8, layer_chunk: int | None = None,
+    executor: Executor | None = None, *, cache_dir: str | Path | None = None,
+    batches_per_unit: int = 4, max_gram_bytes: float = 4e9, progress: bool | None = None,
     callback: Callable[[int, int, int], None] | None = None,
 ) -> list[LayerGrams]:
     """:func:`layer_grams` of every model (loaded, or a hub name, local directory or
@@ -543,24 +516,14 @@ def run_layer_grams(
 
 
 def run_compare_layers(
-    model_a: str | Path | Spec,
-    model_b: str | Path | Spec | None = None,
-    inputs: Sequence[Any] = (),
-    measure: str | Sequence[str] = ("debiased_cka", "rv2"),
-    hook: str | Sequence[str] = DEFAULT_HOOK,
-    layers_a: Sequence[int] | None = None,
-    layers_b: Sequence[int] | None = None,
-    positions: Positions = "pooled",
-    n_permutations: int = 199,
-    seed: int = 0,
-    batch_size: int = 8,
-    layer_chunk: int | None = None,
-    executor: Executor | None = None,
-    *,
-    cache_dir: str | Path | None = None,
-    batches_per_unit: int = 4,
-    progress: bool | None = None,
-    callback: Callable[[int, int, int], None] | None = None,
+    model_a: str | Path | Spec, model_b: str | Path | Spec | None = None,
+    inputs: Sequence[Any] = (), measure: str | Sequence[str] = ("debiased_cka", "rv2"),
+    hook: str | Sequence[str] = DEFAULT_HOOK, layers_a: Sequence[int] | None = None,
+    layers_b: Sequence[int] | None = None, positions: Positions = "pooled",
+    n_permutations: int = 199, seed: int = 0, batch_size: int = 8,
+    layer_chunk: int | None = None, executor: Executor | None = None, *,
+    cache_dir: str | Path | None = None, batches_per_unit: int = 4,
+    progress: bool | None = None, callback: Callable[[int, int, int], None] | None = None,
 ) -> LayerComparison:
     """:func:`compare_layers` with the activations read on
     ``executor`` (see :func:`run_layer_grams`); the similarity maps are computed here."""

@@ -43,21 +43,16 @@ MEASURES: tuple[str, ...] = ("rv", "rv2", "linear_cka", "debiased_cka")
 Matrix = np.ndarray | torch.Tensor
 
 
-def as_float64(x: Matrix | Any, name: str = "X") -> np.ndarray:
-    """A 2-D float64 numpy copy of ``x`` (a 1-D input becomes one column)."""
-    arr = (x.detach().cpu().double().numpy() if isinstance(x, torch.Tensor)
-           else np.asarray(x, dtype=np.float64))
-    if arr.ndim == 1:
-        arr = arr[:, None]
-    if arr.ndim != 2:
-        raise TLRewardError(f"{name} must be a [n, p] matrix, got shape {arr.shape}")
-    if not np.isfinite(arr).all():
-        raise TLRewardError(f"{name} has NaN or infinite values; drop or fix those rows first")
-    return arr
-
-
 def _check_pair(X: Matrix, Y: Matrix) -> tuple[np.ndarray, np.ndarray]:
-    x, y = as_float64(X, "X"), as_float64(Y, "Y")
+    """X and Y as 2-D float64 numpy copies (a 1-D input becomes one column), checked."""
+    x, y = (a.detach().cpu().double().numpy() if isinstance(a, torch.Tensor)
+            else np.asarray(a, dtype=np.float64) for a in (X, Y))
+    for name, arr in (("X", x), ("Y", y)):
+        if arr.ndim not in (1, 2):
+            raise TLRewardError(f"{name} must be a [n, p] matrix, got shape {arr.shape}")
+        if not np.isfinite(arr).all():
+            raise TLRewardError(f"{name} has NaN or infinite values; drop or fix those rows first")
+    x, y = (a[:, None] if a.ndim == 1 else a for a in (x, y))
     if x.shape[0] != y.shape[0]:
         raise TLRewardError(f"X and Y must describe the same items (rows): {x.shape[0]} rows vs "
                             f"{y.shape[0]}")
@@ -207,14 +202,6 @@ class PermutationResult(ShortRepr):
         return plot_permutation_null(self.null, self.observed, self.measure, self.p_value)
 
 
-def permutation_p_value(observed: float, null: np.ndarray) -> float:
-    """``(1 + #{null >= observed}) / (1 + B)`` (NaN when observed is NaN)."""
-    if np.isnan(observed):
-        return float("nan")
-    tol = 1e-12 * max(1.0, abs(observed))  # ties up to float error count as >= (conservative)
-    return float((1 + np.sum(null >= observed - tol)) / (1 + len(null)))
-
-
 def permutations(n: int, n_permutations: int, seed: int) -> np.ndarray:
     """``[B, n]`` seeded random row permutations."""
     rng = np.random.default_rng(seed)
@@ -223,11 +210,8 @@ def permutations(n: int, n_permutations: int, seed: int) -> np.ndarray:
 
 
 def permutation_test(
-    stat: str | Callable[[np.ndarray, np.ndarray], float],
-    X: Float[Matrix, "n p"],
-    Y: Float[Matrix, "n q"],
-    n_permutations: int = 999,
-    seed: int = 0,
+    stat: str | Callable[[np.ndarray, np.ndarray], float], X: Float[Matrix, "n p"],
+    Y: Float[Matrix, "n q"], n_permutations: int = 999, seed: int = 0,
 ) -> PermutationResult:
     """Permutation null of a similarity: permute the rows of Y, B times.
 
@@ -254,4 +238,6 @@ def permutation_test(
         name = getattr(stat, "__name__", "statistic")
         observed = float(stat(x, y))
         null = np.array([float(stat(x, y[p])) for p in perms])
-    return PermutationResult(name, observed, null, permutation_p_value(observed, null))
+    tol = 1e-12 * max(1.0, abs(observed))  # ties up to float error count as >= (conservative)
+    p = (1 + np.sum(null >= observed - tol)) / (1 + len(null))  # NaN when observed is NaN
+    return PermutationResult(name, observed, null, float("nan") if np.isnan(observed) else float(p))

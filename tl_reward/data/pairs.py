@@ -73,10 +73,6 @@ class TokenizedPair:
         """Ids of ``side`` as a ``[1, pos]`` tensor."""
         return torch.tensor([self.ids(side)], dtype=torch.long)
 
-    def aligned_positions(self, side: str) -> Int[torch.Tensor, " n_aligned"]:
-        """The aligned positions of ``side``, in the same order for both sides."""
-        return self.aligned[:, _check_side(side)]
-
     def map_position(self, pos: int, from_side: str) -> int | None:
         """The partner of position ``pos`` of ``from_side`` in the other reply, or ``None``."""
         col = _check_side(from_side)
@@ -127,10 +123,8 @@ def align_ids(chosen_ids: Sequence[int], rejected_ids: Sequence[int],
             prompt_len += 1
     prompt_len = min(prompt_len, len(c) - 1, len(r) - 1)
     if c[:prompt_len] != r[:prompt_len]:
-        raise TLRewardError(
-            "chosen and rejected differ inside the prompt; a preference pair must share the "
-            "prompt (same conversation up to the final reply)"
-        )
+        raise TLRewardError("chosen and rejected differ inside the prompt; a preference pair must "
+                            "share the prompt (same conversation up to the final reply)")
     n_tail = min(len(c), len(r)) - prompt_len
     rows = [(i, i) for i in range(prompt_len)]
     rows += [(len(c) - n_tail + k, len(r) - n_tail + k) for k in range(n_tail)]
@@ -147,14 +141,10 @@ def tokenize_pair(model: Any, pair: PreferencePair | tuple[Any, str, str]) -> To
     string or a conversation.
     """
     if isinstance(pair, tuple):
-        prompt, chosen, rejected = pair
-        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        pair = PreferencePair(prompt=msgs, chosen=chosen, rejected=rejected)
+        pair = PreferencePair.from_prompt(*pair)
     if not isinstance(pair, PreferencePair):
-        raise TypeError(
-            "pass a PreferencePair or a (prompt, chosen, rejected) tuple, got "
-            f"{type(pair).__name__}"
-        )
+        raise TypeError("pass a PreferencePair or a (prompt, chosen, rejected) tuple, got "
+                        f"{type(pair).__name__}")
     ec = model.encode(pair.chosen_conversation())
     er = model.encode(pair.rejected_conversation())
     start = ec.response_start if ec.response_start == er.response_start else None
@@ -200,8 +190,7 @@ def as_pair_batch(model: Any, pairs: Any) -> PairBatch:
     if isinstance(pairs, PairBatch):
         return pairs
     if isinstance(pairs, (TokenizedPair, PreferencePair)) or (
-        isinstance(pairs, tuple) and len(pairs) == 3 and isinstance(pairs[1], str)
-    ):
+            isinstance(pairs, tuple) and len(pairs) == 3 and isinstance(pairs[1], str)):
         pairs = [pairs]
     return PairBatch([p if isinstance(p, TokenizedPair) else tokenize_pair(model, p)
                       for p in pairs])

@@ -31,16 +31,14 @@ class PreferencePair:
             if not str(getattr(self, name)).strip():
                 raise EmptyResponseError(
                     f"the {name} response is empty; every pair needs two non-empty replies "
-                    "(drop the pair, or pass skip_invalid=True to the loader)"
-                )
+                    "(drop the pair, or pass skip_invalid=True to the loader)")
 
     @classmethod
-    def from_prompt(
-        cls, prompt: str, chosen: str, rejected: str, system: str | None = None
-    ) -> PreferencePair:
-        """Build a single-turn pair from a user prompt string."""
+    def from_prompt(cls, prompt: str | Conversation, chosen: str, rejected: str,
+                    system: str | None = None) -> PreferencePair:
+        """Build a pair from a user prompt string (one turn) or the conversation so far."""
         msgs: Conversation = [] if system is None else [Message(role="system", content=system)]
-        msgs.append(Message(role="user", content=prompt))
+        msgs += [Message(role="user", content=prompt)] if isinstance(prompt, str) else prompt
         return cls(prompt=msgs, chosen=chosen, rejected=rejected)
 
     def chosen_conversation(self) -> Conversation:

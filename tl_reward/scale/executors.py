@@ -18,6 +18,7 @@ per-model state (plans, prefix caches) between units. A started pool is itself a
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -218,8 +219,6 @@ class _RayPool(Pool):
 
     def stream(self, fn: Callable[..., Any], units: Sequence[tuple[Any, ...]],
                on_result: Callable[[int, Any], None]) -> None:
-        import time
-
         ray = self.ray
         dead = tuple(getattr(ray.exceptions, n) for n in ("RayActorError", "ActorUnavailableError")
                      if hasattr(ray.exceptions, n))  # died, or restarting when handed the unit
@@ -311,7 +310,10 @@ class RayExecutor:
     crash_marker: str | None = None
     init_kwargs: dict[str, Any] = field(default_factory=dict)
 
-    def _ray(self) -> Any:
+    @contextmanager
+    def session(self) -> Iterator[Pool]:
+        """A fresh actor pool for the duration of a job (killed at the end); each actor loads
+        the model at its first unit."""
         try:
             import ray
         except ImportError as exc:
@@ -321,11 +323,6 @@ class RayExecutor:
         if not ray.is_initialized():
             kw = {"include_dashboard": False, "log_to_driver": False, **self.init_kwargs}
             ray.init(address=self.address, **kw)
-        return ray
-
-    def workers(self) -> list[Any]:
-        """Start the actor pool (one model load per actor happens at its first unit)."""
-        ray = self._ray()
         n = self.num_workers
         if n is None:
             res = ray.cluster_resources()
@@ -335,14 +332,8 @@ class RayExecutor:
             num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_restarts=-1,
             max_task_retries=self.max_task_retries)
         threads = self.threads or max(1, int(self.num_cpus))
-        return [actor.remote(threads, None, self.crash_after_units, self.crash_marker)
-                for _ in range(n)]
-
-    @contextmanager
-    def session(self) -> Iterator[Pool]:
-        """A fresh actor pool for the duration of a job (killed at the end)."""
-        ray = self._ray()
-        actors = self.workers()
+        actors = [actor.remote(threads, None, self.crash_after_units, self.crash_marker)
+                  for _ in range(n)]
         try:
             yield _RayPool(ray, actors, self.max_unit_retries)
         finally:

@@ -21,19 +21,11 @@ K = TypeVar("K", bound=Hashable)
 
 
 def run_chunked(
-    pool: Pool,
-    fn: Callable[..., Sequence[Any]],
-    keys: Sequence[K],
-    unit_args: Callable[[list[K]], tuple[Any, ...]],
-    deliver: Callable[[K, Any, bool], None],
-    *,
-    per_unit: int = 1,
-    group: Callable[[K], Hashable] | None = None,
-    load: Callable[[K], Any | None] | None = None,
-    save: Callable[[K, Any], None] | None = None,
-    desc: str = "chunks",
-    unit: str = "chunk",
-    progress: bool | None = None,
+    pool: Pool, fn: Callable[..., Sequence[Any]], keys: Sequence[K],
+    unit_args: Callable[[list[K]], tuple[Any, ...]], deliver: Callable[[K, Any, bool], None], *,
+    per_unit: int = 1, group: Callable[[K], Hashable] | None = None,
+    load: Callable[[K], Any | None] | None = None, save: Callable[[K, Any], None] | None = None,
+    desc: str = "chunks", unit: str = "chunk", progress: bool | None = None,
 ) -> None:
     """Give every key in ``keys`` its result, exactly once.
 

@@ -35,6 +35,7 @@ from tl_reward.scale.executors import (
 from tl_reward.scale.jobs import run_chunked
 from tl_reward.store import digest
 from tl_reward.sweep.store import SweepSpec, SweepWriter
+from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, plan_sweep, prefix_caches, score_chunk
 
 __all__ = ["LocalExecutor", "RayExecutor", "RayNotInstalledError", "SweepJob", "run_sweeps"]
 
@@ -61,20 +62,11 @@ class SweepJob:
     id_range: tuple[int, int] | None = None
     trust_remote_code: bool = False
 
-    def spec(self) -> ModelSpec:
-        """What a worker loads."""
-        return ModelSpec(self.model, self.dtype, self.trust_remote_code)
-
-    def key(self) -> str:
-        """A stable identifier of the job (everything that determines its rows)."""
-        return digest(asdict(self))  # a Path as its text
-
 
 def _plan(worker: Worker, job: SweepJob) -> tuple[Any, Any, list[Any]]:
     """The worker's model, the job's plan and its prefix caches (kept on the worker)."""
-    from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, plan_sweep
-
-    model, key = worker.model(job.spec()), ("sweep", job.key())
+    model = worker.model(ModelSpec(job.model, job.dtype, job.trust_remote_code))
+    key = ("sweep", digest(asdict(job)))  # everything that determines its rows; a Path as text
     if key not in worker.state:
         worker.state[key] = (plan_sweep(
             model, PAPER_PROMPTS if job.prompts is None else job.prompts,
@@ -92,8 +84,6 @@ def plan_job(worker: Worker, job: SweepJob) -> tuple[SweepSpec, int]:
 
 def score_unit(worker: Worker, job: SweepJob, chunks: Sequence[int]) -> list[pa.Table]:
     """Score ``chunks`` of ``job`` (run on a worker): their rows, in order."""
-    from tl_reward.sweep.vocab_sweep import prefix_caches, score_chunk
-
     model, plan, caches = _plan(worker, job)
     if not caches:
         caches.extend(prefix_caches(model, plan))
@@ -133,12 +123,8 @@ def _run(pool: Pool, group: Sequence[SweepJob], overwrite: bool, unit_chunks: in
 
 
 def run_sweeps(
-    jobs: Sequence[SweepJob] | SweepJob,
-    executor: Executor | None = None,
-    *,
-    unit_chunks: int = 4,
-    overwrite: bool = False,
-    progress: bool | None = None,
+    jobs: Sequence[SweepJob] | SweepJob, executor: Executor | None = None, *,
+    unit_chunks: int = 4, overwrite: bool = False, progress: bool | None = None,
     callback: Callable[[SweepJob, int], None] | None = None,
 ) -> list[Path]:
     """Run every job to its finished sweep file and return the files' paths.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import plotly.graph_objects as go
 
 
 def _fmt_p(p: float) -> str:
@@ -19,8 +20,6 @@ def _fmt_p(p: float) -> str:
 def probe_forest(report: Any, standardised: bool = False, title: str | None = None) -> Any:
     """Forest plot: per dimension the mean delta and its sign-flip interval (``standardised``:
     in units of the natural-reply sd, no interval), labelled with n, effect size and adjusted p."""
-    import plotly.graph_objects as go
-
     stats = list(report.stats)
     suffix = "_std" if standardised else ""
     mean = np.array([getattr(s, "mean" + suffix) for s in stats])
@@ -49,8 +48,6 @@ def probe_forest(report: Any, standardised: bool = False, title: str | None = No
 
 def effect_size_forest(report: Any, title: str | None = None) -> Any:
     """Paired effect sizes (mean / sd, ddof 1; no interval); undefined ones marked."""
-    import plotly.graph_objects as go
-
     stats = list(report.stats)
     es = np.array([s.effect_size for s in stats])
     labels = [f"{s.dimension} (n={s.n})" for s in stats]
@@ -69,8 +66,6 @@ def effect_size_forest(report: Any, title: str | None = None) -> Any:
 
 def distortion_chart(result: Any, title: str | None = None) -> Any:
     """Sensitivity per dimension (natural-sd units, no interval); the Gini index in the title."""
-    import plotly.graph_objects as go
-
     fig = go.Figure(go.Bar(x=list(result.dimensions), y=np.asarray(result.sensitivity)))
     fig.update_layout(
         title=title or (f"Sensitivity per dimension (mean delta / natural sd); "
@@ -83,8 +78,6 @@ def distortion_chart(result: Any, title: str | None = None) -> Any:
 
 def cascade_heatmap(result: Any, title: str | None = None) -> Any:
     """Heatmap of the pairwise correlations, each cell labelled with r, n and adjusted p."""
-    import plotly.graph_objects as go
-
     dims = list(result.dimensions)
     k = len(dims)
     z = np.eye(k)

@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 
 def plot_permutation_null(null: np.ndarray, observed: float, measure: str, p_value: float
                           ) -> Any:
     """Histogram of a permutation null with the observed value as a vertical line."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     fig.add_histogram(x=np.asarray(null), nbinsx=40, name="null (rows of Y permuted)")
     fig.add_vline(x=observed, line_color="#e76f51", line_width=3,
@@ -26,8 +26,6 @@ def plot_layer_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequ
                     row_title: str, col_title: str, title: str,
                     zmin: float | None = -1.0, zmax: float | None = 1.0) -> Any:
     """One heatmap per named ``[rows, cols]`` matrix, side by side, shared colour scale."""
-    from plotly.subplots import make_subplots
-
     names = list(maps)
     fig = make_subplots(rows=1, cols=len(names), subplot_titles=names,
                         horizontal_spacing=0.08)
@@ -46,8 +44,6 @@ def plot_layer_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequ
 def plot_behaviour(table: Any, rewards: dict[str, np.ndarray]) -> Any:
     """The first two models' rewards against each other (left) and agreement measures per model
     pair with CIs (right, beside the legend of model pairs)."""
-    from plotly.subplots import make_subplots
-
     names = list(rewards)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.4, 0.6],
                         subplot_titles=[f"Rewards: {names[0]} vs {names[1]}"

@@ -6,24 +6,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import plotly.graph_objects as go
 
 
 def concept_alignment_figure(rows: Sequence[dict[str, Any]],
                              title: str = "Concept alignment at the head") -> Any:
     """Bars of the mean slope (reward change per unit of concept spread) with its CI, one per
     (concept, objective); hover shows the cosines and the separability."""
-    import plotly.graph_objects as go
-
     labels = [f"{r['concept']} / {r['objective']}" for r in rows]
     slope = np.array([r["slope"] for r in rows])
     lo = np.array([r["slope_ci_low"] for r in rows])
     hi = np.array([r["slope_ci_high"] for r in rows])
-    hover = [
-        f"cos(head) {r['cosine_head']:+.3f}<br>cos(local) {r['cosine_local']:+.3f}<br>"
-        + (f"separability {r['separability']:.3f} [{r['separability_ci_low']:.3f}, "
-           f"{r['separability_ci_high']:.3f}]" if "separability" in r else "")
-        for r in rows
-    ]
+    hover = [f"cos(head) {r['cosine_head']:+.3f}<br>cos(local) {r['cosine_local']:+.3f}<br>"
+             + (f"separability {r['separability']:.3f} [{r['separability_ci_low']:.3f}, "
+                f"{r['separability_ci_high']:.3f}]" if "separability" in r else "") for r in rows]
     fig = go.Figure(go.Bar(x=labels, y=slope, hovertext=hover,
                            error_y={"type": "data", "symmetric": False, "array": hi - slope,
                                     "arrayminus": slope - lo}))
@@ -35,8 +31,6 @@ def steering_figure(alphas: np.ndarray, change: np.ndarray, predicted_slope: np.
                     concept: str, objective: str) -> Any:
     """Mean reward change (with the 10-90% band over inputs) against the steering strength,
     and the first-order prediction ``alpha * mean slope``."""
-    import plotly.graph_objects as go
-
     order = np.argsort(alphas)
     a = np.asarray(alphas)[order]
     c = np.asarray(change)[order]

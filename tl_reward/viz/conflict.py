@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import plotly.graph_objects as go
 
 
 def conflict_matrix_figure(matrix: np.ndarray, terms: Sequence[str], view: str,
@@ -13,8 +14,6 @@ def conflict_matrix_figure(matrix: np.ndarray, terms: Sequence[str], view: str,
     """Symmetric ``[T, T]`` matrix on a diverging scale centred at 0 (cosines and correlations
     in [-1, 1]; a disagreement share in [0, 1] is shown on the same scale); ``labels[(a, b)]``
     (e.g. verdict and interval) appear on hover."""
-    import plotly.graph_objects as go
-
     labels = labels or {}
     t = list(terms)
     text = [[labels.get((a, b)) or labels.get((b, a)) or "" for b in t] for a in t]

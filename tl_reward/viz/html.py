@@ -59,14 +59,6 @@ def embedded_library(name: str, js: str) -> str:
     return f'<script>tlr.load("{name}", "{data}");</script>'
 
 
-def circuitsvis_js() -> str:
-    """circuitsvis's JavaScript bundle (defines ``CircuitsVis``)."""
-    import circuitsvis
-
-    js = (Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js").read_text("utf-8")
-    return re.sub(r"//# sourceMappingURL=\S*", "", js)
-
-
 def view_fragment(view: Any, offline: bool = True) -> str:
     """A circuitsvis view as HTML: its container closed, then the call that renders it.
 
@@ -161,8 +153,13 @@ def save_html(path: str | Path, *parts: Any, title: str = "tl_reward report",
     if offline:
         from plotly.offline import get_plotlyjs
 
-        head = _LOADER + (embedded_library("Plotly", get_plotlyjs()) if any(figs) else "") + (
-            embedded_library("CircuitsVis", circuitsvis_js()) if any(map(is_view, parts)) else "")
+        head = _LOADER + (embedded_library("Plotly", get_plotlyjs()) if any(figs) else "")
+        if any(map(is_view, parts)):  # circuitsvis's bundle (defines CircuitsVis), no source map
+            import circuitsvis
+
+            js = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
+            head += embedded_library("CircuitsVis", re.sub(r"//# sourceMappingURL=\S*", "",
+                                                           js.read_text("utf-8")))
     doc = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}"
            f"</title><style>{_CSS}</style>{head}</head><body><h1>{html.escape(title)}</h1>\n"
            + "\n".join(body) + "\n</body></html>\n")

@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import plotly.graph_objects as go
 import torch
 
 
 def lens_figure(values: dict[str, torch.Tensor], layer_names: Sequence[str],
                 title: str = "Reward lens", labels: Sequence[str] | None = None) -> Any:
     """One line per input and convention: ``values[conv]`` is ``[N, L + 1]``."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     dash = {"frozen": "solid", "recompute": "dot"}
     for conv, vals in values.items():
@@ -28,8 +27,6 @@ def differential_figure(diff: torch.Tensor, crystallisation: torch.Tensor,
                         layer_names: Sequence[str], title: str = "Differential reward lens"
                         ) -> Any:
     """``D_l`` per pair (``[N, L + 1]``) with each pair's crystallisation layer marked."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for i in range(diff.shape[0]):
         fig.add_trace(go.Scatter(x=list(layer_names), y=diff[i].tolist(), mode="lines",
@@ -48,8 +45,6 @@ def differential_figure(diff: torch.Tensor, crystallisation: torch.Tensor,
 def r2_figure(curves: dict[str, torch.Tensor], layer_names: Sequence[str],
               title: str = "Held-out R^2") -> Any:
     """R^2 per layer for several lenses (clipped below at -1 for readability)."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for name, vals in curves.items():
         fig.add_trace(go.Scatter(x=list(layer_names), y=vals.clamp(min=-1).tolist(),

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
 import torch
 
 #: published reward-lens means (|DRA| vs |whole-sublayer noising|)
@@ -17,8 +19,6 @@ def heatmap(values: torch.Tensor, x_name: str, y_name: str, title: str,
             zlabel: str = "effect") -> Any:
     """A 2-D heatmap on a diverging scale centred at 0; both axes categorical (a tick per row or
     column index, never a half layer), labelled ``0..n-1`` where no labels are given."""
-    import plotly.express as px
-
     vals = values.detach().float().numpy()
     lim = float(abs(vals).max()) or 1.0
     xs, ys = ([str(v) for v in (labels if labels is not None else range(n))]
@@ -33,8 +33,6 @@ def heatmap(values: torch.Tensor, x_name: str, y_name: str, title: str,
 
 def patching_figure(result: Any) -> Any:
     """The figure of a :class:`~tl_reward.analysis.patching.PatchingResult`."""
-    import plotly.express as px
-
     eff = result.effect
     title = (f"{result.mode} patching of {result.site} ({result.objective}; "
              f"clean margin {result.delta:+.3f})")
@@ -55,8 +53,6 @@ def patching_figure(result: Any) -> Any:
 def faithfulness_figure(summary: pd.DataFrame, title: str = "Faithfulness") -> Any:
     """Mean Spearman rho per (observational, causal) pairing with its sign-flip CI; the
     published reward-lens values are drawn as reference lines."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for kind, sub in summary.groupby("kind", sort=False):
         x = [f"{o} vs {c}" for o, c in zip(sub.observational, sub.causal, strict=True)]

@@ -5,33 +5,34 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from tl_reward.viz.html import closed_view
+from tl_reward.viz.tokens import token_labels
 
 
 def attribution_bar(df: pd.DataFrame, b_dec: float, error: float, title: str) -> Any:
     """Horizontal bars: each top feature's contribution, then the ``b_dec`` and error terms."""
-    import plotly.graph_objects as go
-
-    labels = [f"f{f}" for f in df.feature] + ["b_dec", "error"]
-    values = list(df.contribution) + [b_dec, error]
-    colors = ["#1f77b4" if v >= 0 else "#d62728" for v in df.contribution] + ["#7f7f7f"] * 2
-    fig = go.Figure(go.Bar(x=values, y=labels, orientation="h", marker_color=colors))
-    fig.update_layout(title=title, xaxis_title="contribution to the reward",
-                      yaxis={"autorange": "reversed", "type": "category", "dtick": 1},
-                      height=max(300, 22 * len(labels)))
-    return fig
+    return _bars([f"f{f}" for f in df.feature] + ["b_dec", "error"],
+                 [*df.contribution, b_dec, error], title, "contribution to the reward", grey=2)
 
 
 def pair_difference_bar(df: pd.DataFrame, title: str) -> Any:
     """Bars of each feature's mean chosen-minus-rejected contribution (sorted by magnitude)."""
-    import plotly.graph_objects as go
-
-    labels = [f"f{f}" for f in df.feature]
-    colors = ["#1f77b4" if v >= 0 else "#d62728" for v in df.mean_difference]
     hover = [f"favours chosen in {p:.0%} of {n} pairs where active"
              for p, n in zip(df.frac_favours_chosen, df.n_pairs_active, strict=True)]
-    fig = go.Figure(go.Bar(x=list(df.mean_difference), y=labels, orientation="h",
-                           marker_color=colors, hovertext=hover))
-    fig.update_layout(title=title, xaxis_title="mean contribution, chosen - rejected",
+    return _bars([f"f{f}" for f in df.feature], list(df.mean_difference), title,
+                 "mean contribution, chosen - rejected", hover=hover)
+
+
+def _bars(labels: list[str], values: list[float], title: str, x_title: str, grey: int = 0,
+          hover: list[str] | None = None) -> Any:
+    """Horizontal bars, first on top: blue at or above 0, red below, the last ``grey`` grey."""
+    colors = ["#1f77b4" if v >= 0 else "#d62728" for v in values[:len(values) - grey]]
+    fig = go.Figure(go.Bar(x=values, y=labels, orientation="h", hovertext=hover,
+                           marker_color=colors + ["#7f7f7f"] * grey))
+    fig.update_layout(title=title, xaxis_title=x_title,
                       yaxis={"autorange": "reversed", "type": "category", "dtick": 1},
                       height=max(300, 22 * len(labels)))
     return fig
@@ -39,8 +40,6 @@ def pair_difference_bar(df: pd.DataFrame, title: str) -> Any:
 
 def ablation_scatter(check: Any) -> Any:
     """Predicted (attribution) against actual (ablation) change, with ``y = x``."""
-    import plotly.graph_objects as go
-
     pred, act = check.predicted.tolist(), check.actual.tolist()
     lo, hi = min(pred + act + [0.0]), max(pred + act + [0.0])
     text = [f"{check.kind} {i}, feature {f}" for i, f in
@@ -49,15 +48,13 @@ def ablation_scatter(check: Any) -> Any:
         go.Scatter(x=pred, y=act, mode="markers", text=text, name="single features"),
         go.Scatter(x=check.joint_predicted.tolist(), y=check.joint_actual.tolist(),
                    mode="markers", marker_symbol="diamond", name="top features together"),
-        go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dash"}, name="y = x"),
-    ])
+        go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dash"}, name="y = x")])
     what = "margin" if check.kind == "pair" else "reward"
     fig.update_layout(
         title=(f"Ablation check at {check.hook_name}: Pearson {check.pearson:.3f}, "
                f"Spearman {check.spearman:.3f}"),
         xaxis_title=f"predicted {what} change ({check.method} attribution)",
-        yaxis_title=f"actual {what} change (ablation)",
-    )
+        yaxis_title=f"actual {what} change (ablation)")
     return fig
 
 
@@ -68,14 +65,10 @@ def feature_dashboard(views: list[Any]) -> Any:
 
     if not views:
         raise ValueError("no feature views to show")
-    from tl_reward.viz.tokens import token_labels
-
     toks = [[[token_labels(c) for c in v.examples.context_tokens] or [[""]] for v in views]]
     acts = [[list(v.examples.context_activations) or [[0.0]] for v in views]]
     labels = [f"{v.feature} (align {v.reward_alignment:+.2f}, ablation "
               f"{v.mean_ablation_effect:+.3f})" for v in views]
-    from tl_reward.viz.html import closed_view
-
     return closed_view(topk_samples(tokens=toks, activations=acts, zeroth_dimension_name="SAE",
                                     first_dimension_name="Feature",
                                     zeroth_dimension_labels=[views[0].hook_name],
@@ -84,8 +77,6 @@ def feature_dashboard(views: list[Any]) -> Any:
 
 def ablation_effect_scatter(view: Any) -> Any:
     """Reward change when the feature is ablated against its max activation, per item."""
-    import plotly.graph_objects as go
-
     df = view.ablation
     fig = go.Figure(go.Scatter(x=list(df.max_activation), y=list(df.reward_change),
                                mode="markers", text=[f"item {i}" for i in df.item]))
@@ -98,9 +89,6 @@ def ablation_effect_scatter(view: Any) -> Any:
 
 def feature_summary_bars(summary: pd.DataFrame) -> Any:
     """Per feature: reward alignment (cosine), direct effect per unit, mean ablation effect."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     labels = [f"f{f}" for f in summary.feature]
     cols = [("reward_alignment", "cosine with reward direction"),
             ("direct_effect_per_unit", "direct effect per unit"),

@@ -16,20 +16,11 @@ import torch
 
 from tl_reward.viz.html import closed_view
 
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet, symbol -> byte (``'Ġ'`` -> 32, ``'Ċ'`` -> 10)."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars, n = list(printable), 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
-
-
-_BYTES = _byte_decoder()
+_PRINTABLE = [*range(33, 127), *range(161, 173), *range(174, 256)]
+#: GPT-2's byte-level BPE alphabet, symbol -> byte (``'Ġ'`` -> 32, ``'Ċ'`` -> 10): a printable
+#: byte is its own symbol, the others are chr(256), chr(257), ... in byte order
+_BYTES = {chr(b): b for b in _PRINTABLE} | {
+    chr(256 + i): b for i, b in enumerate(b for b in range(256) if b not in _PRINTABLE)}
 _SPECIAL = re.compile(r"^(<\|[^|<>]+\|>|<[/]?[a-z_]+>|\[[A-Z]+\])$")
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 #: whitespace made visible in token labels
@@ -63,9 +54,6 @@ def token_labels(tokens: Sequence[str], tokenizer: Any = None) -> list[str]:
     """:func:`token_label` of each token, the tokenizer's special tokens marked."""
     special = set(getattr(tokenizer, "all_special_tokens", None) or ())
     return [token_label(t, special) for t in tokens]
-
-
-clean_token = token_label  # the name earlier views used
 
 
 #: the ends of the diverging scale (plotly's RdBu, as in the head heatmaps) and its middle
@@ -111,11 +99,6 @@ class TokenMap:
     _repr_html_ = __str__
 
 
-def token_reward_map(tokens: Sequence[str], values: torch.Tensor | Sequence[float]) -> TokenMap:
-    """Tokens (tokenizer symbols) coloured by their contribution, with a colour bar."""
-    return TokenMap(token_labels(tokens), torch.as_tensor(values, dtype=torch.float32).tolist())
-
-
 def attribution_token_map(dra: Any, index: int = 0, objective: int | str = 0,
                           head: tuple[int, int] | None = None) -> Any:
     """Reward map of input ``index`` from a ``DirectAttribution`` computed with
@@ -126,7 +109,7 @@ def attribution_token_map(dra: Any, index: int = 0, objective: int | str = 0,
     k = dra._obj(objective)
     per = dra.head_positions[index][..., k]
     vals = per.sum((0, 1)) if head is None else per[head[0], head[1]]
-    return token_reward_map(dra.tokens[index][: vals.shape[0]], vals)
+    return TokenMap(token_labels(dra.tokens[index][: vals.shape[0]]), vals.float().tolist())
 
 
 @torch.no_grad()
@@ -148,8 +131,9 @@ def head_attention_view(model: Any, tokens: torch.Tensor | Sequence[int],
 
 def top_heads(dra: Any, k: int = 4, index: int = 0, objective: int | str = 0
               ) -> list[tuple[int, int]]:
-    """The ``k`` heads with the largest absolute direct contribution for input ``index``."""
-    vals = dra.heads[index, ..., dra._obj(objective)]
+    """The ``k`` heads with the largest absolute direct contribution for input ``index`` (or
+    the largest absolute values of a ``[layer, head]`` tensor ``dra``)."""
+    vals = dra if torch.is_tensor(dra) else dra.heads[index, ..., dra._obj(objective)]
     flat = vals.abs().flatten().argsort(descending=True)[:k]
     n_heads = vals.shape[1]
     return [(int(i) // n_heads, int(i) % n_heads) for i in flat]

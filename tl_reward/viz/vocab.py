@@ -6,6 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 if TYPE_CHECKING:
     from tl_reward.sweep.agreement import ModelAgreement
@@ -18,24 +21,17 @@ if TYPE_CHECKING:
     from tl_reward.sweep.valence import ValenceAsymmetry
 
 
-def _shown(token: str) -> str:
-    """A decoded token made visible: quotes show its spaces, escapes its newlines."""
-    return repr(token)
-
-
 def plot_extremes(extremes: TokenExtremes) -> Any:
     """Top (green) and bottom (red) tokens, one panel per prompt."""
-    from plotly.subplots import make_subplots
-
     n = len(extremes.labels)
     fig = make_subplots(rows=1, cols=n, subplot_titles=extremes.labels, shared_xaxes=False)
     df = extremes.to_dataframe()
     for p, lab in enumerate(extremes.labels):
         part = df[df["prompt"] == lab]
-        top = part[part["side"] == "top"].iloc[::-1]
+        top = part[part["side"] == "top"].iloc[::-1]  # tokens by repr: spaces, \n visible
         bottom = part[part["side"] == "bottom"]
         for side, rows, colour in (("top", top, "#2a9d8f"), ("bottom", bottom, "#e76f51")):
-            fig.add_bar(x=rows["value"], y=[f"{_shown(t)} #{i}" for t, i in
+            fig.add_bar(x=rows["value"], y=[f"{t!r} #{i}" for t, i in
                                             zip(rows["token"], rows["token_id"], strict=True)],
                         orientation="h", marker_color=colour, name=side, showlegend=p == 0,
                         row=1, col=p + 1)
@@ -47,8 +43,6 @@ def plot_extremes(extremes: TokenExtremes) -> Any:
 
 def plot_distribution(dist: ScoreDistribution, bins: int = 80) -> Any:
     """Overlaid histograms of each prompt's values."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for p, lab in enumerate(dist.labels):
         s = dist.stats.loc[lab]
@@ -61,8 +55,6 @@ def plot_distribution(dist: ScoreDistribution, bins: int = 80) -> Any:
 
 def plot_agreement(agree: ModelAgreement, metric: str = "kendall_tau_b") -> Any:
     """Heatmap of one agreement measure and the MDS map of the models."""
-    from plotly.subplots import make_subplots
-
     fig = make_subplots(rows=1, cols=2, subplot_titles=(metric, "MDS of 1 - " + metric))
     mat = getattr(agree, metric).numpy()
     fig.add_heatmap(z=mat, x=agree.models, y=agree.models, zmin=-1, zmax=1,
@@ -77,8 +69,6 @@ def plot_agreement(agree: ModelAgreement, metric: str = "kendall_tau_b") -> Any:
 
 def plot_framing(framing: PromptFraming, a: int | str = 0, b: int | str = -1) -> Any:
     """Heatmap of Kendall's tau-b between prompts, and percentiles under ``a`` against ``b``."""
-    from plotly.subplots import make_subplots
-
     i, j = (framing.labels.index(x) if isinstance(x, str) else x % len(framing.labels)
             for x in (a, b))
     fig = make_subplots(rows=1, cols=2, subplot_titles=(
@@ -89,15 +79,13 @@ def plot_framing(framing: PromptFraming, a: int | str = 0, b: int | str = -1) ->
                     row=1, col=1)
     fig.add_scattergl(x=framing.percentiles[:, i].numpy(), y=framing.percentiles[:, j].numpy(),
                       mode="markers", marker={"size": 3, "opacity": 0.4},
-                      text=[_shown(t) for t in framing.tokens], showlegend=False, row=1, col=2)
+                      text=[repr(t) for t in framing.tokens], showlegend=False, row=1, col=2)
     fig.update_layout(title="Framing: one model across prompts")
     return fig
 
 
 def plot_valence(asym: ValenceAsymmetry) -> Any:
     """Value against valence per word, with the positive and negative fits."""
-    import plotly.graph_objects as go
-
     w = asym.words
     rng = np.random.default_rng(0)
     fig = go.Figure()
@@ -117,8 +105,6 @@ def plot_valence(asym: ValenceAsymmetry) -> Any:
 
 def plot_frequency(freq: FrequencyBias) -> Any:
     """Value against Zipf frequency, coloured by valence, with the controlled slope."""
-    import plotly.express as px
-
     w = freq.words
     fig = px.scatter(w, x="zipf", y="value", color="valence", hover_name="word",
                      color_continuous_scale="RdBu", render_mode="webgl", opacity=0.5)
@@ -133,8 +119,6 @@ def plot_frequency(freq: FrequencyBias) -> Any:
 
 def plot_identity(audit: IdentityAudit) -> Any:
     """Percentile of each term's tokens, by group and prompt."""
-    import plotly.express as px
-
     df = audit.by_term()
     fig = px.strip(df, x="group", y="mean", color="prompt", hover_name="term",
                    labels={"mean": "percentile (0 = worst, 100 = best)"})
@@ -146,8 +130,6 @@ def plot_identity(audit: IdentityAudit) -> Any:
 
 def plot_roundtrip(report: RoundTripReport) -> Any:
     """How many tokens survive the text path; scores of both paths when computed."""
-    import plotly.express as px
-
     s = report.summary()
     counts = s.loc[["text path identical to id path", "BOS duplicated",
                     "token did not survive"]].reset_index(names="outcome")
