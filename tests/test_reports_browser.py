@@ -164,7 +164,7 @@ def test_audit_report_renders_completely(tmp_path: Path) -> None:
                                for i in range(10)))
     out = tmp_path / "audit.html"
     assert main(["audit", "--model", str(model), "--device", "cpu", "--items", str(items),
-                 "--dimensions", "length,flattery,repetition", "--resamples", "200",
+                 "--dimensions", "length,flattery,repetition", "--permutations", "4995",
                  "--no-published", "--output", str(out)]) == 0
     shot = Path(os.environ.get("TL_REWARD_SCREENSHOTS", tmp_path)) / "audit_report.png"
     page = render_page(out, screenshot=shot, height=2600)

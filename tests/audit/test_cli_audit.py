@@ -52,7 +52,7 @@ def test_audit_command_writes_an_offline_report(tmp_path: Path, capsys) -> None:
     items.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "audit.html"
     args = ["audit", "--model", str(path), "--device", "cpu", "--items", str(items),
-            "--dimensions", "length,flattery,repetition", "--resamples", "200",
+            "--dimensions", "length,flattery,repetition", "--permutations", "4995",
             "--no-published", "--output", str(out)]
     assert main(args) == 0
     text = out.read_text()
@@ -103,7 +103,7 @@ def test_audit_command_adds_conflict_and_concepts_for_two_objectives(tmp_path: P
         for i in range(8)))
     out = tmp_path / "audit.html"
     assert main(["audit", "--model", str(path), "--device", "cpu", "--items", str(items),
-                 "--dimensions", "length,flattery", "--resamples", "100", "--no-published",
+                 "--dimensions", "length,flattery", "--permutations", "4995", "--no-published",
                  "--concepts", "--output", str(out)]) == 0
     text = out.read_text()
     assert "<h2>Reward-term conflict" in text and "whitened cosine" in text

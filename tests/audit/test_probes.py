@@ -39,7 +39,7 @@ def model(tiny):  # noqa: ANN001, ANN201
 
 
 def test_probe_statistics_against_independent_references(model) -> None:  # noqa: ANN001
-    rep = run_probes(model, ITEMS, DIMS, n_bootstrap=500)
+    rep = run_probes(model, ITEMS, DIMS, n_permutations=4995)
     rows = rep.rows
     for s in rep.stats:
         r = rows[(rows.dimension == s.dimension) & rows.applied]
@@ -72,7 +72,7 @@ def test_probe_statistics_against_independent_references(model) -> None:  # noqa
 
 def test_identity_perturbation_gives_exact_zero_and_undefined_effect(model) -> None:  # noqa: ANN001
     ident = Dimension.from_function("identity", lambda reply: reply)
-    rep = run_probes(model, ITEMS, [ident], n_bootstrap=200)
+    rep = run_probes(model, ITEMS, [ident], n_permutations=4995)
     s = rep["identity"]
     assert (rep.deltas("identity") == 0).all()  # the same text is scored once: exactly 0
     assert np.isnan(s.effect_size) and "zero spread" in s.effect_reason
@@ -91,14 +91,14 @@ def test_shuffled_pairings_with_a_random_head_are_calibrated(model, hh_path: Pat
     for _ in range(200):
         perm = rng.permutation(len(r))[:30]
         deltas = r[perm[1::2]] - r[perm[0::2]]
-        ps.append(summarise_dimension(deltas, 1.0, n_bootstrap=200, seed=1).p_value)
+        ps.append(summarise_dimension(deltas, 1.0, n_permutations=4995, seed=1).p_value)
     rate = float(np.mean(np.array(ps) <= 0.05))
     assert 0.02 <= rate <= 0.08, rate  # binomial SD over 200 is 1.5 %
 
 
 def test_resume_after_interruption_gives_the_identical_table(model, tmp_path: Path) -> None:  # noqa: ANN001
     full = run_probes(model, ITEMS, DIMS, output_dir=tmp_path / "a", chunk_size=3,
-                      n_bootstrap=200)
+                      n_permutations=4995)
 
     class Killed(Exception):
         pass
@@ -109,7 +109,7 @@ def test_resume_after_interruption_gives_the_identical_table(model, tmp_path: Pa
 
     with pytest.raises(Killed):
         run_probes(model, ITEMS, DIMS, output_dir=tmp_path / "b", chunk_size=3,
-                   n_bootstrap=200, on_chunk=kill_after_first)
+                   n_permutations=4995, on_chunk=kill_after_first)
     run_dir = next((tmp_path / "b").iterdir())
     assert sorted(p.name for p in run_dir.glob("chunk-*.parquet")) == [
         "chunk-000000.parquet", "chunk-000001.parquet"]
@@ -123,7 +123,7 @@ def test_resume_after_interruption_gives_the_identical_table(model, tmp_path: Pa
     model.rewards = counting
     try:
         resumed = run_probes(model, ITEMS, DIMS, output_dir=tmp_path / "b", chunk_size=3,
-                             n_bootstrap=200)
+                             n_permutations=4995)
     finally:
         del model.rewards
     assert len(calls) == 1  # only the missing third chunk was scored
@@ -163,8 +163,8 @@ def test_bf16_model_gives_float32_rows_close_to_float32(tiny) -> None:  # noqa: 
     m16 = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
                                             dtype=torch.bfloat16)
     m32 = tiny("llama")[0]
-    r16 = run_probes(m16, ITEMS, ["flattery"], n_bootstrap=100)
-    r32 = run_probes(m32, ITEMS, ["flattery"], n_bootstrap=100)
+    r16 = run_probes(m16, ITEMS, ["flattery"], n_permutations=4995)
+    r32 = run_probes(m32, ITEMS, ["flattery"], n_permutations=4995)
     assert r16.rows["delta:score"].dtype == np.float64
     assert np.isfinite(r16.rows["delta:score"]).all()
     # bf16 keeps 8 mantissa bits: rewards of O(1) differ by ~1e-2 (0.013 seen here)
@@ -186,26 +186,26 @@ def test_changed_chat_template_refuses_to_resume(tmp_path: Path) -> None:
     reference is a fresh run under the new template, whose rewards differ from the stored."""
     m = _fresh()
     first = run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3,
-                       n_bootstrap=100)
+                       n_permutations=4995)
     calls = []
     orig = m.rewards
     m.rewards = lambda *a, **k: calls.append(1) or orig(*a, **k)
     again = run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3,
-                       n_bootstrap=100)
+                       n_permutations=4995)
     assert calls == [] and again.run_dir == first.run_dir  # unchanged: read, not rescored
     pd.testing.assert_frame_equal(again.rows, first.rows)
     m.tokenizer.chat_template = m.tokenizer.chat_template.replace(
         "<|end_header_id|>", "<|end_header_id|>\n\n")
-    fresh = run_probes(m, ITEMS, ["flattery"], n_bootstrap=100)
+    fresh = run_probes(m, ITEMS, ["flattery"], n_permutations=4995)
     assert not np.allclose(fresh.rows["neutral:score"], first.rows["neutral:score"])
     with pytest.raises(ProbeError, match="chat_template") as err:
-        run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3, n_bootstrap=100)
+        run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3, n_permutations=4995)
     from tl_reward.store import StoreMismatchError
 
     assert isinstance(err.value, StoreMismatchError)
     assert "tokenizer" in str(err.value) and "overwrite=True" in str(err.value)
     redo = run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=3,
-                      n_bootstrap=100, overwrite=True)
+                      n_permutations=4995, overwrite=True)
     pd.testing.assert_frame_equal(redo.rows, fresh.rows)
 
 
@@ -216,15 +216,15 @@ def test_redefined_dimension_function_refuses_to_resume(model, tmp_path: Path) -
         return reply.upper()
 
     run_probes(model, ITEMS, [Dimension.from_function("shout", shout, "upper case")],
-               output_dir=tmp_path, chunk_size=4, n_bootstrap=100)
+               output_dir=tmp_path, chunk_size=4, n_permutations=4995)
 
     def shout(reply: str) -> str:  # noqa: F811 - the point: same name, new code
         return reply.upper() + "!"
 
     dim = Dimension.from_function("shout", shout, "upper case")
     with pytest.raises(ProbeError, match=r"functions\.shout"):
-        run_probes(model, ITEMS, [dim], output_dir=tmp_path, chunk_size=4, n_bootstrap=100)
-    fresh = run_probes(model, ITEMS, [dim], n_bootstrap=100)
+        run_probes(model, ITEMS, [dim], output_dir=tmp_path, chunk_size=4, n_permutations=4995)
+    fresh = run_probes(model, ITEMS, [dim], n_permutations=4995)
     assert fresh.rows[fresh.rows.dimension == "shout"].perturbed_reply.str.endswith("!").all()
 
 
@@ -236,12 +236,12 @@ def test_changed_module_constant_of_a_builtin_edit_refuses_to_resume(
     from tl_reward.audit import perturbations
 
     first = run_probes(model, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=4,
-                       n_bootstrap=100)
+                       n_permutations=4995)
     monkeypatch.setattr(perturbations, "FLATTERY", ("Wow.",))
     with pytest.raises(ProbeError, match=r"functions\.flattery"):
         run_probes(model, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=4,
-                   n_bootstrap=100)
-    fresh = run_probes(model, ITEMS, ["flattery"], n_bootstrap=100)
+                   n_permutations=4995)
+    fresh = run_probes(model, ITEMS, ["flattery"], n_permutations=4995)
     edited = fresh.rows[fresh.rows.dimension == "flattery"].perturbed_reply
     assert edited.str.startswith("Wow. ").all()
     assert not first.rows[first.rows.dimension == "flattery"].perturbed_reply.str.startswith(
@@ -256,13 +256,13 @@ def test_changed_armorm_transform_refuses_to_resume(tmp_path: Path) -> None:
 
     m = _fresh("armorm")
     first = run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=4,
-                       n_bootstrap=100)
+                       n_permutations=4995)
     with torch.no_grad():
         m.reward_head.transform.mul_(-2.0)
-    fresh = run_probes(m, ITEMS, ["flattery"], n_bootstrap=100)
+    fresh = run_probes(m, ITEMS, ["flattery"], n_permutations=4995)
     assert fresh["flattery"].mean != pytest.approx(first["flattery"].mean)
     with pytest.raises(ProbeError, match="model_fingerprint"):
-        run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=4, n_bootstrap=100)
+        run_probes(m, ITEMS, ["flattery"], output_dir=tmp_path, chunk_size=4, n_permutations=4995)
 
 
 def _synthetic_rows(n: int, means: dict[str, float], seed: int, skip: int = 0) -> pd.DataFrame:
@@ -285,8 +285,8 @@ def test_copies_of_one_item_are_one_item(model) -> None:  # noqa: ANN001
     the report equals a run on that item alone (the reference), n = 1, p = 1, no interval."""
     item = ("Why is the sky blue?", "Sunlight scatters off air. Blue light scatters most.")
     with pytest.warns(UserWarning, match="11 items repeat an earlier item"):
-        rep = run_probes(model, [item] * 12, DIMS, n_bootstrap=100)
-    one = run_probes(model, [item], DIMS, n_bootstrap=100)
+        rep = run_probes(model, [item] * 12, DIMS, n_permutations=4995)
+    one = run_probes(model, [item], DIMS, n_permutations=4995)
     pd.testing.assert_frame_equal(rep.to_dataframe(), one.to_dataframe())
     for s in rep.stats:
         assert s.n == 1 and s.p_value == 1.0 and s.p_adjusted == 1.0

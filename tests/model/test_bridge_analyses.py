@@ -101,7 +101,7 @@ def _probes(m: Any) -> dict[str, Any]:
     from tl_reward.audit.perturbations import user_items
     from tl_reward.audit.probes import run_probes
 
-    rep = run_probes(m, user_items(POS + NEG), ["length", "flattery"], n_bootstrap=50)
+    rep = run_probes(m, user_items(POS + NEG), ["length", "flattery"], n_permutations=4995)
     return {"rows": rep.rows.select_dtypes("number").to_numpy(dtype=np.float64),
             "natural_sd": rep.natural_sd}
 

@@ -205,7 +205,7 @@ def test_has_score_is_decided_once(tiny: Any, custom: Any) -> None:
     mlp2 = custom("inform", 2)
     items = user_items([("Why is the sky blue?", "Sunlight scatters off air."),
                         ("Can cats swim?", "Most cats can swim. Few enjoy it.")])
-    rep = run_probes(mlp2, items, ["length"], n_bootstrap=50)
+    rep = run_probes(mlp2, items, ["length"], n_permutations=4995)
     assert rep.objective == mlp2.objectives[0]
     want = mlp2.rewards([(it.user_turn, it.reply) for it in items]).rewards
     nat = rep.rows[rep.rows.dimension == "__natural__"]

@@ -77,7 +77,7 @@ def items() -> list[Any]:
 
 @cache
 def report(which: str) -> ProbeReport:
-    return run_probes(hooked(which), items(), n_bootstrap=500, progress=False)
+    return run_probes(hooked(which), items(), n_permutations=4995, progress=False)
 
 
 def fired(rep: ProbeReport) -> dict[str, int]:
@@ -145,7 +145,7 @@ def rounding() -> float:
 
 def test_plant_effect_report_is_planted_minus_base() -> None:
     pl, ba = report("model"), report("base")
-    eff = plant_effect_report(pl, ba, atol=rounding(), n_bootstrap=500)
+    eff = plant_effect_report(pl, ba, atol=rounding(), n_permutations=4995)
     for d in DEFAULT_DIMENSIONS:
         ref = (pl.deltas(d) - ba.deltas(d)).to_numpy(copy=True)
         ref[np.abs(ref) <= rounding()] = 0.0  # rounding, no effect: every untouched delta
@@ -158,7 +158,7 @@ def test_plant_effect_report_is_planted_minus_base() -> None:
 
 
 def test_plant_effect_refuses_runs_of_other_edits() -> None:
-    other = run_probes(hooked("base"), items(), seed=1, n_bootstrap=200, progress=False)
+    other = run_probes(hooked("base"), items(), seed=1, n_permutations=4995, progress=False)
     with pytest.raises(TLRewardError, match="differ in their items"):
         plant_effect_report(report("model"), other, atol=rounding())
 

@@ -36,7 +36,7 @@ ITEMS = user_items([
     ("What do bees make?", "Bees make honey. They also make wax."),
 ])
 DIMS = ["length", "flattery", "formatting", "sycophancy"]
-PROBE_KW = {"chunk_size": 2, "n_bootstrap": 200, "seed": 1}
+PROBE_KW = {"chunk_size": 2, "n_permutations": 4995, "seed": 1}
 _rng = np.random.default_rng(0)
 _WORDS = "the sky is blue red green cats swim well rarely coffee helps sleep badly".split()
 # 37 inputs of varied length: 8 batches of 5 (the last short)

@@ -166,7 +166,7 @@ def test_cli_audit_on_ray_writes_the_single_process_store(cluster, job_models, t
     src.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "audit.html"
     args = ["audit", "--model", path, "--items", str(src), "--dimensions", ",".join(DIMS),
-            "--resamples", "200", "--seed", "1", "--output", str(out), "--ray", "--workers",
+            "--permutations", "4995", "--seed", "1", "--output", str(out), "--ray", "--workers",
             "1", "--cpus-per-worker", "0.5"]
     assert main(args) == 0
     assert "(Ray)" in capsys.readouterr().out
@@ -175,10 +175,10 @@ def test_cli_audit_on_ray_writes_the_single_process_store(cluster, job_models, t
     assert "<h2>The published probes" in text  # scored on the actor
     assert "<h2>Reward-term conflict" in text  # two objectives: loaded here for geometry
     items = user_items(rows, source="items")
-    ref = one_thread(lambda: single_run_probes(model, items, DIMS, seed=1, n_bootstrap=200,
+    ref = one_thread(lambda: single_run_probes(model, items, DIMS, seed=1, n_permutations=4995,
                                                progress=False))
     # the single-process call finds every chunk the Ray run wrote, and they are its own rows
-    again = single_run_probes(model, items, DIMS, seed=1, n_bootstrap=200, progress=False,
+    again = single_run_probes(model, items, DIMS, seed=1, n_permutations=4995, progress=False,
                               output_dir=tmp_path / "audit.html.runs",
                               on_chunk=lambda i: pytest.fail("rescored"))
     assert_same_probes(again, ref)

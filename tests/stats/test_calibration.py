@@ -88,7 +88,7 @@ def test_probe_verdict_at_tiny_n_is_conservative_and_says_so() -> None:
     BH can then call nothing, whatever the data. The rate is 0, not 5 %: a limit of the design
     (too few items for K dimensions), which the report's ``summarise_dimension`` p shows."""
     d = np.full(8, 1.0) + np.linspace(0, 0.1, 8)  # the strongest possible evidence at n = 8
-    p = summarise_dimension(d, 1.0, n_bootstrap=20).p_value
+    p = summarise_dimension(d, 1.0, n_permutations=4995).p_value
     assert p == pytest.approx(2 / 2**8)
     assert not (benjamini_hochberg([p] + [1.0] * 6) < ALPHA).any()  # K = 7: nothing called
     assert benjamini_hochberg([p] + [1.0] * 5)[0] < ALPHA  # K = 6: it can be
@@ -156,7 +156,7 @@ def test_ratio_to_an_estimated_sd_gets_no_interval(n: int) -> None:
     boot = x[:, bootstrap_indices(n, 500, 0)]
     lo, hi = np.nanquantile(boot.mean(-1) / boot.std(-1, ddof=1), [0.025, 0.975], -1)
     assert np.mean((lo <= dz) & (dz <= hi)) < bar - 0.02  # the old rule
-    s = summarise_dimension(x[0], 1.0, n_bootstrap=100)
+    s = summarise_dimension(x[0], 1.0, n_permutations=4995)
     assert s.effect_size == pytest.approx(x[0].mean() / x[0].std(ddof=1))
     assert np.isnan([s.effect_ci_low, s.effect_ci_high, s.ci_low_std, s.ci_high_std]).all()
     for k in ("effect_size", "mean_std"):

@@ -157,16 +157,16 @@ class DimensionStats:
 
 
 def summarise_dimension(deltas: np.ndarray, natural_sd: float, dimension: str = "",
-                        description: str = "", n_skipped: int = 0, n_bootstrap: int = 2000,
+                        description: str = "", n_skipped: int = 0, n_permutations: int = 9_999,
                         exact_max_n: int = 20, seed: int = 0, confidence: float = 0.95
                         ) -> DimensionStats:
     """:class:`DimensionStats` of one dimension's per-item deltas (``p_adjusted`` = NaN until
     :func:`summarise` adjusts across dimensions; NaN deltas, edits that did not apply, left out).
-    ``n_bootstrap`` sets the Monte Carlo sign flips (5x as many)."""
+    ``n_permutations``: the Monte Carlo sign flips past ``exact_max_n`` items."""
     d_all = np.asarray(deltas, dtype=np.float64)
     d = d_all[~np.isnan(d_all)]
     es = paired_effect_size(d)
-    test = sign_flip_test(d, exact_max_n=exact_max_n, n_permutations=max(n_bootstrap, 999) * 5,
+    test = sign_flip_test(d, exact_max_n=exact_max_n, n_permutations=n_permutations,
                           seed=seed, confidence=confidence)
     scale, nan = (natural_sd if natural_sd > 0 else float("nan")), float("nan")
     return DimensionStats(
@@ -242,7 +242,7 @@ class ProbeReport(ShortRepr):
 
 
 def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
-              descriptions: dict[str, str] | None = None, n_bootstrap: int = 2000,
+              descriptions: dict[str, str] | None = None, n_permutations: int = 9_999,
               exact_max_n: int = 20, seed: int = 0, **meta: Any) -> ProbeReport:
     """A :class:`ProbeReport` from a raw probe table (BH across its dimensions)."""
     if objective not in reward_names:
@@ -263,7 +263,7 @@ def summarise(rows: pd.DataFrame, objective: str, reward_names: Sequence[str],
                              "distinct base items")
         stats.append(summarise_dimension(
             applied[col].to_numpy(np.float64), natural_sd, dim, descriptions.get(dim, ""),
-            int((~r.applied).sum()), n_bootstrap, exact_max_n, seed))
+            int((~r.applied).sum()), n_permutations, exact_max_n, seed))
     adj = benjamini_hochberg([s.p_value for s in stats])
     stats = [replace(s, p_adjusted=float(a)) for s, a in zip(stats, adj, strict=True)]
     return ProbeReport(rows, objective, list(reward_names), stats, natural_sd, int(nat.size),
@@ -274,7 +274,7 @@ def run_probes(
     model: Any, items: Iterable[ProbeItem | tuple[str, str] | dict[str, Any]],
     dimensions: Iterable[str | Dimension] | None = None, objective: str | None = None,
     output_dir: str | Path | None = None, seed: int = 0, batch_size: int = 8, chunk_size: int = 16,
-    n_bootstrap: int = 2000, overwrite: bool = False, progress: bool | None = None,
+    n_permutations: int = 9_999, overwrite: bool = False, progress: bool | None = None,
     on_chunk: Callable[[int], None] | None = None, *, executor: Executor | None = None,
     chunks_per_unit: int = 1,
 ) -> ProbeReport:
@@ -290,7 +290,7 @@ def run_probes(
             process writes; any executor resumes any other's run).
         seed: seeds the edits (with the dimension name and item id) and the resampling.
         batch_size: inputs per forward pass; chunk_size: items per chunk on disk.
-        n_bootstrap: bootstrap resamples (Monte Carlo sign flips use 5x as many).
+        n_permutations: Monte Carlo sign flips (past ``exact_max_n`` items; else exact).
         on_chunk: called with each chunk's index after it is written (e.g. to stop a test).
         executor: :class:`~tl_reward.scale.executors.LocalExecutor` (default) or
             :class:`~tl_reward.scale.executors.RayExecutor`; chunks_per_unit: chunks a worker
@@ -337,7 +337,7 @@ def run_probes(
                     progress=progress)
     table = pd.concat([frames[ci] for ci in range(len(chunks))], ignore_index=True)
     return summarise(table, objective, names, {d.name: d.description for d in dims},
-                     n_bootstrap=n_bootstrap, seed=seed, model_name=ident.model_name,
+                     n_permutations=n_permutations, seed=seed, model_name=ident.model_name,
                      model_fingerprint=ident.model_fingerprint,
                      run_dir=store.folder if store else None)
 

@@ -55,7 +55,8 @@ def add_parser(sub: Any) -> None:
                                                      "(default: score, or the first objective)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--permutations", type=int, default=9_999,
+                   help="Monte Carlo sign flips of the probes' tests (exact up to 20 items)")
     p.add_argument("--runs", type=Path, default=None,
                    help="folder for the resumable probe chunks (default: <output>.runs)")
     p.add_argument("--no-published", action="store_true",
@@ -91,7 +92,7 @@ def collect_items(args: argparse.Namespace) -> list[Any]:
 
 def build_report(model: Any, items: list[Any], dimensions: list[str] | None = None,
                  objective: str | None = None, runs: Path | None = None, seed: int = 0,
-                 batch_size: int = 8, n_bootstrap: int = 2000, published: bool = True,
+                 batch_size: int = 8, n_permutations: int = 9_999, published: bool = True,
                  concepts: bool = False, executor: Any = None) -> list[Any]:
     """The parts of the audit report (tables, figures, HTML headings).
 
@@ -115,7 +116,7 @@ def build_report(model: Any, items: list[Any], dimensions: list[str] | None = No
 
     t0 = time.time()
     rep = run_probes(model, items, dimensions, objective=objective, output_dir=runs, seed=seed,
-                     batch_size=batch_size, n_bootstrap=n_bootstrap, executor=executor)
+                     batch_size=batch_size, n_permutations=n_permutations, executor=executor)
     probe_s = time.time() - t0
     stats = rep.to_dataframe()
     table = stats[["dimension", "n", "n_skipped", "mean", "ci_low", "ci_high", "effect_size",
@@ -223,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
     dims = [d.strip() for d in args.dimensions.split(",")] if args.dimensions else None
     runs = args.runs or args.output.with_name(args.output.name + ".runs")
     t0 = time.time()
-    rest = (items, dims, args.objective, runs, args.seed, args.batch_size, args.resamples,
+    rest = (items, dims, args.objective, runs, args.seed, args.batch_size, args.permutations,
             not args.no_published, args.concepts)
     if args.ray:
         from tl_reward.scale import ModelSpec
