@@ -157,7 +157,7 @@ def ablate_rows(
             return acts * (1 - drop)[:, None, :]
 
         with model.saes(saes=[sae], use_error_term=True):
-            with model.hooks(fwd_hooks=[(f"{hook}.hook_sae_acts_post", zero)]):
+            with model.hooks(fwd_hooks=[(model.get_sae_hook_name(sae), zero)]):
                 return run_objectives(model, tokens, mask, objectives).float().cpu()
 
 
