@@ -96,10 +96,10 @@ def test_error_term_keeps_the_reward_exact(models: dict[str, Any], hook: str) ->
     assert float((rewards["bridge", False] - ref).abs().max()) > 0.05  # the SAE was in
     torch.testing.assert_close(rewards["bridge", False], rewards["hooked", False], atol=atol,
                                rtol=0)
-    _, cache = bridge.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
-                                     return_type=None, names_filter=lambda n: n == hook)
-    assert cache[hook].shape[:2] == batch.tokens.shape
-    torch.testing.assert_close(bridge.pooled_outputs(*args)[0], ref, atol=atol, rtol=0)
+    seen: list[torch.Tensor] = []
+    with bridge.hooks(fwd_hooks=[(hook, lambda a, hook: seen.append(a))]):
+        torch.testing.assert_close(bridge.pooled_outputs(*args)[0], ref, atol=atol, rtol=0)
+    assert len(seen) == 1 and seen[0].shape[:2] == batch.tokens.shape
 
 
 def _attribution(model: Any, hook: str) -> dict[str, Any]:
@@ -132,3 +132,29 @@ def _fit(model: Any, hook: str) -> dict[str, Any]:
 def test_sae_fit_equal_on_both_backends(models: dict[str, Any], hook: str) -> None:
     assert_equal(_fit(models["bridge"], hook), _fit(models["hooked"], hook), 3,
                  f"sae_fit at {hook}")
+
+
+def _ablation(model: Any, hook: str) -> dict[str, Any]:
+    from tl_reward.sae.ablation import ablation_check, pair_ablation_check
+    from tl_reward.sae.features import feature_views
+
+    sae = sae_at(model, hook)
+    one = ablation_check(model, sae, CONVERSATIONS, top_k=4)
+    pair = pair_ablation_check(model, sae, PAIRS, top_k=4)
+    views = feature_views(model, sae, [0, 3, 5], CONVERSATIONS, ablate_items=3)
+    return {"features": one.feature, "actual": one.actual, "predicted": one.predicted,
+            "joint actual": one.joint_actual, "pair actual": pair.actual,
+            "pair joint actual": pair.joint_actual,
+            **{f"view {v.feature} {k}": getattr(v, k) for v in views
+               for k in ("reward_alignment", "frequency", "mean_activation")},
+            **{f"view {v.feature} ablation": v.ablation.to_numpy(dtype=np.float64)
+               for v in views}}
+
+
+@pytest.mark.parametrize("hook", ["blocks.0.hook_resid_post", "blocks.1.hook_mlp_out"])
+def test_ablation_and_feature_views_equal_on_both_backends(models: dict[str, Any],
+                                                           hook: str) -> None:
+    """The bridge ablates with the SAE spliced in (it cannot restart a run at block ``L + 1``
+    from an edited residual, as HookedRewardModel does for a ``hook_resid_post`` SAE)."""
+    want = _ablation(models["hooked"], hook)
+    assert_equal(_ablation(models["bridge"], hook), want, 3, f"ablation at {hook}")

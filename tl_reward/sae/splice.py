@@ -28,17 +28,15 @@ def final_hook(model: Any) -> str:
     return f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
 
 
-def as_sae_model(model: Any, refuse_bridge: str | None = None) -> Any:
+def as_sae_model(model: Any) -> Any:
     """``model`` ready for SAELens SAEs: a plain ``HookedRewardModel`` as a
     :class:`~tl_reward.model.hooked_sae_reward_model.HookedSAERewardModel` (rebuilt around the
-    same parameter tensors, no copy), a ``TransformerBridge`` as an SAE bridge
-    (:func:`tl_reward.tl_backend.bridge.sae_bridge`, sharing its modules) unless
-    ``refuse_bridge`` names an analysis that needs ``HookedTransformer`` itself (then refused)."""
+    same parameter tensors, no copy), a ``TransformerBridge`` as SAELens's
+    ``SAETransformerBridge`` too (:func:`tl_reward.tl_backend.bridge.sae_bridge`, sharing its
+    modules)."""
     from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
 
     if tl_backend.is_bridge(model):
-        if refuse_bridge is not None:
-            tl_backend.require_hooked(model, refuse_bridge)
         return tl_backend.sae_bridge(model)
     return HookedSAERewardModel.from_reward_model(model)
 
@@ -95,7 +93,8 @@ def run_objectives(
     return objective_at_pooled(model, final, tokens, mask, list(names))
 
 
-def resid_post_layer(hook: str) -> int | None:
-    """``L`` for ``blocks.L.hook_resid_post`` (a hook a run can restart after), else None."""
+def restart_layer(model: Any, hook: str) -> int | None:
+    """``L`` for ``blocks.L.hook_resid_post`` where ``model`` can restart a run after it (not
+    on a bridge: ``starts_at_layer``), else None."""
     m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", hook)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m and model.starts_at_layer else None
