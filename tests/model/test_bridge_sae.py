@@ -158,3 +158,33 @@ def test_ablation_and_feature_views_equal_on_both_backends(models: dict[str, Any
     from an edited residual, as HookedRewardModel does for a ``hook_resid_post`` SAE)."""
     want = _ablation(models["hooked"], hook)
     assert_equal(_ablation(models["bridge"], hook), want, 3, f"ablation at {hook}")
+
+
+def test_layer_norm_bridge_takes_saes_of_the_uncentred_residual() -> None:
+    """GPT-2 on the bridge exposes HF's residual (per-token mean not 0), HookedRewardModel the
+    centred one: an SAE that read an uncentred residual fits the bridge and is refused on the
+    hooked model, and one that read a centred residual the other way round (before, the bridge
+    was taken for centred: the first was refused there and the second accepted)."""
+    from tl_reward import HookedRewardModel
+    from tl_reward.errors import SAEError
+    from tl_reward.model.bridge_reward_model import BridgeRewardModel
+    from tl_reward.sae.pretrained import prepare_sae
+    from tl_reward.testing import tiny_hf_reward_model
+
+    hf, tok = tiny_hf_reward_model("gpt2")
+    hooked = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu")
+    bridge = BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok)
+    hook = "blocks.0.hook_resid_post"
+    batch = bridge.build(CONVERSATIONS)
+    means = {}
+    for name, m in (("hooked", hooked), ("bridge", bridge)):
+        _, cache = m.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
+                                    return_type=None, names_filter=lambda n: n == hook)
+        means[name] = float(cache[hook].mean(-1).abs().max())
+    assert means["hooked"] < 1e-5 < 1e-2 < means["bridge"]
+    for read, fits, refuses in ((False, bridge, hooked), (True, hooked, bridge)):
+        sae = make_sae(bridge.cfg.d_model, hook)
+        sae.cfg.metadata.model_from_pretrained_kwargs = {"center_writing_weights": read}
+        prepare_sae(fits, sae)
+        with pytest.raises(SAEError, match=f"center_writing_weights={read}"):
+            prepare_sae(refuses, sae)
