@@ -131,7 +131,10 @@ def is_bridge(model: object) -> bool:
 @functools.cache
 def _with_saes(cls: type) -> type:
     """``cls`` with SAELens's ``SAETransformerBridge`` mixed in (one class per ``cls``)."""
-    from sae_lens import SAETransformerBridge  # only here: TransformerLens 4 has no SAELens
+    from tl_reward.errors import require_sae_lens
+
+    require_sae_lens()  # imported only here, with a clear refusal: TransformerLens 4 has none
+    from sae_lens import SAETransformerBridge
     from sae_lens.analysis.hooked_sae_transformer import set_deep_attr
 
     class WithSAEs(cls, SAETransformerBridge):  # type: ignore[valid-type, misc]
