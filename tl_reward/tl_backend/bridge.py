@@ -146,9 +146,6 @@ def _with_saes(cls: type) -> type:
             self._add_aliases_to_hooks(hooks)
             return hooks
 
-        def _output_hook(self, act_name: str) -> str:
-            return self._transcoder_output_hooks.get(act_name, self._resolve_hook_name(act_name))
-
         def add_sae(self, sae: Any, use_error_term: bool | None = None) -> None:
             """SAELens's ``add_sae``, keeping the hook point the SAE replaces."""
             meta = sae.cfg.metadata
@@ -160,7 +157,8 @@ def _with_saes(cls: type) -> type:
         def _reset_sae(self, act_name: str, prev_wrapper: Any = None) -> None:
             """SAELens's reset, then the hook point the SAE replaced put back: SAELens puts a
             fresh one there, on which hooks never fire."""
-            where = self._output_hook(act_name)
+            where = self._transcoder_output_hooks.get(act_name,
+                                                      self._resolve_hook_name(act_name))
             super()._reset_sae(act_name, prev_wrapper)
             if prev_wrapper is None and where in self._replaced:
                 original = self._replaced.pop(where)
@@ -187,7 +185,7 @@ def sae_bridge(model: TransformerBridge) -> TransformerBridge:
 
 def require_hooked(model: object, analysis: str) -> None:
     """Refuse ``analysis`` on a ``TransformerBridge`` (it needs ``HookedTransformer`` itself:
-    its key/value prefix caches, starting a forward at a layer), naming the fix."""
+    its key/value prefix caches), naming the fix."""
     if is_bridge(model):
         from tl_reward.errors import TLRewardError
 
