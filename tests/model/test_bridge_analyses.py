@@ -5,9 +5,9 @@ the hooked model runs TransformerLens's own on processed weights), the same inpu
 forwards differ only by float32 rounding, so each quantity is compared at
 :func:`~helpers.parity_atol` of its own magnitude (about 1e-4 here; a wrong pooled token, an
 unfolded norm gain or a missing component moves them by their own size). What needs
-HookedTransformer itself (hooked SAEs, the prefix caches) refuses a bridge with a TLRewardError
-naming the analysis and the fix. Skipped under TransformerLens 4 (no HookedTransformer to
-compare with).
+HookedTransformer itself (the prefix caches) refuses a bridge with a TLRewardError naming the
+analysis and the fix; the SAE analyses that attach an SAE: ``test_bridge_sae.py``. Skipped
+under TransformerLens 4 (no HookedTransformer to compare with).
 """
 
 from __future__ import annotations
@@ -206,12 +206,8 @@ def test_decompositions_equal_on_other_norms(arch: str) -> None:
                                        atol=parity_atol(ref, hooked.cfg.n_layers))
 
 
-SAE_L0 = "blocks.0.hook_resid_post"  # replaced by an SAE reading it (below the final residual)
 REFUSED: dict[str, tuple[str, str, tuple[Any, ...], dict[str, Any]]] = {
     # analysis (as the error names it): module, function, arguments after the model
-    "SAE attribution by gradient": ("tl_reward.sae.attribution", "sae_attribution",
-                                    (SAE_L0, CONVERSATIONS), {}),
-    "sae_fit": ("tl_reward.sae.fit", "sae_fit", (SAE_L0, CONVERSATIONS), {}),
     "the 'fast' prefix cache": ("tl_reward.sweep.vocab_sweep", "score_vocabulary",
                                 ("hi",), {"ids": [10, 11], "cache": "fast"}),
     # what the IRM pipeline and sweep call: refused, not a fast cache built on a bridge
@@ -224,10 +220,6 @@ REFUSED: dict[str, tuple[str, str, tuple[Any, ...], dict[str, Any]]] = {
 def test_hooked_only_analyses_refuse_a_bridge_by_name(models: dict[str, Any],
                                                       analysis: str) -> None:
     module, fn, args, kwargs = REFUSED[analysis]
-    if args and args[0] == SAE_L0:
-        from tests.sae.test_sae_attribution import make_sae
-
-        args = (make_sae(models["bridge"].cfg.d_model, SAE_L0), *args[1:])
     with pytest.raises(TLRewardError, match=rf"^{analysis} does not run on a TransformerBridge"
                        r".*HookedRewardModel\.from_pretrained"):
         getattr(importlib.import_module(module), fn)(models["bridge"], *args, **kwargs)

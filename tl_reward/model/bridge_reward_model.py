@@ -199,13 +199,14 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
     def final_residual(self, tokens: torch.Tensor, attention_mask: torch.Tensor
                        ) -> torch.Tensor:
         """The last block's ``hook_resid_post`` of a padded batch, as HF's forward computes it
-        (differentiable; the bridge cannot stop early, so the head runs too)."""
+        (differentiable; the bridge cannot stop early, so the head runs too), read where the
+        final norm takes it in (``ln_final.hook_in``: after an SAE spliced in at that hook)."""
         seen: dict[str, torch.Tensor] = {}
 
         def grab(act: torch.Tensor, hook: Any) -> None:
             seen["resid"] = act
 
-        with self.hooks(fwd_hooks=[(f"blocks.{self.cfg.n_layers - 1}.hook_resid_post", grab)]):
+        with self.hooks(fwd_hooks=[("ln_final.hook_in", grab)]):
             self(tokens, attention_mask=attention_mask, return_type=None)
         return seen["resid"]
 

@@ -74,6 +74,11 @@ class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
         new.eval()
         return new
 
+    def get_sae_hook_name(self, sae: SAE[Any], internal: str = "hook_sae_acts_post") -> str:
+        """The name of ``sae``'s ``internal`` hook once attached (as SAELens's
+        ``SAETransformerBridge`` names it on a bridge): ``{hook_name}.{internal}``."""
+        return f"{sae.cfg.metadata.hook_name}.{internal}"
+
     def check_sae(self, sae: SAE[Any]) -> str:
         """The hook name ``sae`` reads, after checking it exists here and that widths match, and
         after moving ``sae`` (in place) onto the model (see :meth:`place_sae`).

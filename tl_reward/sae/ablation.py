@@ -34,7 +34,7 @@ from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import resolve_objectives
 from tl_reward.results import ShortRepr
 from tl_reward.sae.attribution import differential_sae_attribution, sae_attribution
-from tl_reward.sae.splice import as_sae_model, decoder_directions, resid_post_layer, run_objectives
+from tl_reward.sae.splice import as_sae_model, decoder_directions, restart_layer, run_objectives
 
 
 @dataclass(repr=False)
@@ -135,16 +135,16 @@ def ablate_rows(
     """The objectives of a batch with row ``r``'s features ``feature_sets[r]`` zeroed at every
     position, the SAE's error node on (so the rest of the activation is untouched).
 
-    For a ``blocks.L.hook_resid_post`` SAE (``fast=True``) the run restarts at block ``L + 1``
-    from ``x - sum_i f_i d_i`` (``resid``: the clean activation, computed if not given), which
-    is what SAELens's splice with the error term gives; otherwise the SAE is spliced in with
-    ``model.saes(..., use_error_term=True)`` and a hook zeroes the features.
+    For a ``blocks.L.hook_resid_post`` SAE (``fast=True``; not on a bridge) the run restarts
+    at block ``L + 1`` from ``x - sum_i f_i d_i`` (``resid``: the clean activation, computed if
+    not given), which is what SAELens's splice with the error term gives; otherwise the SAE is
+    spliced in with ``model.saes(..., use_error_term=True)`` and a hook zeroes the features.
     """
     hook = sae.cfg.metadata.hook_name
     drop = torch.zeros(tokens.shape[0], sae.cfg.d_sae, device=tokens.device, dtype=sae.dtype)
     for r, feats in enumerate(feature_sets):
         drop[r, list(feats)] = 1.0
-    layer = resid_post_layer(hook)
+    layer = restart_layer(model, hook)
     with torch.no_grad():
         if fast and layer is not None:
             if resid is None:
@@ -157,7 +157,7 @@ def ablate_rows(
             return acts * (1 - drop)[:, None, :]
 
         with model.saes(saes=[sae], use_error_term=True):
-            with model.hooks(fwd_hooks=[(f"{hook}.hook_sae_acts_post", zero)]):
+            with model.hooks(fwd_hooks=[(model.get_sae_hook_name(sae), zero)]):
                 return run_objectives(model, tokens, mask, objectives).float().cpu()
 
 
@@ -169,7 +169,7 @@ def ablated_objectives(
     """The objectives of one input (``tokens`` ``[1, pos]``) with each set of features zeroed
     at every position (see :func:`ablate_rows`), in batches of ``batch_size`` sets; the blocks
     before the SAE run once."""
-    layer = resid_post_layer(sae.cfg.metadata.hook_name)
+    layer = restart_layer(model, sae.cfg.metadata.hook_name)
     resid = None
     if fast and layer is not None:
         with torch.no_grad():
@@ -204,7 +204,7 @@ def ablation_check(
     """
     from tl_reward.model.inputs import as_items
 
-    model = as_sae_model(model, "ablation_check")
+    model = as_sae_model(model)
     items = as_items(inputs)
     attr = sae_attribution(model, sae, items, objectives=resolve_objectives(model, objective)[:1],
                            method=method, progress=progress)
@@ -233,7 +233,7 @@ def pair_ablation_check(
     """As :func:`ablation_check` for the margin ``r(chosen) - r(rejected)`` of preference
     pairs: the features with the largest ``|a_i(chosen) - a_i(rejected)|`` are ablated in both
     replies."""
-    model = as_sae_model(model, "pair_ablation_check")
+    model = as_sae_model(model)
     batch = as_pair_batch(model, pairs)
     pa = differential_sae_attribution(model, sae, batch,
                                       objectives=resolve_objectives(model, objective)[:1],

@@ -258,7 +258,6 @@ def _exact_batch(model: Any, sae: Any, tokens: torch.Tensor, mask: torch.Tensor,
 def _gradient_batch(model: Any, sae: Any, tokens: torch.Tensor, mask: torch.Tensor,
                     objectives: ObjectiveSpec) -> dict[str, Any]:
     names = resolve_objectives(model, objectives)
-    hook = sae.cfg.metadata.hook_name
     store: dict[str, torch.Tensor] = {}
 
     def keep(name: str) -> Any:
@@ -269,13 +268,12 @@ def _gradient_batch(model: Any, sae: Any, tokens: torch.Tensor, mask: torch.Tens
             return t
         return fn
 
-    fwd = [(f"{hook}.hook_sae_acts_post", keep("acts")),
-           (f"{hook}.hook_sae_output", keep("out")),
-           (f"{hook}.hook_sae_error", keep("err"))]
+    fwd = [(model.get_sae_hook_name(sae, f"hook_sae_{k}"), keep(k))
+           for k in ("acts_post", "output", "error")]
     with model.saes(saes=[sae], use_error_term=True):
         with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
             values = run_objectives(model, tokens, mask, names)
-        acts, out, err = store["acts"], store["out"], store["err"].detach()
+        acts, out, err = store["acts_post"], store["output"], store["error"].detach()
         real = mask.to(acts.dtype)
         feats, b_decs, errs = [], [], []
         for k in range(len(names)):
@@ -324,7 +322,8 @@ def sae_attribution(
     """Attribute the reward of ``inputs`` to the features of a SAELens ``sae``.
 
     Args:
-        model: a ``HookedSAERewardModel`` (a plain ``HookedRewardModel`` is wrapped).
+        model: a ``HookedSAERewardModel`` (a plain ``HookedRewardModel`` is wrapped) or a
+            ``BridgeRewardModel`` (SAEs attached through SAELens's ``SAETransformerBridge``).
         sae: a SAELens SAE whose ``cfg.metadata.hook_name`` is a hook of ``model``.
         inputs: anything ``model.make_batch`` accepts.
         objectives: ``None`` (the reward, or ``"score"`` and every objective), a name or index,
@@ -338,7 +337,7 @@ def sae_attribution(
     check_sae(model, sae)
     check_affine_sae(sae)
     method = resolve_method(model, sae, method)
-    model = as_sae_model(model, "SAE attribution by gradient" if method == "gradient" else None)
+    model = as_sae_model(model)
     items = as_items(inputs)
     if not items:
         raise SAEError("no inputs to attribute")
@@ -371,7 +370,7 @@ def differential_sae_attribution(
 ) -> PairSAEAttribution:
     """:func:`sae_attribution` of both replies of each preference pair (``PreferencePair`` s,
     ``(prompt, chosen, rejected)`` tuples or a :class:`~tl_reward.data.pairs.PairBatch`)."""
-    model = as_sae_model(model, None)  # wrapped once; sae_attribution refuses what it must
+    model = as_sae_model(model)  # wrapped once
     batch: PairBatch = as_pair_batch(model, pairs)
     kw: dict[str, Any] = dict(objectives=objectives, method=method, batch_size=batch_size,
                               progress=progress)

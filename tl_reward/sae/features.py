@@ -200,7 +200,7 @@ def feature_views(
     """
     from tl_reward.model.inputs import as_items
 
-    model = as_sae_model(model, "feature_views")
+    model = as_sae_model(model)
     hook = check_sae(model, sae)
     check_affine_sae(sae)
     feats = [int(f) for f in features]

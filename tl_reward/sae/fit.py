@@ -147,7 +147,7 @@ def sae_fit(
     (definitions in :mod:`tl_reward.sae.fit`). ``inputs``: anything ``model.build`` takes, or
     preference pairs (then margins and flips are reported). The SAE is checked first
     (:func:`~tl_reward.sae.pretrained.prepare_sae`: an unfolded normalisation factor raises)."""
-    model = as_sae_model(model, "sae_fit")
+    model = as_sae_model(model)
     hook = prepare_sae(model, sae).cfg.metadata.hook_name
     items, n_pairs = _items(model, inputs)
     stats = {r: {"sse": 0.0, "sq": 0.0, "mean": 0.0, "m2": 0.0, "n": 0, "l0": 0.0,

@@ -22,7 +22,8 @@
     is; centring changes it only on LayerNorm models (GPT-2: TransformerLens skips it for
     RMSNorm), where the residual exposed is the HF residual minus its per-token mean, which
     cannot be undone. So on a LayerNorm model an SAE trained with
-    ``center_writing_weights=False`` is refused; ``fold_value_biases=False`` is refused for
+    ``center_writing_weights=False`` is refused (on a ``BridgeRewardModel``, which exposes
+    HF's uncentred residual, one trained with ``True``); ``fold_value_biases=False`` is refused for
     a ``hook_z`` SAE (``hook_z`` here excludes ``b_V``). RMSNorm models (Llama, Qwen, Gemma)
     expose the raw HF residual, which SAEs trained on HF activations (Llama Scope) expect.
   - ``prepend_bos``: a warning when the SAE's BOS convention differs from this model's
@@ -175,11 +176,12 @@ def saes_for(model: Any, base: str | None = None) -> PretrainedSAEs:
 
 def residual_is_centred(model: Any) -> bool:
     """Whether this model's residual stream is TransformerLens-centred (LayerNorm models loaded
-    with ``center_writing_weights``; RMSNorm models keep the HF residual)."""
+    with ``center_writing_weights``; RMSNorm models and a bridge keep the HF residual)."""
+    from tl_reward import tl_backend
     from tl_reward.tl_backend.weights import PROCESSING
 
     return bool(PROCESSING["center_writing_weights"]) and model.cfg.normalization_type in (
-        "LN", "LNPre")
+        "LN", "LNPre") and not tl_backend.is_bridge(model)
 
 
 def prepare_sae(model: Any, sae: Any, norm_scaling_factor: float | None = None) -> Any:
@@ -201,13 +203,18 @@ def prepare_sae(model: Any, sae: Any, norm_scaling_factor: float | None = None) 
             "take one (already folded?)"
         )
     kwargs = sae.cfg.metadata.model_from_pretrained_kwargs or {}
-    if residual_is_centred(model) and kwargs.get("center_writing_weights") is False and (
+    centred, read = residual_is_centred(model), kwargs.get("center_writing_weights")
+    layer_norm = model.cfg.normalization_type in ("LN", "LNPre")
+    if layer_norm and read is not None and bool(read) != centred and (
         "resid" in hook or hook.endswith(("_out", "hook_embed", "hook_pos_embed"))
     ):
+        why = ("the centred one (the per-token mean is removed and cannot be restored)"
+               if centred else "HF's uncentred one (a bridge: load the model with "
+               "HookedRewardModel.from_pretrained for this SAE)")
         raise SAEError(
-            "the SAE's model_from_pretrained_kwargs has center_writing_weights=False (it read an "
-            f"uncentred residual) but this LayerNorm model exposes the centred one at {hook!r} "
-            "(the per-token mean is removed and cannot be restored)"
+            f"the SAE's model_from_pretrained_kwargs has center_writing_weights={read} (it read "
+            f"{'a centred' if read else 'an uncentred'} residual) but this LayerNorm model "
+            f"exposes {why} at {hook!r}"
         )
     if hook.endswith("hook_z") and kwargs.get("fold_value_biases") is False:
         raise SAEError(

@@ -2,9 +2,10 @@
 
 Shared by :mod:`tl_reward.sae.attribution`, :mod:`tl_reward.sae.ablation` and
 :mod:`tl_reward.sae.features`. SAEs are attached through SAELens's own
-``HookedSAETransformer.saes`` context manager, so the hook names are SAELens's:
-``{hook}.hook_sae_acts_post`` (features ``f``), ``{hook}.hook_sae_error`` (``x - x_hat``),
-``{hook}.hook_sae_output``.
+``HookedSAETransformer.saes`` context manager (``SAETransformerBridge.saes`` on a bridge), so
+the hook names are SAELens's, as ``model.get_sae_hook_name(sae, internal)`` names them:
+``hook_sae_acts_post`` (features ``f``), ``hook_sae_error`` (``x - x_hat``),
+``hook_sae_output`` (under the bridge's own name of the hook, ``blocks.L.hook_out``).
 """
 
 from __future__ import annotations
@@ -27,18 +28,16 @@ def final_hook(model: Any) -> str:
     return f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
 
 
-def as_sae_model(model: Any, attaching: str | None = "attaching an SAE") -> Any:
-    """``model`` as a :class:`~tl_reward.model.hooked_sae_reward_model.HookedSAERewardModel`
-    (a plain ``HookedRewardModel`` is rebuilt around the same parameter tensors, no copy). A
-    ``TransformerBridge`` is returned as it is where no SAE is attached (``attaching=None``:
-    the exact split reads the residual and decodes it), and otherwise refused naming the
-    analysis ``attaching`` (SAELens's ``HookedSAETransformer`` attaches SAEs)."""
+def as_sae_model(model: Any) -> Any:
+    """``model`` ready for SAELens SAEs: a plain ``HookedRewardModel`` as a
+    :class:`~tl_reward.model.hooked_sae_reward_model.HookedSAERewardModel` (rebuilt around the
+    same parameter tensors, no copy), a ``TransformerBridge`` as SAELens's
+    ``SAETransformerBridge`` too (:func:`tl_reward.tl_backend.bridge.sae_bridge`, sharing its
+    modules)."""
     from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
 
     if tl_backend.is_bridge(model):
-        if attaching is not None:
-            tl_backend.require_hooked(model, attaching)
-        return model
+        return tl_backend.sae_bridge(model)
     return HookedSAERewardModel.from_reward_model(model)
 
 
@@ -47,7 +46,7 @@ def check_sae(model: Any, sae: Any) -> str:
     ``HookedSAERewardModel.check_sae``, which reads only the hooks and config it names)."""
     from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
 
-    return HookedSAERewardModel.check_sae(as_sae_model(model, None), sae)
+    return HookedSAERewardModel.check_sae(as_sae_model(model), sae)
 
 
 def check_affine_sae(sae: Any) -> None:
@@ -94,7 +93,8 @@ def run_objectives(
     return objective_at_pooled(model, final, tokens, mask, list(names))
 
 
-def resid_post_layer(hook: str) -> int | None:
-    """``L`` for ``blocks.L.hook_resid_post`` (a hook a run can restart after), else None."""
+def restart_layer(model: Any, hook: str) -> int | None:
+    """``L`` for ``blocks.L.hook_resid_post`` where ``model`` can restart a run after it (not
+    on a bridge: ``starts_at_layer``), else None."""
     m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_post", hook)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m and model.starts_at_layer else None

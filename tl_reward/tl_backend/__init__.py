@@ -30,6 +30,7 @@ _EXPORTS = {
     "is_bridge": "tl_reward.tl_backend.bridge",
     "nonstock_module": "tl_reward.tl_backend.prefix_cache",
     "require_hooked": "tl_reward.tl_backend.bridge",
+    "sae_bridge": "tl_reward.tl_backend.bridge",
     "PROCESSING": "tl_reward.tl_backend.weights",
     "convert_state_dict": "tl_reward.tl_backend.weights",
     "cpu_config": "tl_reward.tl_backend.weights",

@@ -14,6 +14,7 @@ that registry (``TransformerBridge.boot_transformers`` maps ``model_type`` to th
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -155,9 +156,64 @@ def is_bridge(model: object) -> bool:
     return isinstance(model, TransformerBridge)
 
 
+@functools.cache
+def _with_saes(cls: type) -> type:
+    """``cls`` with SAELens's ``SAETransformerBridge`` mixed in (one class per ``cls``)."""
+    from tl_reward.errors import require_sae_lens
+
+    require_sae_lens()  # imported only here, with a clear refusal: TransformerLens 4 has none
+    from sae_lens import SAETransformerBridge
+    from sae_lens.analysis.hooked_sae_transformer import set_deep_attr
+
+    class WithSAEs(cls, SAETransformerBridge):  # type: ignore[valid-type, misc]
+        @property
+        def hook_dict(self) -> dict[str, Any]:
+            """SAELens's hooks (an attached SAE's own included) with TransformerLens's aliases,
+            which SAELens's bridge drops (and with them the HookedTransformer names)."""
+            hooks = SAETransformerBridge.hook_dict.fget(self)
+            self._add_aliases_to_hooks(hooks)
+            return hooks
+
+        def add_sae(self, sae: Any, use_error_term: bool | None = None) -> None:
+            """SAELens's ``add_sae``, keeping the hook point the SAE replaces."""
+            meta = sae.cfg.metadata
+            where = self._resolve_hook_name(meta.hook_name_out or meta.hook_name)
+            if where in self._hook_registry and meta.hook_name not in self._acts_to_saes:
+                self._replaced.setdefault(where, self._hook_registry[where])
+            super().add_sae(sae, use_error_term=use_error_term)
+
+        def _reset_sae(self, act_name: str, prev_wrapper: Any = None) -> None:
+            """SAELens's reset, then the hook point the SAE replaced put back: SAELens puts a
+            fresh one there, on which hooks never fire."""
+            where = self._transcoder_output_hooks.get(act_name,
+                                                      self._resolve_hook_name(act_name))
+            super()._reset_sae(act_name, prev_wrapper)
+            if prev_wrapper is None and where in self._replaced:
+                original = self._replaced.pop(where)
+                set_deep_attr(self, where, original)
+                original.name = where  # the block renamed it on assignment
+                self._hook_registry[where] = original
+
+    WithSAEs.__name__ = WithSAEs.__qualname__ = f"SAE{cls.__name__}"
+    return WithSAEs
+
+
+def sae_bridge(model: TransformerBridge) -> TransformerBridge:
+    """``model`` as SAELens's ``SAETransformerBridge`` too (``saes()``, ``add_sae``,
+    ``get_sae_hook_name``; an SAE's HookedTransformer hook name resolves as an alias). The
+    result shares ``model``'s modules and hook registry (no copy; ``model`` keeps its class):
+    an SAE attached to it replaces the hook point in the shared module tree until removed."""
+    if hasattr(model, "_acts_to_saes"):  # already one
+        return model
+    new = object.__new__(_with_saes(type(model)))
+    new.__dict__.update(model.__dict__)  # not copy.copy: that would rebind cfg to the copy
+    new._acts_to_saes, new._transcoder_output_hooks, new._replaced = {}, {}, {}
+    return new
+
+
 def require_hooked(model: object, analysis: str) -> None:
     """Refuse ``analysis`` on a ``TransformerBridge`` (it needs ``HookedTransformer`` itself:
-    its key/value prefix caches, ``HookedSAETransformer``), naming the fix."""
+    its key/value prefix caches), naming the fix."""
     if is_bridge(model):
         from tl_reward.errors import TLRewardError
 
