@@ -380,21 +380,23 @@ def _dra_alone(model: Any, hf: Any, arch: str = "llama") -> None:
         _check(per_pos.sum(-2), d.heads[i], "head positions")
 
 
-def _pair_batch(model: Any) -> Any:
-    return model.build([PAIR.chosen_conversation(), PAIR.rejected_conversation()])
-
-
-def _head_zero_alone(model: Any, hf: Any, arch: str = "llama") -> None:
+def _head_zero_alone(model: Any, hf: Any, arch: str = "llama",
+                     values: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None
+                     ) -> None:
     """Zeroing one head's ``z`` everywhere: HF's forward with that slice of its output
     projection's input set to the constant part of the values (which HookedTransformer's
-    ``b_O`` keeps)."""
+    ``b_O`` keeps), on each unpadded reply. ``values(ids)``: the objectives by name from HF's
+    module (default: its one reward)."""
     from tl_reward.analysis.patching import activation_patching
 
-    got = activation_patching(model, PAIR, "head", "zero", positions="all").patched
-    batch = _pair_batch(model)
+    res = activation_patching(model, PAIR, "head", "zero", positions="all")
+    read = values or (lambda ids: {res.objective: hf_rewards(hf, ids, torch.ones_like(ids))[
+        "reward"][0, 0]})
+    replies = [torch.tensor([model.encode(c).ids])
+               for c in (PAIR.chosen_conversation(), PAIR.rejected_conversation())]
     layers = hf.transformer.h if arch == "gpt2" else hf.model.layers
     d_head = model.cfg.d_head
-    ref = torch.zeros_like(got)
+    ref = torch.zeros_like(res.patched)
     for layer, block in enumerate(layers):
         v = _value_bias(block, arch).expand(model.cfg.n_heads * d_head)
         for head in range(model.cfg.n_heads):
@@ -408,11 +410,10 @@ def _head_zero_alone(model: Any, hf: Any, arch: str = "llama") -> None:
 
             handle = _out_proj(block).register_forward_pre_hook(zero)
             try:
-                ref[:, layer, head] = hf_rewards(hf, batch.tokens,
-                                                 batch.attention_mask)["reward"][:, 0]
+                ref[:, layer, head] = torch.stack([read(r)[res.objective] for r in replies])
             finally:
                 handle.remove()
-    _check(got, ref, "head zero")
+    _check(res.patched, ref, "head zero")
 
 
 def _direct_path_alone(model: Any, hf: Any) -> None:
