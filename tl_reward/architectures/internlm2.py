@@ -15,12 +15,14 @@ exact.
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import einops
 import torch
 from torch import nn
-from transformer_lens import HookedTransformerConfig
+
+if TYPE_CHECKING:  # TransformerLens 4 has none
+    from transformer_lens import HookedTransformerConfig
 
 from tl_reward.architectures.common import gated_rms_fields, require_false
 from tl_reward.architectures.registry import Architecture, register_architecture

@@ -1,18 +1,22 @@
 """TransformerLens configs, weight conversion with the reward head as ``lm_head``, and weight
-processing a block at a time."""
+processing a block at a time.
+
+TransformerLens 3's own parts (``HookedTransformerConfig``, its converters and norms) are
+imported where used: TransformerLens 4 removed them, and the architecture registry, which the
+bridge reads, must import there."""
 
 from __future__ import annotations
 
 import copy
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformer_lens import HookedTransformerConfig
-from transformer_lens.components import LayerNormPre, RMSNormPre
-from transformer_lens.weight_processing import ProcessWeights
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformerConfig
 
 _CONVERTERS = {
     "llama": ("transformer_lens.pretrained.weight_conversions.llama", "convert_llama_weights"),
@@ -43,13 +47,12 @@ def tl_converter(name: str) -> Callable[[nn.Module, HookedTransformerConfig], di
 
     The returned function takes ``(hf_model, cfg)`` where ``hf_model`` may be wrapped so that
     ``lm_head`` is the reward layer; the ``unembed.*`` entries it writes are replaced by the
-    loader afterwards.
+    loader afterwards. TransformerLens's converter is imported at the first call.
     """
     module_name, fn_name = _CONVERTERS[name]
-    fn = getattr(importlib.import_module(module_name), fn_name)
 
     def convert(hf_model: nn.Module, cfg: HookedTransformerConfig) -> dict[str, Any]:
-        return fn(hf_model, cfg)
+        return getattr(importlib.import_module(module_name), fn_name)(hf_model, cfg)
 
     convert.__name__ = f"convert_{name}"
     return convert
@@ -57,6 +60,8 @@ def tl_converter(name: str) -> Callable[[nn.Module, HookedTransformerConfig], di
 
 def make_config(**fields: Any) -> HookedTransformerConfig:
     """A ``HookedTransformerConfig`` with reward-model defaults (no weight init)."""
+    from transformer_lens import HookedTransformerConfig
+
     fields.setdefault("init_weights", False)
     return HookedTransformerConfig(**fields)
 
@@ -97,6 +102,8 @@ def process_weights_stock(model: Any, state_dict: dict[str, torch.Tensor],
 
 def _use_pre_norms(model: Any) -> None:
     """Swap the folded norms for their weightless ``*Pre`` forms, as ``fold_ln`` does."""
+    from transformer_lens.components import LayerNormPre, RMSNormPre
+
     cfg = model.cfg
     kinds = {"LN": (LayerNormPre, "LNPre"), "RMS": (RMSNormPre, "RMSPre")}
     if cfg.normalization_type not in kinds:
@@ -134,6 +141,8 @@ def process_weights(
     whole converted model when it goes to a GPU). ``release(layer)`` is called after block
     ``layer`` is loaded, to free the source weights it came from.
     """
+    from transformer_lens.weight_processing import ProcessWeights
+
     cfg = model.cfg
     state_dict = model.fill_missing_keys(state_dict)
     _use_pre_norms(model)
