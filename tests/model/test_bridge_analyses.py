@@ -445,7 +445,7 @@ def _probes_alone(model: Any, hf: Any) -> None:
     from tl_reward.audit.perturbations import user_items
     from tl_reward.audit.probes import run_probes
 
-    df = run_probes(model, user_items(POS + NEG), ["length", "flattery"], n_bootstrap=50).rows
+    df = run_probes(model, user_items(POS + NEG), ["length", "flattery"]).rows
     df = df[df["applied"]]
     for side in ("neutral", "perturbed"):
         batch = model.build(list(zip(df[f"{side}_user"], df[f"{side}_reply"], strict=True)))
