@@ -102,15 +102,6 @@ def component_site(model: Any, name: str) -> Site:
                         "in both runs)")
 
 
-@torch.no_grad()
-def _clean_run(model: Any, ids: list[int], hooks: set[str]) -> dict[str, torch.Tensor]:
-    tokens = torch.tensor([ids], device=model.cfg.device)
-    mask = torch.ones_like(tokens)
-    _, cache = model.run_with_cache(tokens, attention_mask=mask, return_type=None,
-                                    names_filter=lambda n: n in hooks)
-    return dict(cache.cache_dict)
-
-
 def objective_value(
     model: Any, resid: Float[torch.Tensor, "batch pos d_model"],
     tokens: Int[torch.Tensor, "batch pos"], objective: str,
@@ -129,6 +120,22 @@ def clean_hooks(model: Any, sites: Sequence[Site]) -> set[str]:
         names |= {f"blocks.{i}.hook_resid_pre", f"blocks.{i}.attn.hook_k",
                   f"blocks.{i}.attn.hook_v"}
     return names
+
+
+@torch.no_grad()
+def _clean_pair(model: Any, tp: TokenizedPair, sites: Sequence[Site], objective: str
+                ) -> tuple[dict[str, dict[str, torch.Tensor]], float, float]:
+    """Each reply's clean run (the hooks of :func:`clean_hooks`) and clean objective."""
+    hooks = clean_hooks(model, sites)
+    final_hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    clean, values = {}, []
+    for side in ("chosen", "rejected"):
+        tokens = tp.tokens(side).to(model.cfg.device)
+        _, cache = model.run_with_cache(tokens, attention_mask=torch.ones_like(tokens),
+                                        return_type=None, names_filter=lambda n: n in hooks)
+        clean[side] = dict(cache.cache_dict)
+        values.append(float(objective_value(model, clean[side][final_hook], tokens, objective)))
+    return clean, values[0], values[1]
 
 
 def _prefix_cache(model: Any, clean: dict[str, torch.Tensor], prefix_len: int,
@@ -403,12 +410,7 @@ def activation_patching(
     obj = resolve_objectives(model, objective)[0]
     sites, layer_list, unit_list, dims, shape = _grid(model, site, positions, layers, units,
                                                       tp.n_aligned)
-    final_hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    hooks = clean_hooks(model, sites)
-    clean = {side: _clean_run(model, tp.ids(side), hooks) for side in ("chosen", "rejected")}
-    r_c, r_r = (float(objective_value(model, clean[side][final_hook],
-                                      tp.tokens(side).to(model.cfg.device), obj))
-                for side in ("chosen", "rejected"))
+    clean, r_c, r_r = _clean_pair(model, tp, sites, obj)
     delta = r_c - r_r
     means: dict[str, torch.Tensor] = {}
     if mode == "mean":
@@ -493,12 +495,7 @@ def patch_components(
     obj = resolve_objectives(model, objective)[0]
     keep = [i for i, nm in enumerate(names) if not nm.endswith("attn_bias")]
     sites = [component_site(model, names[i]) for i in keep]
-    final_hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    hooks = clean_hooks(model, sites)
-    clean = {side: _clean_run(model, tp.ids(side), hooks) for side in ("chosen", "rejected")}
-    r_c, r_r = (float(objective_value(model, clean[side][final_hook],
-                                      tp.tokens(side).to(model.cfg.device), obj))
-                for side in ("chosen", "rejected"))
+    clean, r_c, r_r = _clean_pair(model, tp, sites, obj)
     target, source = ("rejected", "chosen") if mode == "denoising" else ("chosen", "rejected")
     col = 0 if target == "chosen" else 1
     p = tp.prompt_len if reuse_prefix else 0  # the shared prompt is the same in both runs
