@@ -77,15 +77,7 @@ class DirectAttribution(ShortRepr):
         return self.reward.shape[0]
 
     def _obj(self, objective: int | str) -> int:
-        if not isinstance(objective, str):
-            return objective_slot(self.objectives, objective)
-        if objective not in self.objectives:
-            from tl_reward.errors import UnknownObjectiveError
-
-            raise UnknownObjectiveError(
-                f"objective {objective!r} was not attributed; this result has {self.objectives}"
-            )
-        return self.objectives.index(objective)
+        return objective_slot(self.objectives, objective)
 
     @property
     def attn(self) -> Float[torch.Tensor, "n layer n_obj"]:

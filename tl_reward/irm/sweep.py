@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from tl_reward import tl_backend
 from tl_reward.errors import TLRewardError
-from tl_reward.irm.models import hooked_logits, is_hooked, model_device
+from tl_reward.irm.models import hooked_logits, is_hooked, model_device, vocab_size
 from tl_reward.model.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.results import ShortRepr
 from tl_reward.sweep.vocab_sweep import VocabSweep, vocabulary_ids
@@ -154,7 +154,7 @@ def irm_vocab_sweep(
     else:
         plist = list(prompts)  # type: ignore[arg-type]
         labels = [f"prompt{i}" for i in range(len(plist))]
-    vocab = int(policy.cfg.d_vocab_out if is_hooked(policy) else policy.config.vocab_size)
+    vocab = vocab_size(policy)
     cand = sorted({int(i) for i in ids}) if ids is not None else vocabulary_ids(
         tok, vocab, include_special)
     if not cand or cand[0] < 0 or cand[-1] >= vocab:
