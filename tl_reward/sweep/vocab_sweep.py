@@ -382,18 +382,12 @@ def score_vocabulary(
     prompts: Prompt | Sequence[Prompt] | Mapping[str, Prompt],
     ids: Sequence[int | str] | torch.Tensor | None = None,
     *,
-    labels: Sequence[str] | None = None,
-    include_special: bool = False,
-    batch_size: int = 128,
-    mode: str = "ids",
-    cache: str = "auto",
     output: str | Path | None = None,
     resume: bool = False,
     overwrite: bool = False,
-    shard: tuple[int, int] | None = None,
-    id_range: tuple[int, int] | None = None,
     progress: bool | None = None,
     callback: Callable[[int, int], None] | None = None,
+    **options: Any,
 ) -> VocabSweep:
     """Score every candidate token as the whole assistant response to each prompt.
 
@@ -403,6 +397,13 @@ def score_vocabulary(
             ``{label: prompt}`` mapping (e.g. :data:`PAPER_PROMPTS`).
         ids: token ids (or single-token strings) to score, returned in the order given
             (default: the whole vocabulary, by id).
+        output: parquet file to write chunk by chunk (resumable); ``None`` keeps it in memory.
+        resume: continue an interrupted sweep at ``output``.
+        overwrite: replace an existing ``output``.
+        progress: show a progress bar (default: when more than four batches).
+        callback: called as ``callback(done_ids, total_ids)`` after each written batch.
+
+    Other Parameters:
         labels: one label per prompt (default: the mapping's keys or ``prompt_<i>``).
         include_special: also score special tokens (excluded by default).
         batch_size: candidates per forward pass (64-256 is fastest on CPU).
@@ -410,21 +411,14 @@ def score_vocabulary(
             decode -> template string -> re-tokenise path, see :mod:`.roundtrip`; for comparison).
         cache: ``"auto"``, ``"fast"``, ``"stock"`` (TransformerLens's own cache) or ``"none"``
             (run each full sequence; the naive reference).
-        output: parquet file to write chunk by chunk (resumable); ``None`` keeps it in memory.
-        resume: continue an interrupted sweep at ``output``.
-        overwrite: replace an existing ``output``.
         shard: ``(i, n)``: score only shard ``i`` of ``n`` (whole batches; merge the files with
             :func:`~tl_reward.sweep.store.merge_sweeps`).
         id_range: ``(lo, hi)``: score only ids in ``[lo, hi)``.
-        progress: show a progress bar (default: when more than four batches).
-        callback: called as ``callback(done_ids, total_ids)`` after each written batch.
 
     Returns:
         A :class:`VocabSweep`.
     """
-    plan = plan_sweep(model, prompts, ids, labels=labels, include_special=include_special,
-                      batch_size=batch_size, mode=mode, cache=cache, shard=shard,
-                      id_range=id_range)
+    plan = plan_sweep(model, prompts, ids, **options)
     spec, chunks = plan.spec, plan.chunks
     writer = (SweepWriter(output, spec, len(chunks), resume=resume, overwrite=overwrite)
               if output is not None else None)
@@ -454,7 +448,7 @@ def score_vocabulary(
         table = (pa.concat_tables(tables) if tables else
                  make_table(spec, [], [], {c: np.zeros(0) for c in spec.columns()}))
     sweep = VocabSweep.from_table(table, spec)
-    if ids is None or shard is not None or id_range is not None:
+    if ids is None or options.get("shard") is not None or options.get("id_range") is not None:
         return sweep
     return sweep.select(given_ids(model, ids))
 
