@@ -221,9 +221,7 @@ def final_components(
     rows = torch.arange(positions.shape[0], device=positions.device)
     embed = [_at(cache, "hook_embed", rows, positions).to(acc)]
     names = ["embed"]
-    has_pos = (isinstance(cache, PooledActivations) and "hook_pos_embed" in cache) or (
-        not isinstance(cache, PooledActivations) and "hook_pos_embed" in cache.cache_dict)
-    if has_pos:
+    if "hook_pos_embed" in (cache if isinstance(cache, PooledActivations) else cache.cache_dict):
         embed.append(_at(cache, "hook_pos_embed", rows, positions).to(acc))
         names.append("pos_embed")
     heads, biases, mlps = [], [], []

@@ -148,5 +148,4 @@ def model_agreement(
         n_shared[i, j] = n_shared[j, i] = res["n_shared"]
         for k in METRICS:
             mats[k][i, j] = mats[k][j, i] = res[k]
-    return ModelAgreement(names, mats["kendall_tau_b"], mats["spearman_rho"], mats["rbo_top"],
-                          mats["rbo_bottom"], n_shared, dropped, p)
+    return ModelAgreement(names, *(mats[k] for k in METRICS), n_shared, dropped, p)

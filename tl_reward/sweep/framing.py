@@ -91,6 +91,5 @@ def prompt_framing(sweep: VocabSweep, objective: int | str = "score", p: float =
         for k in METRICS:
             mats[k][i, j] = mats[k][j, i] = res[k]
     pct = torch.stack([percentiles(sweep, i, objective) for i in range(n_p)], 1)
-    return PromptFraming(list(sweep.labels), mats["kendall_tau_b"], mats["spearman_rho"],
-                         mats["rbo_top"], mats["rbo_bottom"], pct, sweep.token_ids,
+    return PromptFraming(list(sweep.labels), *(mats[k] for k in METRICS), pct, sweep.token_ids,
                          list(sweep.tokens), p)

@@ -294,7 +294,6 @@ def score_candidates(
     new = torch.cat([ids[:, None], suffix.expand(b, -1)], 1)
     tokens = torch.cat([prefix.expand(b, -1), new], 1)
     if cache is None:
-
         rewards, score, _ = model.pooled_outputs(tokens, torch.ones_like(tokens))
         return rewards, score
     past = cache.length
@@ -325,7 +324,6 @@ def text_path_ids(tokenizer: Any, conversation: Conversation, token_id: int,
     if out and isinstance(out[0], list):
         out = out[0]
     return [int(t) for t in out]
-
 
 
 @torch.no_grad()
