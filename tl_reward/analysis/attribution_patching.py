@@ -18,12 +18,14 @@ the finite difference (tested against ``activation_patching(..., fraction=eps)``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
 import torch
 from jaxtyping import Float
 
+from tl_reward.analysis.components import stack_components
 from tl_reward.data.pairs import as_tokenized_pair
 from tl_reward.model.readout import (
     accumulation_dtype,
@@ -67,19 +69,13 @@ class AttributionPatchingResult(ShortRepr):
         """Whole-sequence estimates per component, named as in direct-path patching:
         ``embed``, then per layer ``attn`` (or each head and ``attn_bias``, which no patch
         changes: 0) and ``mlp``."""
-        vals = [self.resid[mode][0].sum()]
-        names = ["embed"]
-        n_layers, n_heads = self.head[mode].shape[:2]
-        for layer in range(n_layers):
-            if level == "sublayer":
-                vals.append(self.attn_out[mode][layer].sum())
-                names.append(f"L{layer}.attn")
-            else:
-                vals += list(self.head[mode][layer].sum(-1)) + [torch.tensor(0.0)]
-                names += [f"L{layer}.H{h}" for h in range(n_heads)] + [f"L{layer}.attn_bias"]
-            vals.append(self.mlp_out[mode][layer].sum())
-            names.append(f"L{layer}.mlp")
-        return torch.stack(vals), names
+        mlp = self.mlp_out[mode].sum(-1)[None]
+        parts = SimpleNamespace(embed=self.resid[mode][0].sum().reshape(1, 1), mlp=mlp,
+                                embed_names=["embed"], heads=self.head[mode].sum(-1)[None],
+                                attn=self.attn_out[mode].sum(-1)[None],
+                                attn_bias=torch.zeros_like(mlp))
+        vals, names = stack_components(parts, "sublayer" if level == "sublayer" else "head")
+        return vals[0], names
 
     def to_dataframe(self, level: str = "head") -> pd.DataFrame:
         """Whole-sequence estimates per component, both directions."""
