@@ -36,13 +36,11 @@ class IrmVocabSweep(ShortRepr):
     """Implicit rewards of N single-token responses for P prompts.
 
     Attributes:
-        token_ids: ``[N]`` candidate ids, ascending.
-        tokens: their decoded strings.
+        token_ids, tokens: ``[N]`` candidate ids, ascending, and their decoded strings.
         first: ``[N, P]`` float32 ``log pi(v | prefix) - log pi_ref(v | prefix)``.
         suffix: ``[N, P]`` float32 log-ratio summed over the template's closing tokens.
-        beta: the DPO temperature.
+        beta: the DPO temperature; ``model_name``: a name for the policy/reference pair.
         labels / prompts: one label and one conversation per prompt.
-        model_name: a name for the policy/reference pair.
     """
 
     token_ids: Int[torch.Tensor, " n"]

@@ -37,13 +37,12 @@ class ModelAgreement(ShortRepr):
     """Pairwise rank agreement between models on their shared decoded vocabulary.
 
     Attributes:
-        models: model names.
-        kendall_tau_b, spearman_rho, rbo_top, rbo_bottom: ``[M, M]`` symmetric matrices
-            (diagonal 1).
+        models: model names; ``kendall_tau_b``, ``spearman_rho``, ``rbo_top``, ``rbo_bottom``:
+            ``[M, M]`` symmetric matrices (diagonal 1).
         n_shared: ``[M, M]`` number of shared strings per pair (diagonal: the model's unique
             strings).
-        dropped: per model, how many tokens were dropped as duplicate strings.
-        p: the RBO persistence.
+        dropped: per model, how many tokens were dropped as duplicate strings; ``p``: the RBO
+            persistence.
     """
 
     models: list[str]

@@ -28,12 +28,11 @@ class TokenExtremes(ShortRepr):
     """The ``k`` highest and lowest tokens of each prompt.
 
     Attributes:
-        labels: prompt labels.
-        top_ids, bottom_ids: ``[P, k]`` token ids, best first / worst first.
-        top_values, bottom_values: ``[P, k]`` their values.
-        tokens: id -> decoded string for every listed id.
-        objective: what was ranked (``"score"`` or an objective name).
-        n: tokens ranked per prompt.
+        labels: prompt labels; ``tokens``: id -> decoded string for every listed id.
+        top_ids, bottom_ids: ``[P, k]`` token ids, best first / worst first, and
+            ``top_values``, ``bottom_values`` their values.
+        objective: what was ranked (``"score"`` or an objective name); ``n``: tokens ranked
+            per prompt.
     """
 
     labels: list[str]

@@ -33,10 +33,10 @@ class PromptFraming(ShortRepr):
     """Agreement of one model's rankings across prompts.
 
     Attributes:
-        labels: prompt labels.
-        kendall_tau_b, spearman_rho, rbo_top, rbo_bottom: ``[P, P]`` matrices (diagonal 1).
-        percentiles: ``[N, P]`` percentile of every token under each prompt.
-        token_ids, tokens: the swept tokens.
+        labels: prompt labels; ``kendall_tau_b``, ``spearman_rho``, ``rbo_top``,
+            ``rbo_bottom``: ``[P, P]`` matrices (diagonal 1); ``p``: the RBO persistence.
+        percentiles: ``[N, P]`` percentile of every token under each prompt (the swept
+            ``token_ids``, ``tokens``).
     """
 
     labels: list[str]

@@ -48,14 +48,12 @@ class RoundTripReport(ShortRepr):
     """Per token: does the text path give the same ids as the id path?
 
     Attributes:
-        token_ids: ``[N]`` ids checked.
-        tokens: their decoded strings.
+        token_ids, tokens: ``[N]`` ids checked and their decoded strings.
         identical: ``[N]`` the text path equals ``prefix + [v] + suffix``.
         bos_duplicated: ``[N]`` the text path starts with a second BOS.
         survives: ``[N]`` the sequences agree once a duplicated BOS is removed (the response
             token came back unchanged).
-        text_ids: the text path's ids per token.
-        path: which text path.
+        text_ids: the text path's ids per token; ``path``: which text path.
         id_scores, text_scores: ``[N]`` scores of both paths, when computed.
     """
 

@@ -62,14 +62,11 @@ class VocabSweep(ShortRepr):
     """Scores of single-token responses: N candidate tokens x P prompts (x K objectives).
 
     Attributes:
-        token_ids: ``[N]`` ids, ascending.
-        tokens: the decoded string of each id.
-        scores: ``[N, P]`` combined scores, or ``None`` for a head without one.
-        rewards: ``[N, P, K]`` per-objective rewards.
-        labels: one label per prompt.
-        prompts: the prompts as conversations.
-        objectives: the K objective names.
-        model_name: the model's name.
+        token_ids, tokens: ``[N]`` ids, ascending, and the decoded string of each.
+        scores: ``[N, P]`` combined scores, or ``None`` for a head without one; ``rewards``:
+            ``[N, P, K]`` per-objective rewards.
+        labels, prompts: one label and one conversation per prompt; ``objectives``: the K
+            objective names; ``model_name``: the model's name.
         spec: how the sweep was made (see :class:`~tl_reward.sweep.store.SweepSpec`).
     """
 
