@@ -235,14 +235,11 @@ def lexicon_tokens(tokenizer: Any, lexicon: dict[str, float], vocab: int | None 
     from tl_reward.sweep.lexicon import token_word
     from tl_reward.sweep.vocab_sweep import vocabulary_ids
 
-    ids, words, utils = [], [], []
-    for i in vocabulary_ids(tokenizer, vocab or len(tokenizer)):
-        w = token_word(tokenizer.decode([i]))
-        if w is not None and w in lexicon:
-            ids.append(i)
-            words.append(w)
-            utils.append(float(lexicon[w]))
-    return ids, words, np.asarray(utils)
+    spelled = ((i, token_word(tokenizer.decode([i])))
+               for i in vocabulary_ids(tokenizer, vocab or len(tokenizer)))
+    hits = [(i, w) for i, w in spelled if w is not None and w in lexicon]
+    ids, words = [i for i, _ in hits], [w for _, w in hits]
+    return ids, words, np.asarray([float(lexicon[w]) for w in words])
 
 
 def run_seed_pipeline(
