@@ -122,12 +122,10 @@ class DirectAttribution(ShortRepr):
     def to_dataframe(self, level: str = "head") -> pd.DataFrame:
         """Long table: input, objective, component, contribution."""
         vals, names = self.components(level)
-        rows = []
-        for i in range(vals.shape[0]):
-            for k, obj in enumerate(self.objectives):
-                for c, name in enumerate(names):
-                    rows.append((i, obj, name, float(vals[i, c, k])))
-                rows.append((i, obj, "head_bias", float(self.bias[i, k])))
+        rows = [(i, obj, name, float(v)) for i in range(vals.shape[0])
+                for k, obj in enumerate(self.objectives)
+                for name, v in [*zip(names, vals[i, :, k], strict=True),
+                                ("head_bias", self.bias[i, k])]]
         return pd.DataFrame(rows, columns=["input", "objective", "component", "contribution"])
 
     def plot(self, index: int | None = None, objective: int | str = 0) -> Any:

@@ -141,11 +141,11 @@ def _clean_pair(model: Any, tp: TokenizedPair, sites: Sequence[Site], objective:
 def _prefix_cache(model: Any, clean: dict[str, torch.Tensor], prefix_len: int,
                   batch: int) -> Any:
     """A frozen key/value cache of the first ``prefix_len`` positions, expanded to ``batch``."""
-    keys, values = [], []
-    for i in range(model.cfg.n_layers):
-        k = cache_keys(model, i, clean[f"blocks.{i}.attn.hook_k"][:, :prefix_len])
-        keys.append(k.expand(batch, -1, -1, -1))
-        values.append(clean[f"blocks.{i}.attn.hook_v"][:, :prefix_len].expand(batch, -1, -1, -1))
+    layers = range(model.cfg.n_layers)
+    keys = [cache_keys(model, i, clean[f"blocks.{i}.attn.hook_k"][:, :prefix_len])
+            .expand(batch, -1, -1, -1) for i in layers]
+    values = [clean[f"blocks.{i}.attn.hook_v"][:, :prefix_len].expand(batch, -1, -1, -1)
+              for i in layers]
     mask = torch.ones((batch, prefix_len), dtype=torch.long, device=model.cfg.device)
     return frozen_kv_cache(keys, values, mask)
 
@@ -359,12 +359,8 @@ def _grid(model: Any, site: str, positions: str, layers: Sequence[int] | None,
     if site == "neuron" and positions == "each":
         raise TLRewardError("neuron sites patch every aligned position (positions='all')")
     rows: list[int | None] = list(range(n_rows)) if positions == "each" else [None]
-    sites = []
-    for layer in layers:
-        hook, block = site_hook(model, site, layer)
-        for u in units or [None]:
-            for r in rows:
-                sites.append(Site(hook, block, u, r))
+    sites = [Site(*site_hook(model, site, layer), u, r)
+             for layer in layers for u in units or [None] for r in rows]
     dims = ["layer"] + ([("head" if site == "head" else "neuron")] if units else [])
     shape = (len(layers),) + ((len(units),) if units else ())
     if positions == "each":

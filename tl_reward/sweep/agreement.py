@@ -56,12 +56,10 @@ class ModelAgreement(ShortRepr):
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per model pair: the four agreement measures and the shared count."""
-        rows = []
-        for i, j in combinations(range(len(self.models)), 2):
-            rows.append({"model_a": self.models[i], "model_b": self.models[j],
-                         "n_shared": int(self.n_shared[i, j]),
-                         **{m: float(getattr(self, m)[i, j]) for m in METRICS}})
-        return pd.DataFrame(rows)
+        return pd.DataFrame([{"model_a": self.models[i], "model_b": self.models[j],
+                              "n_shared": int(self.n_shared[i, j]),
+                              **{m: float(getattr(self, m)[i, j]) for m in METRICS}}
+                             for i, j in combinations(range(len(self.models)), 2)])
 
     def mds(self, metric: str = "kendall_tau_b", seed: int = 0) -> pd.DataFrame:
         """2-D metric MDS of the models from the dissimilarity ``1 - metric``."""

@@ -45,7 +45,7 @@ class TokenExtremes(ShortRepr):
     n: int
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per (prompt, side, rank) with token id, string, value and percentile."""
+        """One row per (prompt, side, rank) with token id, string and value."""
         rows = []
         for p, lab in enumerate(self.labels):
             for side, ids, vals in (("top", self.top_ids, self.top_values),

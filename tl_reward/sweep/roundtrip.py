@@ -130,16 +130,13 @@ def roundtrip_check(
     template = response_template(tokenizer, prompt)
     bos = getattr(tokenizer, "bos_token_id", None)
     cands = [int(v) for v in ids]
-    texts, identical, dup, survives = [], [], [], []
     show = progress if progress is not None else len(cands) > 2000
-    for v in tqdm(cands, disable=not show, desc="round trip", unit="id"):
-        ref = template.ids(v)
-        got = text_path_ids(tokenizer, template.conversation, v, path)
-        d = bos is not None and len(got) > 1 and got[0] == got[1] == bos
-        texts.append(got)
-        identical.append(got == ref)
-        dup.append(d)
-        survives.append((got[1:] if d else got) == ref)
+    texts = [text_path_ids(tokenizer, template.conversation, v, path)
+             for v in tqdm(cands, disable=not show, desc="round trip", unit="id")]
+    refs = [template.ids(v) for v in cands]
+    identical = [got == ref for got, ref in zip(texts, refs, strict=True)]
+    dup = [bos is not None and len(got) > 1 and got[0] == got[1] == bos for got in texts]
+    survives = [(g[1:] if d else g) == r for g, d, r in zip(texts, dup, refs, strict=True)]
     return RoundTripReport(
         torch.tensor(cands, dtype=torch.long), tokenizer.batch_decode([[v] for v in cands]),
         torch.tensor(identical, dtype=torch.bool), torch.tensor(dup, dtype=torch.bool),
