@@ -206,15 +206,12 @@ class IrmPipelineResult:
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per feature set: Kendall tau-b with CI, Spearman, out-of-fold R^2."""
-        rows = []
-        for name, rec in self.reconstructions.items():
-            a = rec.agreement
-            rows.append({"features": name, "layers": ",".join(map(str, self.layers)),
-                         "n_words": len(set(rec.words)), "n_tokens": len(rec.words),
-                         "n_features": rec.n_features, "kendall_tau_b": a.kendall_tau_b.value,
-                         "ci_low": a.kendall_tau_b.ci_low, "ci_high": a.kendall_tau_b.ci_high,
-                         "spearman_rho": a.spearman_rho.value, "r2": rec.r2})
-        return pd.DataFrame(rows)
+        return pd.DataFrame([{
+            "features": name, "layers": ",".join(map(str, self.layers)), "n_words":
+            len(set(rec.words)), "n_tokens": len(rec.words), "n_features": rec.n_features,
+            "kendall_tau_b": (tau := rec.agreement.kendall_tau_b).value, "ci_low": tau.ci_low,
+            "ci_high": tau.ci_high, "spearman_rho": rec.agreement.spearman_rho.value, "r2": rec.r2}
+            for name, rec in self.reconstructions.items()])
 
     def plot(self) -> Any:
         """Kendall tau-b with CI per feature set (plotly)."""
