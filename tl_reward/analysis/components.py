@@ -121,10 +121,6 @@ def _value_bias(model: Any, layer: int, like: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(b, model.cfg.n_heads // b.shape[0], dim=0).to(like.dtype)
 
 
-def _full(acts: Any, name: str) -> torch.Tensor:
-    return acts.full[name] if isinstance(acts, PooledActivations) else acts[name]
-
-
 def _post_factor(
     model: object, cache: ActivationCache | PooledActivations, layer: int, which: str,
     rows: torch.Tensor, positions: torch.Tensor,
@@ -276,7 +272,8 @@ def head_position_projections(
         post = _post_factor(model, cache, layer, "ln1_post", rows, positions)
         u = directions if post is None else directions * post[:, None]
         pattern = _at(cache, f"blocks.{layer}.attn.hook_pattern", rows, positions).to(u.dtype)
-        v = _full(cache, f"blocks.{layer}.attn.hook_v").to(u.dtype)  # [b, src, kv, d_head]
+        full = cache.full if isinstance(cache, PooledActivations) else cache
+        v = full[f"blocks.{layer}.attn.hook_v"].to(u.dtype)  # [b, src, kv, d_head]
         if v.shape[2] != cfg.n_heads:
             v = torch.repeat_interleave(v, cfg.n_heads // v.shape[2], dim=2)
         v = v - _value_bias(model, layer, v)
