@@ -148,14 +148,9 @@ def _attribute_batch(
     resid = cache.full[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
     ro = reward_readout(model, resid, tokens, mask, objectives, positions)
     comps = final_components(model, cache, ro.positions)
-    out: dict[str, Any] = {
-        "readout": ro,
-        "embed": ro.project(comps.embed),
-        "heads": ro.project(comps.heads),
-        "attn_bias": ro.project(comps.attn_bias),
-        "mlp": ro.project(comps.mlp),
-        "embed_names": comps.embed_names,
-    }
+    out: dict[str, Any] = {k: ro.project(getattr(comps, k))
+                           for k in ("embed", "heads", "attn_bias", "mlp")}
+    out.update(readout=ro, embed_names=comps.embed_names, bias=ro.bias, reward=ro.reward)
     scaled = ro.directions / ro.scale[:, None, None]
     if neurons:
         out["neurons"], out["mlp_bias"] = neuron_projections(model, cache, ro.positions, scaled)
@@ -184,8 +179,7 @@ def direct_reward_attribution(
     """
     from tl_reward.model.inputs import as_items
 
-    items = as_items(inputs)
-    encoded = [model.encode(x) for x in items]
+    encoded = [model.encode(x) for x in as_items(inputs)]
     parts: list[dict[str, Any]] = []
     starts = range(0, len(encoded), batch_size)
     show = progress if progress is not None else len(starts) > 4
@@ -211,8 +205,7 @@ def direct_reward_attribution(
     return DirectAttribution(
         objectives=ro.objectives,
         embed=cat("embed"), heads=cat("heads"), attn_bias=cat("attn_bias"), mlp=cat("mlp"),
-        bias=torch.cat([p["readout"].bias.to(acc).cpu() for p in parts]),
-        reward=torch.cat([p["readout"].reward.to(acc).cpu() for p in parts]),
+        bias=cat("bias"), reward=cat("reward"),
         positions=torch.cat([p["readout"].positions.cpu() for p in parts]),
         tokens=tokens, embed_names=parts[0]["embed_names"],
         neurons=cat("neurons") if neurons else None,

@@ -69,8 +69,7 @@ def pooled_residuals(
     """Collect :class:`PooledResiduals` for ``inputs`` (anything ``model.make_batch`` takes)."""
     from tl_reward.model.inputs import as_items
 
-    items = as_items(inputs)
-    encoded = [model.encode(x) for x in items]
+    encoded = [model.encode(x) for x in as_items(inputs)]
     n_layers = model.cfg.n_layers
     names = [f"blocks.{i}.hook_resid_pre" for i in range(n_layers)]
     names.append(f"blocks.{n_layers - 1}.hook_resid_post")
