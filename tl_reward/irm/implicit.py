@@ -79,16 +79,13 @@ def encode_responses(
     for i, item in enumerate(inputs):
         enc = item if isinstance(item, EncodedInput) else encode(tokenizer, item)
         if enc.response_start is None:
-            raise TLRewardError(
-                f"input {i} has no known response start; pass a (prompt, response) pair or a "
-                "conversation ending with an assistant turn (or an EncodedInput with "
-                "response_start)"
-            )
+            raise TLRewardError(f"input {i} has no known response start; pass a (prompt, "
+                                "response) pair or a conversation ending with an assistant turn "
+                                "(or an EncodedInput with response_start)")
         if not 1 <= enc.response_start < len(enc.ids):
-            raise TLRewardError(
-                f"input {i}: response_start {enc.response_start} must lie in 1..{len(enc.ids) - 1}"
-                " (the response needs a preceding token and at least one token)"
-            )
+            raise TLRewardError(f"input {i}: response_start {enc.response_start} must lie in "
+                                f"1..{len(enc.ids) - 1} (the response needs a preceding token "
+                                "and at least one token)")
         out.append(enc)
     return out
 
@@ -157,10 +154,9 @@ def implicit_rewards(
     if tok is None and any(not isinstance(x, EncodedInput) for x in inputs):
         tok = getattr(policy, "tokenizer", None)
         if tok is None:
-            raise TLRewardError(
-                "implicit_rewards needs a tokenizer for text inputs; pass tokenizer= (HF models "
-                "carry none), or pass EncodedInput items with response_start set"
-            )
+            raise TLRewardError("implicit_rewards needs a tokenizer for text inputs; pass "
+                                "tokenizer= (HF models carry none), or pass EncodedInput items "
+                                "with response_start set")
     encoded = encode_responses(inputs, tok)
     if not encoded:
         raise TLRewardError("no inputs to score")

@@ -47,10 +47,8 @@ def hooked_causal_lm(hf_model: Any, tokenizer: Any = None, device: str | None = 
     name = type(hf_model).__name__
     seq = sequence_classification_name(name)
     if seq is None:
-        raise UnsupportedArchitectureError(
-            f"{name} is not an HF causal LM (*ForCausalLM, *LMHeadModel); pass e.g. a "
-            "LlamaForCausalLM"
-        )
+        raise UnsupportedArchitectureError(f"{name} is not an HF causal LM (*ForCausalLM, "
+                                           "*LMHeadModel); pass e.g. a LlamaForCausalLM")
     arch = get_architecture(seq)
     dtype = dtype or next(hf_model.parameters()).dtype
     fields = arch.config(hf_model.config)
