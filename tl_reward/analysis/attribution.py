@@ -201,17 +201,11 @@ def direct_reward_attribution(
     if per_position:
         head_positions = [p["head_positions"][i, :, :, :n].to(acc).cpu()
                           for p in parts for i, n in enumerate(p["lengths"])]
-    ro = parts[0]["readout"]
+    terms = ("embed", "heads", "attn_bias", "mlp", "bias", "reward")  # the fields in order
     return DirectAttribution(
-        objectives=ro.objectives,
-        embed=cat("embed"), heads=cat("heads"), attn_bias=cat("attn_bias"), mlp=cat("mlp"),
-        bias=cat("bias"), reward=cat("reward"),
-        positions=torch.cat([p["readout"].positions.cpu() for p in parts]),
-        tokens=tokens, embed_names=parts[0]["embed_names"],
-        neurons=cat("neurons") if neurons else None,
-        mlp_bias=cat("mlp_bias") if neurons else None,
-        head_positions=head_positions,
-    )
+        parts[0]["readout"].objectives, *(cat(k) for k in terms),
+        torch.cat([p["readout"].positions.cpu() for p in parts]), tokens, parts[0]["embed_names"],
+        cat("neurons") if neurons else None, cat("mlp_bias") if neurons else None, head_positions)
 
 
 @dataclass(repr=False)
@@ -272,5 +266,4 @@ def differential_attribution(
               batch_size=batch_size, progress=progress)
     return PairAttribution(
         direct_reward_attribution(model, [torch.tensor(p.chosen_ids) for p in batch], **kw),
-        direct_reward_attribution(model, [torch.tensor(p.rejected_ids) for p in batch], **kw),
-    )
+        direct_reward_attribution(model, [torch.tensor(p.rejected_ids) for p in batch], **kw))

@@ -90,9 +90,7 @@ def pooled_residuals(
     return PooledResiduals(
         torch.cat([p[0].to(acc).cpu() for p in parts]),
         *(torch.cat([getattr(p[1], k).to(acc).cpu() for p in parts])
-          for k in ("scale", "directions", "bias", "reward")),
-        parts[0][1].objectives,
-    )
+          for k in ("scale", "directions", "bias", "reward")), parts[0][1].objectives)
 
 
 @dataclass(repr=False)
