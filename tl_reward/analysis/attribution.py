@@ -35,6 +35,7 @@ from tl_reward.analysis.components import (
 )
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.inputs import as_items
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, reward_readout
 from tl_reward.results import ShortRepr
 
@@ -177,8 +178,6 @@ def direct_reward_attribution(
         per_position: also split every head over source positions (token maps).
         batch_size: inputs per forward pass.
     """
-    from tl_reward.model.inputs import as_items
-
     encoded = [model.encode(x) for x in as_items(inputs)]
     parts: list[dict[str, Any]] = []
     starts = range(0, len(encoded), batch_size)
@@ -197,10 +196,8 @@ def direct_reward_attribution(
 
     tokens = [model.tokenizer.convert_ids_to_tokens(e.ids) if model.tokenizer is not None
               else [str(t) for t in e.ids] for e in encoded]
-    head_positions = None
-    if per_position:
-        head_positions = [p["head_positions"][i, :, :, :n].to(acc).cpu()
-                          for p in parts for i, n in enumerate(p["lengths"])]
+    head_positions = [p["head_positions"][i, :, :, :n].to(acc).cpu() for p in parts
+                      for i, n in enumerate(p["lengths"])] if per_position else None
     terms = ("embed", "heads", "attn_bias", "mlp", "bias", "reward")  # the fields in order
     return DirectAttribution(
         parts[0]["readout"].objectives, *(cat(k) for k in terms),

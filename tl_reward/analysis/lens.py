@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.inputs import as_items
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, normalise, reward_readout
 from tl_reward.results import ShortRepr
 
@@ -67,8 +68,6 @@ def pooled_residuals(
     progress: bool | None = None,
 ) -> PooledResiduals:
     """Collect :class:`PooledResiduals` for ``inputs`` (anything ``model.make_batch`` takes)."""
-    from tl_reward.model.inputs import as_items
-
     encoded = [model.encode(x) for x in as_items(inputs)]
     n_layers = model.cfg.n_layers
     names = [f"blocks.{i}.hook_resid_pre" for i in range(n_layers)]

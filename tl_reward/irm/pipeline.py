@@ -37,6 +37,8 @@ from tl_reward.irm.layers import LayerChange, parameter_change
 from tl_reward.model.inputs import EncodedInput, collate
 from tl_reward.model.response_template import Prompt, response_template
 from tl_reward.stats.agreement import RankAgreement, rank_agreement
+from tl_reward.sweep.lexicon import token_word
+from tl_reward.sweep.vocab_sweep import vocabulary_ids
 
 
 def mlp_hook(layer: int) -> str:
@@ -229,9 +231,6 @@ class IrmPipelineResult:
 def lexicon_tokens(tokenizer: Any, lexicon: dict[str, float], vocab: int | None = None
                    ) -> tuple[list[int], list[str], np.ndarray]:
     """Token ids whose decoded word is in ``lexicon``: ids, words and utilities."""
-    from tl_reward.sweep.lexicon import token_word
-    from tl_reward.sweep.vocab_sweep import vocabulary_ids
-
     spelled = ((i, token_word(tokenizer.decode([i])))
                for i in vocabulary_ids(tokenizer, vocab or len(tokenizer)))
     hits = [(i, w) for i, w in spelled if w is not None and w in lexicon]

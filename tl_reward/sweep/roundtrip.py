@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from tl_reward.model.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.results import ShortRepr
+from tl_reward.stats.ranks import kendall_tau_b, spearman_rho
 from tl_reward.sweep.vocab_sweep import (
     candidate_ids,
     score_text_path,
@@ -88,8 +89,6 @@ class RoundTripReport(ShortRepr):
                 "token did not survive": int((~self.survives).sum())}
         df = pd.DataFrame({"count": rows}).assign(share=lambda d: d["count"] / max(n, 1))
         if self.id_scores is not None and self.text_scores is not None:
-            from tl_reward.stats.ranks import kendall_tau_b, spearman_rho
-
             a, b = self.id_scores.numpy(), self.text_scores.numpy()
             df.loc["Kendall tau-b (id vs text scores)"] = [n, kendall_tau_b(a, b).statistic]
             df.loc["Spearman rho (id vs text scores)"] = [n, spearman_rho(a, b).statistic]

@@ -30,6 +30,7 @@ from tl_reward.data.conversation import Conversation, Message, is_conversation
 from tl_reward.errors import ContextLengthError, TLRewardError, UnknownObjectiveError
 from tl_reward.model.fingerprint import model_fingerprint, tokenizer_fingerprint
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.inputs import EncodedInput
 from tl_reward.model.readout import read_rewards
 from tl_reward.model.response_template import Prompt, ResponseTemplate, prompt_conversation
 from tl_reward.results import ShortRepr
@@ -41,6 +42,7 @@ from tl_reward.sweep.store import (
     read_table,
     reward_column,
     score_column,
+    write_table,
 )
 
 if TYPE_CHECKING:
@@ -165,10 +167,8 @@ class VocabSweep(ShortRepr):
 
     def save(self, path: str | Path) -> Path:
         """Write as a sweep parquet file (readable by :func:`load_sweep`)."""
-        from tl_reward.sweep.store import write_table
-
-        table = self.to_table()  # refuses a sweep without a spec
-        return write_table(table, self.spec, path)  # type: ignore[arg-type]
+        # to_table refuses a sweep without a spec
+        return write_table(self.to_table(), self.spec, path)  # type: ignore[arg-type]
 
     @classmethod
     def from_file(cls, path: str | Path) -> VocabSweep:
@@ -333,8 +333,6 @@ def score_text_path(
 ) -> tuple[Float[torch.Tensor, "n K"], Float[torch.Tensor, " n"] | None]:
     """Rewards and scores of the text path's sequences (full forward, padded batches), each
     closed by the model's :attr:`~HookedRewardModel.suffix_ids` as :meth:`encode` closes text."""
-    from tl_reward.model.inputs import EncodedInput
-
     seqs = [[*text_path_ids(model.tokenizer, template.conversation, int(v), path),
              *model.suffix_ids] for v in ids.tolist()]
     step = batch_size or max(1, len(seqs))
