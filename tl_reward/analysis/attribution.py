@@ -57,7 +57,6 @@ class DirectAttribution(ShortRepr):
         head_positions: per input ``[layer, head, pos, n_obj]``: each head's contribution split
             over the source positions it attends to, or None.
         tokens: per input, its token strings; ``positions``: ``[N]`` the pooled position.
-        embed_names: names of the embedding terms.
     """
 
     objectives: list[str]

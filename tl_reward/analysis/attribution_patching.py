@@ -43,8 +43,7 @@ class AttributionPatchingResult(ShortRepr):
 
     Attributes:
         resid: ``[layer + 1, position]`` (the last layer is the final residual).
-        attn_out, mlp_out: ``[layer, position]``.
-        head: ``[layer, head, position]``.
+        attn_out, mlp_out: ``[layer, position]``; ``head``: ``[layer, head, position]``.
         neuron: ``[layer, d_mlp]`` (summed over aligned positions).
         position_labels: names of the aligned positions.
         clean_chosen, clean_rejected: clean objective values.
@@ -110,8 +109,6 @@ def attribution_patching(
     obj = resolve_objectives(model, objective)[0]
     n_layers = model.cfg.n_layers
     final_hook = f"blocks.{n_layers - 1}.hook_resid_post"
-    names = [f"blocks.{layer}.{h}" for layer in range(n_layers) for h in SITE_HOOKS.values()]
-    names.append(final_hook)
     lengths = [tp.chosen_len, tp.rejected_len]
     n = max(lengths)
     tokens = torch.full((2, n), int(model.pad_token_id or 0), dtype=torch.long)
@@ -151,11 +148,9 @@ def attribution_patching(
             # uses it downstream only when it is returned, or no gradient reaches it
         return fn
 
-    fwd = [("hook_embed", start)]
-    for layer in range(n_layers):
-        fwd += [(f"blocks.{layer}.{h}", save(kind, f"blocks.{layer}.{h}"))
-                for kind, h in SITE_HOOKS.items()]
-    fwd.append((final_hook, save("resid", final_hook)))
+    sites = [(kind, f"blocks.{layer}.{h}") for layer in range(n_layers)
+             for kind, h in SITE_HOOKS.items()] + [("resid", final_hook)]
+    fwd = [("hook_embed", start), *((name, save(kind, name)) for kind, name in sites)]
     with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
         resid = model.final_residual(tokens, mask)
         values = objective_at_pooled(model, resid, tokens, mask, [obj])[:, 0]
@@ -165,9 +160,8 @@ def attribution_patching(
     delta = r_c - r_r
     per_delta = normalised_effect(torch.ones((), dtype=acc), delta, "estimates")
 
-    def stack(key: str, extra: str | None = None) -> dict[str, torch.Tensor]:
-        names = [f"blocks.{layer}.{SITE_HOOKS[key]}" for layer in range(n_layers)]
-        names += [extra] if extra is not None else []
+    def stack(key: str, *extra: str) -> dict[str, torch.Tensor]:
+        names = [*(f"blocks.{layer}.{SITE_HOOKS[key]}" for layer in range(n_layers)), *extra]
         return {m: torch.stack([raw[nm][m] for nm in names]) * per_delta
                 for m in ("denoising", "noising")}
 

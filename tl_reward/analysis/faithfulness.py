@@ -142,14 +142,12 @@ class FaithfulnessReport(ShortRepr):
         """Mean rho per pairing with its two-sided sign-flip p over pairs and the interval that
         inverts it (:func:`~tl_reward.stats.paired.summarise_mean`; ``n_permutations`` random
         sign patterns beyond 20 pairs), and the number of pairs."""
-        rows = []
-        for col, vals in self.rho().items():
-            obs, cau, kind = col.split("|")
-            s = summarise_mean(vals.to_numpy(), confidence, seed, n_permutations)
-            rows.append({"observational": obs, "causal": cau, "kind": kind, "mean_rho": s.value,
-                         "ci_low": s.ci_low, "ci_high": s.ci_high, "p_value": s.p_value,
-                         "n_pairs": s.n, "published_anchor": (obs, cau, kind) == ANCHOR})
-        return pd.DataFrame(rows)
+        return pd.DataFrame([
+            {"observational": obs, "causal": cau, "kind": kind, "mean_rho": s.value,
+             "ci_low": s.ci_low, "ci_high": s.ci_high, "p_value": s.p_value, "n_pairs": s.n,
+             "published_anchor": (obs, cau, kind) == ANCHOR}
+            for col, vals in self.rho().items() for obs, cau, kind in [col.split("|")]
+            for s in [summarise_mean(vals.to_numpy(), confidence, seed, n_permutations)]])
 
     def to_dataframe(self) -> pd.DataFrame:
         """The summary table (see :meth:`summary`)."""
