@@ -158,20 +158,17 @@ def irm_vocab_sweep(
     if not cand or cand[0] < 0 or cand[-1] >= vocab:
         raise TLRewardError(f"candidate ids must be a non-empty subset of [0, {vocab})")
     cand_t = torch.tensor(cand)
-    first = torch.zeros(len(cand), len(plist))
-    suffix = torch.zeros(len(cand), len(plist))
+    first, suffix = torch.zeros(len(cand), len(plist)), torch.zeros(len(cand), len(plist))
     templates: list[ResponseTemplate] = [response_template(tok, p) for p in plist]
     for p, tpl in enumerate(templates):
         for sign, model in ((1.0, policy), (-1.0, reference)):
             run = _PrefixRunner(model, list(tpl.prefix))
             lp = run.last_logits.float().log_softmax(-1)
             first[:, p] += sign * lp[cand_t.to(lp.device)].cpu()
-            batches = range(0, len(cand), batch_size)
-            for b in tqdm(batches, desc=f"IRM sweep {labels[p]}", disable=not progress,
-                          leave=False):
+            for b in tqdm(range(0, len(cand), batch_size), desc=f"IRM sweep {labels[p]}",
+                          disable=not progress, leave=False):
                 chunk = cand_t[b:b + batch_size]
                 suffix[b:b + len(chunk), p] += sign * _suffix_logprobs(
                     run, chunk, list(tpl.suffix)).cpu()
-    tokens = [tok.decode([i]) for i in cand]
-    convs = [list(t.conversation) for t in templates]
-    return IrmVocabSweep(cand_t, tokens, first, suffix, float(beta), labels, convs, model_name)
+    return IrmVocabSweep(cand_t, [tok.decode([i]) for i in cand], first, suffix, float(beta),
+                         labels, [list(t.conversation) for t in templates], model_name)

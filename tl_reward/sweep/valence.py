@@ -95,8 +95,7 @@ def valence_asymmetry(
     """Fit ``value ~ valence`` on positive and on negative lexicon words separately.
 
     Args:
-        sweep: a vocabulary sweep.
-        prompt, objective: which values.
+        sweep, prompt, objective: a vocabulary sweep and which of its values.
         scale: ``"z"``, ``"raw"`` or ``"percentile"`` (see :func:`.token_lexicon.scale_values`).
         aggregate: how a word's several tokens combine (``"mean"``, ``"max"``, ..., ``"none"``).
         lexicon: word -> valence (default: AFINN-en-165).
