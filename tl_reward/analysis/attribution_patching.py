@@ -157,8 +157,7 @@ def attribution_patching(
         del resid
         torch.autograd.grad(values.sum(), leaf)
     r_c, r_r = (float(v) for v in values.detach())
-    delta = r_c - r_r
-    per_delta = normalised_effect(torch.ones((), dtype=acc), delta, "estimates")
+    per_delta = normalised_effect(torch.ones((), dtype=acc), r_c - r_r, "estimates")
 
     def stack(key: str, *extra: str) -> dict[str, torch.Tensor]:
         names = [*(f"blocks.{layer}.{SITE_HOOKS[key]}" for layer in range(n_layers)), *extra]

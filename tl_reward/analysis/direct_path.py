@@ -112,9 +112,7 @@ def direct_path_patching(
     else:
         h_new = h_t[None] + o_s - o_t  # [C, d_model]
         patched = h_new @ w / norm_scale(model, h_new)[:, 0] + b
-    r_c = float(runs["chosen"][0].reward[0, 0])
-    r_r = float(runs["rejected"][0].reward[0, 0])
-    delta = r_c - r_r
-    effect = normalised_effect(patched - r_r if mode == "denoising" else r_c - patched, delta)
+    r_c, r_r = (float(runs[side][0].reward[0, 0]) for side in ("chosen", "rejected"))
+    effect = normalised_effect(patched - r_r if mode == "denoising" else r_c - patched, r_c - r_r)
     return DirectPathResult(names, effect.cpu(), patched.cpu(), mode, scale, obj,
                             r_c, r_r)

@@ -504,8 +504,7 @@ def patch_components(
 
     patched = run_patched(model, tp.ids(target), clean[target], sites, value,
                           lambda s: tgt_rows, obj, chunk_size, prefix_len=p, by_layer=by_layer)
-    delta = r_c - r_r
-    eff = normalised_effect(patched - r_r if mode == "denoising" else r_c - patched, delta)
+    eff = normalised_effect(patched - r_r if mode == "denoising" else r_c - patched, r_c - r_r)
     out = torch.zeros(len(names), dtype=eff.dtype)
     out[keep] = eff
     return out

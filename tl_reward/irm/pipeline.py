@@ -176,8 +176,7 @@ def reconstruct_utilities(
     pred = np.empty_like(y)
     chosen = []
     perm = np.random.default_rng(seed).permutation(len(y))
-    folds = GroupKFold(n_splits=n_folds).split(x[perm], y[perm], g[perm])
-    for tr, te in folds:
+    for tr, te in GroupKFold(n_splits=n_folds).split(x[perm], y[perm], g[perm]):
         tr, te = perm[tr], perm[te]
         model = make_pipeline(StandardScaler(), RidgeCV(alphas=grid)).fit(x[tr], y[tr])
         pred[te] = model.predict(x[te])
