@@ -35,6 +35,7 @@ from tl_reward.analysis.components import (
 )
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.inputs import as_items
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, reward_readout
 from tl_reward.results import ShortRepr
 
@@ -56,7 +57,6 @@ class DirectAttribution(ShortRepr):
         head_positions: per input ``[layer, head, pos, n_obj]``: each head's contribution split
             over the source positions it attends to, or None.
         tokens: per input, its token strings; ``positions``: ``[N]`` the pooled position.
-        embed_names: names of the embedding terms.
     """
 
     objectives: list[str]
@@ -77,15 +77,7 @@ class DirectAttribution(ShortRepr):
         return self.reward.shape[0]
 
     def _obj(self, objective: int | str) -> int:
-        if not isinstance(objective, str):
-            return objective_slot(self.objectives, objective)
-        if objective not in self.objectives:
-            from tl_reward.errors import UnknownObjectiveError
-
-            raise UnknownObjectiveError(
-                f"objective {objective!r} was not attributed; this result has {self.objectives}"
-            )
-        return self.objectives.index(objective)
+        return objective_slot(self.objectives, objective)
 
     @property
     def attn(self) -> Float[torch.Tensor, "n layer n_obj"]:
@@ -130,12 +122,10 @@ class DirectAttribution(ShortRepr):
     def to_dataframe(self, level: str = "head") -> pd.DataFrame:
         """Long table: input, objective, component, contribution."""
         vals, names = self.components(level)
-        rows = []
-        for i in range(vals.shape[0]):
-            for k, obj in enumerate(self.objectives):
-                for c, name in enumerate(names):
-                    rows.append((i, obj, name, float(vals[i, c, k])))
-                rows.append((i, obj, "head_bias", float(self.bias[i, k])))
+        rows = [(i, obj, name, float(v)) for i in range(vals.shape[0])
+                for k, obj in enumerate(self.objectives)
+                for name, v in [*zip(names, vals[i, :, k], strict=True),
+                                ("head_bias", self.bias[i, k])]]
         return pd.DataFrame(rows, columns=["input", "objective", "component", "contribution"])
 
     def plot(self, index: int | None = None, objective: int | str = 0) -> Any:
@@ -158,14 +148,9 @@ def _attribute_batch(
     resid = cache.full[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
     ro = reward_readout(model, resid, tokens, mask, objectives, positions)
     comps = final_components(model, cache, ro.positions)
-    out: dict[str, Any] = {
-        "readout": ro,
-        "embed": ro.project(comps.embed),
-        "heads": ro.project(comps.heads),
-        "attn_bias": ro.project(comps.attn_bias),
-        "mlp": ro.project(comps.mlp),
-        "embed_names": comps.embed_names,
-    }
+    out: dict[str, Any] = {k: ro.project(getattr(comps, k))
+                           for k in ("embed", "heads", "attn_bias", "mlp")}
+    out.update(readout=ro, embed_names=comps.embed_names, bias=ro.bias, reward=ro.reward)
     scaled = ro.directions / ro.scale[:, None, None]
     if neurons:
         out["neurons"], out["mlp_bias"] = neuron_projections(model, cache, ro.positions, scaled)
@@ -192,10 +177,7 @@ def direct_reward_attribution(
         per_position: also split every head over source positions (token maps).
         batch_size: inputs per forward pass.
     """
-    from tl_reward.model.inputs import as_items
-
-    items = as_items(inputs)
-    encoded = [model.encode(x) for x in items]
+    encoded = [model.encode(x) for x in as_items(inputs)]
     parts: list[dict[str, Any]] = []
     starts = range(0, len(encoded), batch_size)
     show = progress if progress is not None else len(starts) > 4
@@ -213,22 +195,13 @@ def direct_reward_attribution(
 
     tokens = [model.tokenizer.convert_ids_to_tokens(e.ids) if model.tokenizer is not None
               else [str(t) for t in e.ids] for e in encoded]
-    head_positions = None
-    if per_position:
-        head_positions = [p["head_positions"][i, :, :, :n].to(acc).cpu()
-                          for p in parts for i, n in enumerate(p["lengths"])]
-    ro = parts[0]["readout"]
+    head_positions = [p["head_positions"][i, :, :, :n].to(acc).cpu() for p in parts
+                      for i, n in enumerate(p["lengths"])] if per_position else None
+    terms = ("embed", "heads", "attn_bias", "mlp", "bias", "reward")  # the fields in order
     return DirectAttribution(
-        objectives=ro.objectives,
-        embed=cat("embed"), heads=cat("heads"), attn_bias=cat("attn_bias"), mlp=cat("mlp"),
-        bias=torch.cat([p["readout"].bias.to(acc).cpu() for p in parts]),
-        reward=torch.cat([p["readout"].reward.to(acc).cpu() for p in parts]),
-        positions=torch.cat([p["readout"].positions.cpu() for p in parts]),
-        tokens=tokens, embed_names=parts[0]["embed_names"],
-        neurons=cat("neurons") if neurons else None,
-        mlp_bias=cat("mlp_bias") if neurons else None,
-        head_positions=head_positions,
-    )
+        parts[0]["readout"].objectives, *(cat(k) for k in terms),
+        torch.cat([p["readout"].positions.cpu() for p in parts]), tokens, parts[0]["embed_names"],
+        cat("neurons") if neurons else None, cat("mlp_bias") if neurons else None, head_positions)
 
 
 @dataclass(repr=False)
@@ -289,5 +262,4 @@ def differential_attribution(
               batch_size=batch_size, progress=progress)
     return PairAttribution(
         direct_reward_attribution(model, [torch.tensor(p.chosen_ids) for p in batch], **kw),
-        direct_reward_attribution(model, [torch.tensor(p.rejected_ids) for p in batch], **kw),
-    )
+        direct_reward_attribution(model, [torch.tensor(p.rejected_ids) for p in batch], **kw))

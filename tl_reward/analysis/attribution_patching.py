@@ -18,12 +18,14 @@ the finite difference (tested against ``activation_patching(..., fraction=eps)``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
 import torch
 from jaxtyping import Float
 
+from tl_reward.analysis.components import stack_components
 from tl_reward.data.pairs import as_tokenized_pair
 from tl_reward.model.readout import (
     accumulation_dtype,
@@ -41,8 +43,7 @@ class AttributionPatchingResult(ShortRepr):
 
     Attributes:
         resid: ``[layer + 1, position]`` (the last layer is the final residual).
-        attn_out, mlp_out: ``[layer, position]``.
-        head: ``[layer, head, position]``.
+        attn_out, mlp_out: ``[layer, position]``; ``head``: ``[layer, head, position]``.
         neuron: ``[layer, d_mlp]`` (summed over aligned positions).
         position_labels: names of the aligned positions.
         clean_chosen, clean_rejected: clean objective values.
@@ -67,19 +68,13 @@ class AttributionPatchingResult(ShortRepr):
         """Whole-sequence estimates per component, named as in direct-path patching:
         ``embed``, then per layer ``attn`` (or each head and ``attn_bias``, which no patch
         changes: 0) and ``mlp``."""
-        vals = [self.resid[mode][0].sum()]
-        names = ["embed"]
-        n_layers, n_heads = self.head[mode].shape[:2]
-        for layer in range(n_layers):
-            if level == "sublayer":
-                vals.append(self.attn_out[mode][layer].sum())
-                names.append(f"L{layer}.attn")
-            else:
-                vals += list(self.head[mode][layer].sum(-1)) + [torch.tensor(0.0)]
-                names += [f"L{layer}.H{h}" for h in range(n_heads)] + [f"L{layer}.attn_bias"]
-            vals.append(self.mlp_out[mode][layer].sum())
-            names.append(f"L{layer}.mlp")
-        return torch.stack(vals), names
+        mlp = self.mlp_out[mode].sum(-1)[None]
+        parts = SimpleNamespace(embed=self.resid[mode][0].sum().reshape(1, 1), mlp=mlp,
+                                embed_names=["embed"], heads=self.head[mode].sum(-1)[None],
+                                attn=self.attn_out[mode].sum(-1)[None],
+                                attn_bias=torch.zeros_like(mlp))
+        vals, names = stack_components(parts, "sublayer" if level == "sublayer" else "head")
+        return vals[0], names
 
     def to_dataframe(self, level: str = "head") -> pd.DataFrame:
         """Whole-sequence estimates per component, both directions."""
@@ -114,8 +109,6 @@ def attribution_patching(
     obj = resolve_objectives(model, objective)[0]
     n_layers = model.cfg.n_layers
     final_hook = f"blocks.{n_layers - 1}.hook_resid_post"
-    names = [f"blocks.{layer}.{h}" for layer in range(n_layers) for h in SITE_HOOKS.values()]
-    names.append(final_hook)
     lengths = [tp.chosen_len, tp.rejected_len]
     n = max(lengths)
     tokens = torch.full((2, n), int(model.pad_token_id or 0), dtype=torch.long)
@@ -155,23 +148,19 @@ def attribution_patching(
             # uses it downstream only when it is returned, or no gradient reaches it
         return fn
 
-    fwd = [("hook_embed", start)]
-    for layer in range(n_layers):
-        fwd += [(f"blocks.{layer}.{h}", save(kind, f"blocks.{layer}.{h}"))
-                for kind, h in SITE_HOOKS.items()]
-    fwd.append((final_hook, save("resid", final_hook)))
+    sites = [(kind, f"blocks.{layer}.{h}") for layer in range(n_layers)
+             for kind, h in SITE_HOOKS.items()] + [("resid", final_hook)]
+    fwd = [("hook_embed", start), *((name, save(kind, name)) for kind, name in sites)]
     with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
         resid = model.final_residual(tokens, mask)
         values = objective_at_pooled(model, resid, tokens, mask, [obj])[:, 0]
         del resid
         torch.autograd.grad(values.sum(), leaf)
     r_c, r_r = (float(v) for v in values.detach())
-    delta = r_c - r_r
-    per_delta = normalised_effect(torch.ones((), dtype=acc), delta, "estimates")
+    per_delta = normalised_effect(torch.ones((), dtype=acc), r_c - r_r, "estimates")
 
-    def stack(key: str, extra: str | None = None) -> dict[str, torch.Tensor]:
-        names = [f"blocks.{layer}.{SITE_HOOKS[key]}" for layer in range(n_layers)]
-        names += [extra] if extra is not None else []
+    def stack(key: str, *extra: str) -> dict[str, torch.Tensor]:
+        names = [*(f"blocks.{layer}.{SITE_HOOKS[key]}" for layer in range(n_layers)), *extra]
         return {m: torch.stack([raw[nm][m] for nm in names]) * per_delta
                 for m in ("denoising", "noising")}
 

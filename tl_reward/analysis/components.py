@@ -121,10 +121,6 @@ def _value_bias(model: Any, layer: int, like: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(b, model.cfg.n_heads // b.shape[0], dim=0).to(like.dtype)
 
 
-def _full(acts: Any, name: str) -> torch.Tensor:
-    return acts.full[name] if isinstance(acts, PooledActivations) else acts[name]
-
-
 def _post_factor(
     model: object, cache: ActivationCache | PooledActivations, layer: int, which: str,
     rows: torch.Tensor, positions: torch.Tensor,
@@ -204,6 +200,13 @@ def stack_components(parts: object, level: str = "sublayer") -> tuple[torch.Tens
     return torch.cat(tensors, 1), names
 
 
+def merge_embed(vals: torch.Tensor, names: list[str], n_embed: int
+                ) -> tuple[torch.Tensor, list[str]]:
+    """The first ``n_embed`` terms of ``vals`` (dim 0) summed into one named ``"embed"``."""
+    return torch.cat([vals[:n_embed].sum(0, keepdim=True), vals[n_embed:]]), [
+        "embed", *names[n_embed:]]
+
+
 def final_components(
     model: object, cache: ActivationCache | PooledActivations,
     positions: Int[torch.Tensor, " batch"],
@@ -214,9 +217,7 @@ def final_components(
     rows = torch.arange(positions.shape[0], device=positions.device)
     embed = [_at(cache, "hook_embed", rows, positions).to(acc)]
     names = ["embed"]
-    has_pos = (isinstance(cache, PooledActivations) and "hook_pos_embed" in cache) or (
-        not isinstance(cache, PooledActivations) and "hook_pos_embed" in cache.cache_dict)
-    if has_pos:
+    if "hook_pos_embed" in (cache if isinstance(cache, PooledActivations) else cache.cache_dict):
         embed.append(_at(cache, "hook_pos_embed", rows, positions).to(acc))
         names.append("pos_embed")
     heads, biases, mlps = [], [], []
@@ -248,10 +249,8 @@ def neuron_projections(
     neurons, biases = [], []
     for layer in range(model.cfg.n_layers):  # type: ignore[attr-defined]
         mlp = model.blocks[layer].mlp  # type: ignore[attr-defined]
-        u = directions
         post = _post_factor(model, cache, layer, "ln2_post", rows, positions)
-        if post is not None:
-            u = u * post[:, None]
+        u = directions if post is None else directions * post[:, None]
         acts = _at(cache, f"blocks.{layer}.mlp.hook_post", rows, positions).to(u.dtype)
         w_u = torch.einsum("nd,bkd->bnk", mlp.W_out.to(u.dtype), u)
         neurons.append(acts[..., None] * w_u)
@@ -270,12 +269,11 @@ def head_position_projections(
     out = []
     for layer in range(cfg.n_layers):
         attn = model.blocks[layer].attn  # type: ignore[attr-defined]
-        u = directions
         post = _post_factor(model, cache, layer, "ln1_post", rows, positions)
-        if post is not None:
-            u = u * post[:, None]
+        u = directions if post is None else directions * post[:, None]
         pattern = _at(cache, f"blocks.{layer}.attn.hook_pattern", rows, positions).to(u.dtype)
-        v = _full(cache, f"blocks.{layer}.attn.hook_v").to(u.dtype)  # [b, src, kv, d_head]
+        full = cache.full if isinstance(cache, PooledActivations) else cache
+        v = full[f"blocks.{layer}.attn.hook_v"].to(u.dtype)  # [b, src, kv, d_head]
         if v.shape[2] != cfg.n_heads:
             v = torch.repeat_interleave(v, cfg.n_heads // v.shape[2], dim=2)
         v = v - _value_bias(model, layer, v)

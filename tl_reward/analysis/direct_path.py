@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from tl_reward.analysis.components import final_components, pooled_run
+from tl_reward.analysis.components import final_components, merge_embed, pooled_run
 from tl_reward.data.pairs import as_tokenized_pair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import (
@@ -98,10 +98,8 @@ def direct_path_patching(
         ro = reward_readout(model, resid, tokens, mask, obj, positions)
         comps = final_components(model, cache, ro.positions)
         stack, names = comps.stack(level)
-        n_embed = len(comps.embed_names)
-        stack = torch.cat([stack[:, :n_embed].sum(1, keepdim=True), stack[:, n_embed:]], 1)
-        names = ["embed", *names[n_embed:]]
-        runs[side] = (ro, stack[0], comps.resid[0])
+        stack, names = merge_embed(stack[0], names, len(comps.embed_names))
+        runs[side] = (ro, stack, comps.resid[0])
     tgt, src = ("rejected", "chosen") if mode == "denoising" else ("chosen", "rejected")
     ro_t, o_t, h_t = runs[tgt]
     ro_s, o_s, _ = runs[src]
@@ -114,9 +112,7 @@ def direct_path_patching(
     else:
         h_new = h_t[None] + o_s - o_t  # [C, d_model]
         patched = h_new @ w / norm_scale(model, h_new)[:, 0] + b
-    r_c = float(runs["chosen"][0].reward[0, 0])
-    r_r = float(runs["rejected"][0].reward[0, 0])
-    delta = r_c - r_r
-    effect = normalised_effect(patched - r_r if mode == "denoising" else r_c - patched, delta)
+    r_c, r_r = (float(runs[side][0].reward[0, 0]) for side in ("chosen", "rejected"))
+    effect = normalised_effect(patched - r_r if mode == "denoising" else r_c - patched, r_c - r_r)
     return DirectPathResult(names, effect.cpu(), patched.cpu(), mode, scale, obj,
                             r_c, r_r)

@@ -39,6 +39,7 @@ import torch
 
 from tl_reward.analysis.attribution import differential_attribution
 from tl_reward.analysis.attribution_patching import attribution_patching
+from tl_reward.analysis.components import merge_embed
 from tl_reward.analysis.direct_path import direct_path_patching
 from tl_reward.analysis.patching import patch_components
 from tl_reward.data.pairs import TokenizedPair, as_pair_batch
@@ -62,12 +63,6 @@ class ZeroMarginError(TLRewardError):
     the report skips)."""
 
 
-def _merge_embed(vals: torch.Tensor, names: list[str], n_embed: int) -> tuple[torch.Tensor,
-                                                                                list[str]]:
-    return torch.cat([vals[:n_embed].sum(0, keepdim=True), vals[n_embed:]]), [
-        "embed", *names[n_embed:]]
-
-
 def pair_scores(
     model: Any, pair: TokenizedPair, level: str = "sublayer", objective: str | None = None,
     chunk_size: int = 32,
@@ -79,8 +74,8 @@ def pair_scores(
     full_level = "sublayer" if level == "sublayer" else "head"
     diff, names = pa.difference(full_level)
     chosen, _ = pa.chosen.components(full_level)
-    diff, all_names = _merge_embed(diff[0, :, 0], names, n_embed)
-    chosen, _ = _merge_embed(chosen[0, :, 0], names, n_embed)
+    diff, all_names = merge_embed(diff[0, :, 0], names, n_embed)
+    chosen, _ = merge_embed(chosen[0, :, 0], names, n_embed)
     keep = [i for i, n in enumerate(all_names) if level == "sublayer" or _HEAD.match(n)]
     names = [all_names[i] for i in keep]
     delta = float(pa.margin[0, 0])
@@ -147,14 +142,12 @@ class FaithfulnessReport(ShortRepr):
         """Mean rho per pairing with its two-sided sign-flip p over pairs and the interval that
         inverts it (:func:`~tl_reward.stats.paired.summarise_mean`; ``n_permutations`` random
         sign patterns beyond 20 pairs), and the number of pairs."""
-        rows = []
-        for col, vals in self.rho().items():
-            obs, cau, kind = col.split("|")
-            s = summarise_mean(vals.to_numpy(), confidence, seed, n_permutations)
-            rows.append({"observational": obs, "causal": cau, "kind": kind, "mean_rho": s.value,
-                         "ci_low": s.ci_low, "ci_high": s.ci_high, "p_value": s.p_value,
-                         "n_pairs": s.n, "published_anchor": (obs, cau, kind) == ANCHOR})
-        return pd.DataFrame(rows)
+        return pd.DataFrame([
+            {"observational": obs, "causal": cau, "kind": kind, "mean_rho": s.value,
+             "ci_low": s.ci_low, "ci_high": s.ci_high, "p_value": s.p_value, "n_pairs": s.n,
+             "published_anchor": (obs, cau, kind) == ANCHOR}
+            for col, vals in self.rho().items() for obs, cau, kind in [col.split("|")]
+            for s in [summarise_mean(vals.to_numpy(), confidence, seed, n_permutations)]])
 
     def to_dataframe(self) -> pd.DataFrame:
         """The summary table (see :meth:`summary`)."""
@@ -166,18 +159,6 @@ class FaithfulnessReport(ShortRepr):
 
         return faithfulness_figure(self.summary(), title=(
             f"Faithfulness over {len(self)} pairs ({self.level} components)"))
-
-
-def pair_identity(model: Any, level: str, obj: str) -> RunIdentity:
-    """The run identity a pair's cache key covers: the model's exact fingerprint (weights,
-    dtype, pooling rule, head, library version), its tokenizer, the level and the objective."""
-    return RunIdentity.of_model("faithfulness", model).with_job(
-        None, settings={"level": level, "objective": obj})
-
-
-def _key(ident: RunIdentity, tp: TokenizedPair) -> str:
-    """Cache key of one pair: its ids under the run identity, never the model's name."""
-    return entry_key(ident, [tp.chosen_ids, tp.rejected_ids])
 
 
 def faithfulness_report(
@@ -196,11 +177,15 @@ def faithfulness_report(
 
 def plan_pairs(worker: Worker, spec: Spec, pairs: Sequence[Any], level: str,
                objective: int | str | None) -> tuple[str, list[str]]:
-    """The resolved objective and every pair's cache key (run on a worker)."""
+    """The resolved objective and every pair's cache key (run on a worker): its ids under the
+    run identity (the model's exact fingerprint: weights, dtype, pooling rule, head, library
+    version; its tokenizer, the level and the objective), never the model's name."""
     model = worker.model(spec)
     obj = resolve_objectives(model, objective)[0]
-    ident = pair_identity(model, level, obj)
-    return obj, [_key(ident, tp) for tp in as_pair_batch(model, list(pairs))]
+    ident = RunIdentity.of_model("faithfulness", model).with_job(
+        None, settings={"level": level, "objective": obj})
+    return obj, [entry_key(ident, [tp.chosen_ids, tp.rejected_ids])
+                 for tp in as_pair_batch(model, list(pairs))]
 
 
 def score_pairs(worker: Worker, spec: Spec, pairs: Sequence[Any], level: str, obj: str,

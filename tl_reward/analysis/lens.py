@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.inputs import as_items
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, normalise, reward_readout
 from tl_reward.results import ShortRepr
 
@@ -67,10 +68,7 @@ def pooled_residuals(
     progress: bool | None = None,
 ) -> PooledResiduals:
     """Collect :class:`PooledResiduals` for ``inputs`` (anything ``model.make_batch`` takes)."""
-    from tl_reward.model.inputs import as_items
-
-    items = as_items(inputs)
-    encoded = [model.encode(x) for x in items]
+    encoded = [model.encode(x) for x in as_items(inputs)]
     n_layers = model.cfg.n_layers
     names = [f"blocks.{i}.hook_resid_pre" for i in range(n_layers)]
     names.append(f"blocks.{n_layers - 1}.hook_resid_post")
@@ -91,9 +89,7 @@ def pooled_residuals(
     return PooledResiduals(
         torch.cat([p[0].to(acc).cpu() for p in parts]),
         *(torch.cat([getattr(p[1], k).to(acc).cpu() for p in parts])
-          for k in ("scale", "directions", "bias", "reward")),
-        parts[0][1].objectives,
-    )
+          for k in ("scale", "directions", "bias", "reward")), parts[0][1].objectives)
 
 
 @dataclass(repr=False)

@@ -102,15 +102,6 @@ def component_site(model: Any, name: str) -> Site:
                         "in both runs)")
 
 
-@torch.no_grad()
-def _clean_run(model: Any, ids: list[int], hooks: set[str]) -> dict[str, torch.Tensor]:
-    tokens = torch.tensor([ids], device=model.cfg.device)
-    mask = torch.ones_like(tokens)
-    _, cache = model.run_with_cache(tokens, attention_mask=mask, return_type=None,
-                                    names_filter=lambda n: n in hooks)
-    return dict(cache.cache_dict)
-
-
 def objective_value(
     model: Any, resid: Float[torch.Tensor, "batch pos d_model"],
     tokens: Int[torch.Tensor, "batch pos"], objective: str,
@@ -131,14 +122,30 @@ def clean_hooks(model: Any, sites: Sequence[Site]) -> set[str]:
     return names
 
 
+@torch.no_grad()
+def _clean_pair(model: Any, tp: TokenizedPair, sites: Sequence[Site], objective: str
+                ) -> tuple[dict[str, dict[str, torch.Tensor]], float, float]:
+    """Each reply's clean run (the hooks of :func:`clean_hooks`) and clean objective."""
+    hooks = clean_hooks(model, sites)
+    final_hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    clean, values = {}, []
+    for side in ("chosen", "rejected"):
+        tokens = tp.tokens(side).to(model.cfg.device)
+        _, cache = model.run_with_cache(tokens, attention_mask=torch.ones_like(tokens),
+                                        return_type=None, names_filter=lambda n: n in hooks)
+        clean[side] = dict(cache.cache_dict)
+        values.append(float(objective_value(model, clean[side][final_hook], tokens, objective)))
+    return clean, values[0], values[1]
+
+
 def _prefix_cache(model: Any, clean: dict[str, torch.Tensor], prefix_len: int,
                   batch: int) -> Any:
     """A frozen key/value cache of the first ``prefix_len`` positions, expanded to ``batch``."""
-    keys, values = [], []
-    for i in range(model.cfg.n_layers):
-        k = cache_keys(model, i, clean[f"blocks.{i}.attn.hook_k"][:, :prefix_len])
-        keys.append(k.expand(batch, -1, -1, -1))
-        values.append(clean[f"blocks.{i}.attn.hook_v"][:, :prefix_len].expand(batch, -1, -1, -1))
+    layers = range(model.cfg.n_layers)
+    keys = [cache_keys(model, i, clean[f"blocks.{i}.attn.hook_k"][:, :prefix_len])
+            .expand(batch, -1, -1, -1) for i in layers]
+    values = [clean[f"blocks.{i}.attn.hook_v"][:, :prefix_len].expand(batch, -1, -1, -1)
+              for i in layers]
     mask = torch.ones((batch, prefix_len), dtype=torch.long, device=model.cfg.device)
     return frozen_kv_cache(keys, values, mask)
 
@@ -352,12 +359,8 @@ def _grid(model: Any, site: str, positions: str, layers: Sequence[int] | None,
     if site == "neuron" and positions == "each":
         raise TLRewardError("neuron sites patch every aligned position (positions='all')")
     rows: list[int | None] = list(range(n_rows)) if positions == "each" else [None]
-    sites = []
-    for layer in layers:
-        hook, block = site_hook(model, site, layer)
-        for u in units or [None]:
-            for r in rows:
-                sites.append(Site(hook, block, u, r))
+    sites = [Site(*site_hook(model, site, layer), u, r)
+             for layer in layers for u in units or [None] for r in rows]
     dims = ["layer"] + ([("head" if site == "head" else "neuron")] if units else [])
     shape = (len(layers),) + ((len(units),) if units else ())
     if positions == "each":
@@ -403,12 +406,7 @@ def activation_patching(
     obj = resolve_objectives(model, objective)[0]
     sites, layer_list, unit_list, dims, shape = _grid(model, site, positions, layers, units,
                                                       tp.n_aligned)
-    final_hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    hooks = clean_hooks(model, sites)
-    clean = {side: _clean_run(model, tp.ids(side), hooks) for side in ("chosen", "rejected")}
-    r_c, r_r = (float(objective_value(model, clean[side][final_hook],
-                                      tp.tokens(side).to(model.cfg.device), obj))
-                for side in ("chosen", "rejected"))
+    clean, r_c, r_r = _clean_pair(model, tp, sites, obj)
     delta = r_c - r_r
     means: dict[str, torch.Tensor] = {}
     if mode == "mean":
@@ -493,12 +491,7 @@ def patch_components(
     obj = resolve_objectives(model, objective)[0]
     keep = [i for i, nm in enumerate(names) if not nm.endswith("attn_bias")]
     sites = [component_site(model, names[i]) for i in keep]
-    final_hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    hooks = clean_hooks(model, sites)
-    clean = {side: _clean_run(model, tp.ids(side), hooks) for side in ("chosen", "rejected")}
-    r_c, r_r = (float(objective_value(model, clean[side][final_hook],
-                                      tp.tokens(side).to(model.cfg.device), obj))
-                for side in ("chosen", "rejected"))
+    clean, r_c, r_r = _clean_pair(model, tp, sites, obj)
     target, source = ("rejected", "chosen") if mode == "denoising" else ("chosen", "rejected")
     col = 0 if target == "chosen" else 1
     p = tp.prompt_len if reuse_prefix else 0  # the shared prompt is the same in both runs
@@ -511,8 +504,7 @@ def patch_components(
 
     patched = run_patched(model, tp.ids(target), clean[target], sites, value,
                           lambda s: tgt_rows, obj, chunk_size, prefix_len=p, by_layer=by_layer)
-    delta = r_c - r_r
-    eff = normalised_effect(patched - r_r if mode == "denoising" else r_c - patched, delta)
+    eff = normalised_effect(patched - r_r if mode == "denoising" else r_c - patched, r_c - r_r)
     out = torch.zeros(len(names), dtype=eff.dtype)
     out[keep] = eff
     return out

@@ -127,9 +127,6 @@ def tuned_reward_lens(
             for conv in ("frozen", "recompute"):
                 r2[conv][li, k] = r2_score(plain.values[conv][test, li, k].double().numpy(),
                                            y[test, k])
-    t = {key: torch.tensor(v, dtype=torch.float32) for key, v in r2.items()}
-    return TunedRewardLens(torch.tensor(weight, dtype=torch.float32),
-                           torch.tensor(intercept, dtype=torch.float32),
-                           torch.tensor(alpha, dtype=torch.float32), t["test"], t["train"],
-                           t["frozen"], t["recompute"], pooled.objectives, plain.layer_names,
-                           len(train), len(test))
+    fits = {"weight": weight, "intercept": intercept, "alpha": alpha, **r2}  # field order
+    return TunedRewardLens(*(torch.tensor(v, dtype=torch.float32) for v in fits.values()),
+                           pooled.objectives, plain.layer_names, len(train), len(test))

@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float, Int
 
 from tl_reward.errors import TLRewardError
-from tl_reward.irm.models import is_hooked, model_device
+from tl_reward.irm.models import is_hooked, model_device, vocab_size
 from tl_reward.model.inputs import EncodedInput, RewardBatch, RewardInput, collate, encode
 from tl_reward.results import ShortRepr
 
@@ -79,16 +79,13 @@ def encode_responses(
     for i, item in enumerate(inputs):
         enc = item if isinstance(item, EncodedInput) else encode(tokenizer, item)
         if enc.response_start is None:
-            raise TLRewardError(
-                f"input {i} has no known response start; pass a (prompt, response) pair or a "
-                "conversation ending with an assistant turn (or an EncodedInput with "
-                "response_start)"
-            )
+            raise TLRewardError(f"input {i} has no known response start; pass a (prompt, "
+                                "response) pair or a conversation ending with an assistant turn "
+                                "(or an EncodedInput with response_start)")
         if not 1 <= enc.response_start < len(enc.ids):
-            raise TLRewardError(
-                f"input {i}: response_start {enc.response_start} must lie in 1..{len(enc.ids) - 1}"
-                " (the response needs a preceding token and at least one token)"
-            )
+            raise TLRewardError(f"input {i}: response_start {enc.response_start} must lie in "
+                                f"1..{len(enc.ids) - 1} (the response needs a preceding token "
+                                "and at least one token)")
         out.append(enc)
     return out
 
@@ -131,10 +128,6 @@ def response_logprobs(
     return out
 
 
-def _vocab(model: Any) -> int:
-    return int(model.cfg.d_vocab_out if is_hooked(model) else model.config.vocab_size)
-
-
 def implicit_rewards(
     policy: Any, reference: Any, inputs: Sequence[RewardInput | EncodedInput], beta: float,
     tokenizer: Any = None, batch_size: int = 8, padding_side: str = "right",
@@ -153,19 +146,17 @@ def implicit_rewards(
     """
     if beta <= 0:
         raise TLRewardError(f"beta must be positive, got {beta}")
-    if _vocab(policy) != _vocab(reference):
-        raise TLRewardError(
-            f"policy and reference vocabularies differ ({_vocab(policy)} vs "
-            f"{_vocab(reference)}); implicit rewards need the same tokenizer"
-        )
+    vocab, ref_vocab = vocab_size(policy), vocab_size(reference)
+    if vocab != ref_vocab:
+        raise TLRewardError(f"policy and reference vocabularies differ ({vocab} vs {ref_vocab}); "
+                            "implicit rewards need the same tokenizer")
     tok = tokenizer
     if tok is None and any(not isinstance(x, EncodedInput) for x in inputs):
         tok = getattr(policy, "tokenizer", None)
         if tok is None:
-            raise TLRewardError(
-                "implicit_rewards needs a tokenizer for text inputs; pass tokenizer= (HF models "
-                "carry none), or pass EncodedInput items with response_start set"
-            )
+            raise TLRewardError("implicit_rewards needs a tokenizer for text inputs; pass "
+                                "tokenizer= (HF models carry none), or pass EncodedInput items "
+                                "with response_start set")
     encoded = encode_responses(inputs, tok)
     if not encoded:
         raise TLRewardError("no inputs to score")
@@ -175,7 +166,7 @@ def implicit_rewards(
     pol: list[torch.Tensor] = []
     ref: list[torch.Tensor] = []
     for b in range(0, len(encoded), batch_size):
-        batch = collate(encoded[b:b + batch_size], pad or 0, padding_side, d_vocab=_vocab(policy))
+        batch = collate(encoded[b:b + batch_size], pad or 0, padding_side, d_vocab=vocab)
         pol += response_logprobs(policy, batch)
         dev = pol[-1].device
         ref += [x.to(dev) for x in response_logprobs(reference, batch)]

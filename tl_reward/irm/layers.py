@@ -65,10 +65,8 @@ def parameter_change(policy: Any, reference: Any) -> LayerChange:
         if m is None:
             continue
         if name not in ref or ref[name].shape != p.shape:
-            raise TLRewardError(
-                f"parameter {name!r} differs in name or shape between the models; compare a "
-                "tuned model with its own reference"
-            )
+            raise TLRewardError(f"parameter {name!r} differs in name or shape between the "
+                                "models; compare a tuned model with its own reference")
         q = ref[name].detach().to(p.device)
         with torch.no_grad():
             diff = float((p.detach().double() - q.double()).norm())

@@ -51,18 +51,14 @@ def merge_lora(
     with torch.no_grad():
         for name in names:
             if name not in modules:
-                raise TLRewardError(
-                    f"the adapter adapts {name!r} but the model has no such module; the adapter "
-                    "belongs to another architecture"
-                )
+                raise TLRewardError(f"the adapter adapts {name!r} but the model has no such "
+                                    "module; the adapter belongs to another architecture")
             lin = modules[name]
             a = adapter[f"{name}.lora_A"].to(device=lin.weight.device, dtype=torch.float32)
             b = adapter[f"{name}.lora_B"].to(device=lin.weight.device, dtype=torch.float32)
             if (b.shape[0], a.shape[1]) != tuple(lin.weight.shape):
-                raise TLRewardError(
-                    f"adapter for {name!r} has shape {(b.shape[0], a.shape[1])} but the weight "
-                    f"is {tuple(lin.weight.shape)}"
-                )
+                raise TLRewardError(f"adapter for {name!r} has shape {(b.shape[0], a.shape[1])} "
+                                    f"but the weight is {tuple(lin.weight.shape)}")
             lin.weight.add_((scale * (b @ a)).to(lin.weight.dtype))
     return target
 

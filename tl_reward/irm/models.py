@@ -26,6 +26,11 @@ def model_device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
 
+def vocab_size(model: Any) -> int:
+    """The output vocabulary of a TransformerLens or HF causal LM."""
+    return int(model.cfg.d_vocab_out if is_hooked(model) else model.config.vocab_size)
+
+
 def hooked_causal_lm(hf_model: Any, tokenizer: Any = None, device: str | None = None,
                      dtype: torch.dtype | None = None) -> Any:
     """A ``HookedTransformer`` with the weights of an HF causal LM (``*ForCausalLM``,
@@ -42,10 +47,8 @@ def hooked_causal_lm(hf_model: Any, tokenizer: Any = None, device: str | None = 
     name = type(hf_model).__name__
     seq = sequence_classification_name(name)
     if seq is None:
-        raise UnsupportedArchitectureError(
-            f"{name} is not an HF causal LM (*ForCausalLM, *LMHeadModel); pass e.g. a "
-            "LlamaForCausalLM"
-        )
+        raise UnsupportedArchitectureError(f"{name} is not an HF causal LM (*ForCausalLM, "
+                                           "*LMHeadModel); pass e.g. a LlamaForCausalLM")
     arch = get_architecture(seq)
     dtype = dtype or next(hf_model.parameters()).dtype
     fields = arch.config(hf_model.config)

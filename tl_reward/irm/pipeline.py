@@ -37,6 +37,8 @@ from tl_reward.irm.layers import LayerChange, parameter_change
 from tl_reward.model.inputs import EncodedInput, collate
 from tl_reward.model.response_template import Prompt, response_template
 from tl_reward.stats.agreement import RankAgreement, rank_agreement
+from tl_reward.sweep.lexicon import token_word
+from tl_reward.sweep.vocab_sweep import vocabulary_ids
 
 
 def mlp_hook(layer: int) -> str:
@@ -174,8 +176,7 @@ def reconstruct_utilities(
     pred = np.empty_like(y)
     chosen = []
     perm = np.random.default_rng(seed).permutation(len(y))
-    folds = GroupKFold(n_splits=n_folds).split(x[perm], y[perm], g[perm])
-    for tr, te in folds:
+    for tr, te in GroupKFold(n_splits=n_folds).split(x[perm], y[perm], g[perm]):
         tr, te = perm[tr], perm[te]
         model = make_pipeline(StandardScaler(), RidgeCV(alphas=grid)).fit(x[tr], y[tr])
         pred[te] = model.predict(x[te])
@@ -206,15 +207,12 @@ class IrmPipelineResult:
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per feature set: Kendall tau-b with CI, Spearman, out-of-fold R^2."""
-        rows = []
-        for name, rec in self.reconstructions.items():
-            a = rec.agreement
-            rows.append({"features": name, "layers": ",".join(map(str, self.layers)),
-                         "n_words": len(set(rec.words)), "n_tokens": len(rec.words),
-                         "n_features": rec.n_features, "kendall_tau_b": a.kendall_tau_b.value,
-                         "ci_low": a.kendall_tau_b.ci_low, "ci_high": a.kendall_tau_b.ci_high,
-                         "spearman_rho": a.spearman_rho.value, "r2": rec.r2})
-        return pd.DataFrame(rows)
+        return pd.DataFrame([{
+            "features": name, "layers": ",".join(map(str, self.layers)), "n_words":
+            len(set(rec.words)), "n_tokens": len(rec.words), "n_features": rec.n_features,
+            "kendall_tau_b": (tau := rec.agreement.kendall_tau_b).value, "ci_low": tau.ci_low,
+            "ci_high": tau.ci_high, "spearman_rho": rec.agreement.spearman_rho.value, "r2": rec.r2}
+            for name, rec in self.reconstructions.items()])
 
     def plot(self) -> Any:
         """Kendall tau-b with CI per feature set (plotly)."""
@@ -232,17 +230,11 @@ class IrmPipelineResult:
 def lexicon_tokens(tokenizer: Any, lexicon: dict[str, float], vocab: int | None = None
                    ) -> tuple[list[int], list[str], np.ndarray]:
     """Token ids whose decoded word is in ``lexicon``: ids, words and utilities."""
-    from tl_reward.sweep.lexicon import token_word
-    from tl_reward.sweep.vocab_sweep import vocabulary_ids
-
-    ids, words, utils = [], [], []
-    for i in vocabulary_ids(tokenizer, vocab or len(tokenizer)):
-        w = token_word(tokenizer.decode([i]))
-        if w is not None and w in lexicon:
-            ids.append(i)
-            words.append(w)
-            utils.append(float(lexicon[w]))
-    return ids, words, np.asarray(utils)
+    spelled = ((i, token_word(tokenizer.decode([i])))
+               for i in vocabulary_ids(tokenizer, vocab or len(tokenizer)))
+    hits = [(i, w) for i, w in spelled if w is not None and w in lexicon]
+    ids, words = [i for i, _ in hits], [w for _, w in hits]
+    return ids, words, np.asarray([float(lexicon[w]) for w in words])
 
 
 def run_seed_pipeline(

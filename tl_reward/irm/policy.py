@@ -46,10 +46,8 @@ def load_vader_pair(
         raise TLRewardError(f"backend must be 'tl' or 'hf', got {backend!r}")
     path = Path(adapter_path or VADER_ADAPTER_FILE)
     if not path.exists():
-        raise TLRewardError(
-            f"the VADER policy adapter {path.name} is missing; "
-            "train it with scripts/train_vader_policy.py"
-        )
+        raise TLRewardError(f"the VADER policy adapter {path.name} is missing; "
+                            "train it with scripts/train_vader_policy.py")
     reference, tok = load_smollm2(torch.float32)
     adapter, meta = load_adapter(path)
     policy = merge_lora(reference, adapter, r=int(meta["r"]), alpha=float(meta["alpha"]))

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from tl_reward import tl_backend
 from tl_reward.errors import TLRewardError
-from tl_reward.irm.models import hooked_logits, is_hooked, model_device
+from tl_reward.irm.models import hooked_logits, is_hooked, model_device, vocab_size
 from tl_reward.model.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.results import ShortRepr
 from tl_reward.sweep.vocab_sweep import VocabSweep, vocabulary_ids
@@ -36,13 +36,11 @@ class IrmVocabSweep(ShortRepr):
     """Implicit rewards of N single-token responses for P prompts.
 
     Attributes:
-        token_ids: ``[N]`` candidate ids, ascending.
-        tokens: their decoded strings.
+        token_ids, tokens: ``[N]`` candidate ids, ascending, and their decoded strings.
         first: ``[N, P]`` float32 ``log pi(v | prefix) - log pi_ref(v | prefix)``.
         suffix: ``[N, P]`` float32 log-ratio summed over the template's closing tokens.
-        beta: the DPO temperature.
+        beta: the DPO temperature; ``model_name``: a name for the policy/reference pair.
         labels / prompts: one label and one conversation per prompt.
-        model_name: a name for the policy/reference pair.
     """
 
     token_ids: Int[torch.Tensor, " n"]
@@ -154,26 +152,23 @@ def irm_vocab_sweep(
     else:
         plist = list(prompts)  # type: ignore[arg-type]
         labels = [f"prompt{i}" for i in range(len(plist))]
-    vocab = int(policy.cfg.d_vocab_out if is_hooked(policy) else policy.config.vocab_size)
+    vocab = vocab_size(policy)
     cand = sorted({int(i) for i in ids}) if ids is not None else vocabulary_ids(
         tok, vocab, include_special)
     if not cand or cand[0] < 0 or cand[-1] >= vocab:
         raise TLRewardError(f"candidate ids must be a non-empty subset of [0, {vocab})")
     cand_t = torch.tensor(cand)
-    first = torch.zeros(len(cand), len(plist))
-    suffix = torch.zeros(len(cand), len(plist))
+    first, suffix = torch.zeros(len(cand), len(plist)), torch.zeros(len(cand), len(plist))
     templates: list[ResponseTemplate] = [response_template(tok, p) for p in plist]
     for p, tpl in enumerate(templates):
         for sign, model in ((1.0, policy), (-1.0, reference)):
             run = _PrefixRunner(model, list(tpl.prefix))
             lp = run.last_logits.float().log_softmax(-1)
             first[:, p] += sign * lp[cand_t.to(lp.device)].cpu()
-            batches = range(0, len(cand), batch_size)
-            for b in tqdm(batches, desc=f"IRM sweep {labels[p]}", disable=not progress,
-                          leave=False):
+            for b in tqdm(range(0, len(cand), batch_size), desc=f"IRM sweep {labels[p]}",
+                          disable=not progress, leave=False):
                 chunk = cand_t[b:b + batch_size]
                 suffix[b:b + len(chunk), p] += sign * _suffix_logprobs(
                     run, chunk, list(tpl.suffix)).cpu()
-    tokens = [tok.decode([i]) for i in cand]
-    convs = [list(t.conversation) for t in templates]
-    return IrmVocabSweep(cand_t, tokens, first, suffix, float(beta), labels, convs, model_name)
+    return IrmVocabSweep(cand_t, [tok.decode([i]) for i in cand], first, suffix, float(beta),
+                         labels, [list(t.conversation) for t in templates], model_name)

@@ -37,9 +37,4 @@ def vader_compound(texts: Sequence[str]) -> np.ndarray:
 def token_utilities(tokens: Sequence[str]) -> np.ndarray:
     """VADER lexicon valence of each decoded token's word (NaN when not in the lexicon)."""
     lex = vader_lexicon()
-    out = np.full(len(tokens), np.nan)
-    for i, t in enumerate(tokens):
-        w = token_word(t)
-        if w is not None and w in lex:
-            out[i] = lex[w]
-    return out
+    return np.array([lex.get(token_word(t), np.nan) for t in tokens], dtype=np.float64)

@@ -37,13 +37,12 @@ class ModelAgreement(ShortRepr):
     """Pairwise rank agreement between models on their shared decoded vocabulary.
 
     Attributes:
-        models: model names.
-        kendall_tau_b, spearman_rho, rbo_top, rbo_bottom: ``[M, M]`` symmetric matrices
-            (diagonal 1).
+        models: model names; ``kendall_tau_b``, ``spearman_rho``, ``rbo_top``, ``rbo_bottom``:
+            ``[M, M]`` symmetric matrices (diagonal 1).
         n_shared: ``[M, M]`` number of shared strings per pair (diagonal: the model's unique
             strings).
-        dropped: per model, how many tokens were dropped as duplicate strings.
-        p: the RBO persistence.
+        dropped: per model, how many tokens were dropped as duplicate strings; ``p``: the RBO
+            persistence.
     """
 
     models: list[str]
@@ -57,12 +56,10 @@ class ModelAgreement(ShortRepr):
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per model pair: the four agreement measures and the shared count."""
-        rows = []
-        for i, j in combinations(range(len(self.models)), 2):
-            rows.append({"model_a": self.models[i], "model_b": self.models[j],
-                         "n_shared": int(self.n_shared[i, j]),
-                         **{m: float(getattr(self, m)[i, j]) for m in METRICS}})
-        return pd.DataFrame(rows)
+        return pd.DataFrame([{"model_a": self.models[i], "model_b": self.models[j],
+                              "n_shared": int(self.n_shared[i, j]),
+                              **{m: float(getattr(self, m)[i, j]) for m in METRICS}}
+                             for i, j in combinations(range(len(self.models)), 2)])
 
     def mds(self, metric: str = "kendall_tau_b", seed: int = 0) -> pd.DataFrame:
         """2-D metric MDS of the models from the dissimilarity ``1 - metric``."""
@@ -148,5 +145,4 @@ def model_agreement(
         n_shared[i, j] = n_shared[j, i] = res["n_shared"]
         for k in METRICS:
             mats[k][i, j] = mats[k][j, i] = res[k]
-    return ModelAgreement(names, mats["kendall_tau_b"], mats["spearman_rho"], mats["rbo_top"],
-                          mats["rbo_bottom"], n_shared, dropped, p)
+    return ModelAgreement(names, *(mats[k] for k in METRICS), n_shared, dropped, p)

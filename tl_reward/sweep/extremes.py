@@ -28,12 +28,11 @@ class TokenExtremes(ShortRepr):
     """The ``k`` highest and lowest tokens of each prompt.
 
     Attributes:
-        labels: prompt labels.
-        top_ids, bottom_ids: ``[P, k]`` token ids, best first / worst first.
-        top_values, bottom_values: ``[P, k]`` their values.
-        tokens: id -> decoded string for every listed id.
-        objective: what was ranked (``"score"`` or an objective name).
-        n: tokens ranked per prompt.
+        labels: prompt labels; ``tokens``: id -> decoded string for every listed id.
+        top_ids, bottom_ids: ``[P, k]`` token ids, best first / worst first, and
+            ``top_values``, ``bottom_values`` their values.
+        objective: what was ranked (``"score"`` or an objective name); ``n``: tokens ranked
+            per prompt.
     """
 
     labels: list[str]
@@ -46,15 +45,13 @@ class TokenExtremes(ShortRepr):
     n: int
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per (prompt, side, rank) with token id, string, value and percentile."""
-        rows = []
-        for p, lab in enumerate(self.labels):
+        """One row per (prompt, side, rank) with token id, string and value."""
+        return pd.DataFrame([
+            {"prompt": lab, "side": side, "rank": r + 1, "token_id": i, "token": self.tokens[i],
+             "value": v} for p, lab in enumerate(self.labels)
             for side, ids, vals in (("top", self.top_ids, self.top_values),
-                                    ("bottom", self.bottom_ids, self.bottom_values)):
-                for r, (i, v) in enumerate(zip(ids[p].tolist(), vals[p].tolist(), strict=True)):
-                    rows.append({"prompt": lab, "side": side, "rank": r + 1, "token_id": i,
-                                 "token": self.tokens[i], "value": v})
-        return pd.DataFrame(rows)
+                                    ("bottom", self.bottom_ids, self.bottom_values))
+            for r, (i, v) in enumerate(zip(ids[p].tolist(), vals[p].tolist(), strict=True))])
 
     def side_by_side(self, side: str = "top") -> pd.DataFrame:
         """Rank x prompt table of the decoded tokens (as the paper prints them)."""
@@ -74,22 +71,17 @@ def top_bottom_tokens(sweep: VocabSweep, k: int = 10, objective: int | str = "sc
                       prompts: list[int | str] | None = None) -> TokenExtremes:
     """The ``k`` best and worst tokens of each prompt (ties broken by lower token id)."""
     idx = [sweep.prompt_index(p) for p in (prompts or range(len(sweep.labels)))]
-    k = min(k, len(sweep))
-    tops, tvals, bots, bvals = [], [], [], []
+    k, labels = min(k, len(sweep)), [sweep.labels[p] for p in idx]
     ids = sweep.token_ids.numpy()
-    for p in idx:
-        v = sweep.values(p, objective).double().numpy()
-        order = np.lexsort((ids, -v))  # value descending, then id ascending
-        worst = np.lexsort((ids, v))
-        tops.append(ids[order[:k]])
-        tvals.append(v[order[:k]])
-        bots.append(ids[worst[:k]])
-        bvals.append(v[worst[:k]])
-    listed = set(np.concatenate(tops + bots).tolist()) if idx else set()
+    vals = [sweep.values(p, objective).double().numpy() for p in idx]
+    best = [np.lexsort((ids, -v))[:k] for v in vals]  # value descending, then id ascending
+    worst = [np.lexsort((ids, v))[:k] for v in vals]
+    top_ids, bottom_ids = [ids[o] for o in best], [ids[o] for o in worst]
+    listed = {int(t) for x in top_ids + bottom_ids for t in x}
     pos = {int(t): i for i, t in enumerate(ids.tolist()) if int(t) in listed}
-    return TokenExtremes([sweep.labels[p] for p in idx],
-                         torch.tensor(np.stack(tops)), torch.tensor(np.stack(tvals)),
-                         torch.tensor(np.stack(bots)), torch.tensor(np.stack(bvals)),
+    sides = (top_ids, [v[o] for v, o in zip(vals, best, strict=True)],
+             bottom_ids, [v[o] for v, o in zip(vals, worst, strict=True)])
+    return TokenExtremes(labels, *(torch.tensor(np.stack(x)) for x in sides),
                          {t: sweep.tokens[i] for t, i in pos.items()}, str(objective), len(sweep))
 
 

@@ -33,10 +33,10 @@ class PromptFraming(ShortRepr):
     """Agreement of one model's rankings across prompts.
 
     Attributes:
-        labels: prompt labels.
-        kendall_tau_b, spearman_rho, rbo_top, rbo_bottom: ``[P, P]`` matrices (diagonal 1).
-        percentiles: ``[N, P]`` percentile of every token under each prompt.
-        token_ids, tokens: the swept tokens.
+        labels: prompt labels; ``kendall_tau_b``, ``spearman_rho``, ``rbo_top``,
+            ``rbo_bottom``: ``[P, P]`` matrices (diagonal 1); ``p``: the RBO persistence.
+        percentiles: ``[N, P]`` percentile of every token under each prompt (the swept
+            ``token_ids``, ``tokens``).
     """
 
     labels: list[str]
@@ -91,6 +91,5 @@ def prompt_framing(sweep: VocabSweep, objective: int | str = "score", p: float =
         for k in METRICS:
             mats[k][i, j] = mats[k][j, i] = res[k]
     pct = torch.stack([percentiles(sweep, i, objective) for i in range(n_p)], 1)
-    return PromptFraming(list(sweep.labels), mats["kendall_tau_b"], mats["spearman_rho"],
-                         mats["rbo_top"], mats["rbo_bottom"], pct, sweep.token_ids,
+    return PromptFraming(list(sweep.labels), *(mats[k] for k in METRICS), pct, sweep.token_ids,
                          list(sweep.tokens), p)

@@ -90,9 +90,7 @@ def frequency_bias(
     if len(words) < 5:
         raise TLRewardError(f"only {len(words)} swept word tokens have a frequency; sweep more "
                             "of the vocabulary")
-    y = words["value"].to_numpy()
-    zipf = words["zipf"].to_numpy()
-    val = words["valence"].to_numpy()
+    y, zipf, val = (words[c].to_numpy() for c in ("value", "zipf", "valence"))
     uncontrolled = ols(y, {"zipf": zipf})
     controlled = ols(y, {"zipf": zipf, "valence_pos": np.clip(val, 0, None),
                          "valence_neg": np.clip(val, None, 0)})

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from tl_reward.model.response_template import Prompt, ResponseTemplate, response_template
 from tl_reward.results import ShortRepr
+from tl_reward.stats.ranks import kendall_tau_b, spearman_rho
 from tl_reward.sweep.vocab_sweep import (
     candidate_ids,
     score_text_path,
@@ -48,14 +49,12 @@ class RoundTripReport(ShortRepr):
     """Per token: does the text path give the same ids as the id path?
 
     Attributes:
-        token_ids: ``[N]`` ids checked.
-        tokens: their decoded strings.
+        token_ids, tokens: ``[N]`` ids checked and their decoded strings.
         identical: ``[N]`` the text path equals ``prefix + [v] + suffix``.
         bos_duplicated: ``[N]`` the text path starts with a second BOS.
         survives: ``[N]`` the sequences agree once a duplicated BOS is removed (the response
             token came back unchanged).
-        text_ids: the text path's ids per token.
-        path: which text path.
+        text_ids: the text path's ids per token; ``path``: which text path.
         id_scores, text_scores: ``[N]`` scores of both paths, when computed.
     """
 
@@ -90,8 +89,6 @@ class RoundTripReport(ShortRepr):
                 "token did not survive": int((~self.survives).sum())}
         df = pd.DataFrame({"count": rows}).assign(share=lambda d: d["count"] / max(n, 1))
         if self.id_scores is not None and self.text_scores is not None:
-            from tl_reward.stats.ranks import kendall_tau_b, spearman_rho
-
             a, b = self.id_scores.numpy(), self.text_scores.numpy()
             df.loc["Kendall tau-b (id vs text scores)"] = [n, kendall_tau_b(a, b).statistic]
             df.loc["Spearman rho (id vs text scores)"] = [n, spearman_rho(a, b).statistic]
@@ -132,16 +129,13 @@ def roundtrip_check(
     template = response_template(tokenizer, prompt)
     bos = getattr(tokenizer, "bos_token_id", None)
     cands = [int(v) for v in ids]
-    texts, identical, dup, survives = [], [], [], []
     show = progress if progress is not None else len(cands) > 2000
-    for v in tqdm(cands, disable=not show, desc="round trip", unit="id"):
-        ref = template.ids(v)
-        got = text_path_ids(tokenizer, template.conversation, v, path)
-        d = bos is not None and len(got) > 1 and got[0] == got[1] == bos
-        texts.append(got)
-        identical.append(got == ref)
-        dup.append(d)
-        survives.append((got[1:] if d else got) == ref)
+    texts = [text_path_ids(tokenizer, template.conversation, v, path)
+             for v in tqdm(cands, disable=not show, desc="round trip", unit="id")]
+    refs = [template.ids(v) for v in cands]
+    identical = [got == ref for got, ref in zip(texts, refs, strict=True)]
+    dup = [bos is not None and len(got) > 1 and got[0] == got[1] == bos for got in texts]
+    survives = [(g[1:] if d else g) == r for g, d, r in zip(texts, dup, refs, strict=True)]
     return RoundTripReport(
         torch.tensor(cands, dtype=torch.long), tokenizer.batch_decode([[v] for v in cands]),
         torch.tensor(identical, dtype=torch.bool), torch.tensor(dup, dtype=torch.bool),

@@ -58,10 +58,8 @@ class SweepSpec(Manifest):
             special tokens, chat template; the text mode re-tokenises with it).
         mode: ``"ids"`` (exact id path) or ``"text"`` (decode, template, re-tokenise).
         cache: ``"fast"``, ``"stock"`` or ``"none"`` (how continuations were run).
-        dtype: the model's dtype.
-        pooling: the model's pooling rule (where the reward is read).
-        labels: one label per prompt (column names).
-        prompts: the prompts as conversations.
+        dtype, pooling: the model's dtype and pooling rule (where the reward is read).
+        labels, prompts: one label (column names) and one conversation per prompt.
         prefixes, suffixes: template ids around the response, per prompt.
         objectives: the K objective names; ``has_score``: whether a combined score exists.
         batch_size: candidates per forward pass (chunks on disk have this size).
@@ -181,9 +179,8 @@ class SweepWriter:
     """Writes one sweep's chunks as they finish, and the final file when all are done.
 
     Args:
-        path: the final parquet file.
-        spec: the sweep being written.
-        n_chunks: how many chunks the sweep has.
+        path, spec, n_chunks: the final parquet file, the sweep being written and its number of
+            chunks.
         resume: continue an unfinished sweep at ``path`` (its spec must equal ``spec``).
         overwrite: discard any previous file or parts at ``path``.
     """

@@ -62,10 +62,9 @@ class ValenceAsymmetry(ShortRepr):
         for side, fit in (("positive", self.positive), ("negative", self.negative)):
             t = fit.table()
             rows.append({"side": side, "n_words": fit.n, "intercept": fit["intercept"],
-                         "slope": fit["valence"], "slope_se": t.loc["valence", "se"],
-                         "slope_ci_low": t.loc["valence", "ci_low"],
-                         "slope_ci_high": t.loc["valence", "ci_high"],
-                         "slope_p": t.loc["valence", "p"], "r2": fit.r2})
+                         "slope": fit["valence"], **{f"slope_{c}": t.loc["valence", c] for c in
+                                                     ("se", "ci_low", "ci_high", "p")},
+                         "r2": fit.r2})
         return pd.DataFrame(rows)
 
     def plot(self) -> Any:
@@ -96,8 +95,7 @@ def valence_asymmetry(
     """Fit ``value ~ valence`` on positive and on negative lexicon words separately.
 
     Args:
-        sweep: a vocabulary sweep.
-        prompt, objective: which values.
+        sweep, prompt, objective: a vocabulary sweep and which of its values.
         scale: ``"z"``, ``"raw"`` or ``"percentile"`` (see :func:`.token_lexicon.scale_values`).
         aggregate: how a word's several tokens combine (``"mean"``, ``"max"``, ..., ``"none"``).
         lexicon: word -> valence (default: AFINN-en-165).

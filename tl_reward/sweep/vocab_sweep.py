@@ -30,6 +30,7 @@ from tl_reward.data.conversation import Conversation, Message, is_conversation
 from tl_reward.errors import ContextLengthError, TLRewardError, UnknownObjectiveError
 from tl_reward.model.fingerprint import model_fingerprint, tokenizer_fingerprint
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.inputs import EncodedInput
 from tl_reward.model.readout import read_rewards
 from tl_reward.model.response_template import Prompt, ResponseTemplate, prompt_conversation
 from tl_reward.results import ShortRepr
@@ -41,6 +42,7 @@ from tl_reward.sweep.store import (
     read_table,
     reward_column,
     score_column,
+    write_table,
 )
 
 if TYPE_CHECKING:
@@ -62,14 +64,11 @@ class VocabSweep(ShortRepr):
     """Scores of single-token responses: N candidate tokens x P prompts (x K objectives).
 
     Attributes:
-        token_ids: ``[N]`` ids, ascending.
-        tokens: the decoded string of each id.
-        scores: ``[N, P]`` combined scores, or ``None`` for a head without one.
-        rewards: ``[N, P, K]`` per-objective rewards.
-        labels: one label per prompt.
-        prompts: the prompts as conversations.
-        objectives: the K objective names.
-        model_name: the model's name.
+        token_ids, tokens: ``[N]`` ids, ascending, and the decoded string of each.
+        scores: ``[N, P]`` combined scores, or ``None`` for a head without one; ``rewards``:
+            ``[N, P, K]`` per-objective rewards.
+        labels, prompts: one label and one conversation per prompt; ``objectives``: the K
+            objective names; ``model_name``: the model's name.
         spec: how the sweep was made (see :class:`~tl_reward.sweep.store.SweepSpec`).
     """
 
@@ -168,10 +167,8 @@ class VocabSweep(ShortRepr):
 
     def save(self, path: str | Path) -> Path:
         """Write as a sweep parquet file (readable by :func:`load_sweep`)."""
-        from tl_reward.sweep.store import write_table
-
-        table = self.to_table()  # refuses a sweep without a spec
-        return write_table(table, self.spec, path)  # type: ignore[arg-type]
+        # to_table refuses a sweep without a spec
+        return write_table(self.to_table(), self.spec, path)  # type: ignore[arg-type]
 
     @classmethod
     def from_file(cls, path: str | Path) -> VocabSweep:
@@ -294,7 +291,6 @@ def score_candidates(
     new = torch.cat([ids[:, None], suffix.expand(b, -1)], 1)
     tokens = torch.cat([prefix.expand(b, -1), new], 1)
     if cache is None:
-
         rewards, score, _ = model.pooled_outputs(tokens, torch.ones_like(tokens))
         return rewards, score
     past = cache.length
@@ -327,7 +323,6 @@ def text_path_ids(tokenizer: Any, conversation: Conversation, token_id: int,
     return [int(t) for t in out]
 
 
-
 @torch.no_grad()
 def score_text_path(
     model: HookedRewardModel,
@@ -338,8 +333,6 @@ def score_text_path(
 ) -> tuple[Float[torch.Tensor, "n K"], Float[torch.Tensor, " n"] | None]:
     """Rewards and scores of the text path's sequences (full forward, padded batches), each
     closed by the model's :attr:`~HookedRewardModel.suffix_ids` as :meth:`encode` closes text."""
-    from tl_reward.model.inputs import EncodedInput
-
     seqs = [[*text_path_ids(model.tokenizer, template.conversation, int(v), path),
              *model.suffix_ids] for v in ids.tolist()]
     step = batch_size or max(1, len(seqs))
@@ -382,18 +375,12 @@ def score_vocabulary(
     prompts: Prompt | Sequence[Prompt] | Mapping[str, Prompt],
     ids: Sequence[int | str] | torch.Tensor | None = None,
     *,
-    labels: Sequence[str] | None = None,
-    include_special: bool = False,
-    batch_size: int = 128,
-    mode: str = "ids",
-    cache: str = "auto",
     output: str | Path | None = None,
     resume: bool = False,
     overwrite: bool = False,
-    shard: tuple[int, int] | None = None,
-    id_range: tuple[int, int] | None = None,
     progress: bool | None = None,
     callback: Callable[[int, int], None] | None = None,
+    **options: Any,
 ) -> VocabSweep:
     """Score every candidate token as the whole assistant response to each prompt.
 
@@ -403,6 +390,13 @@ def score_vocabulary(
             ``{label: prompt}`` mapping (e.g. :data:`PAPER_PROMPTS`).
         ids: token ids (or single-token strings) to score, returned in the order given
             (default: the whole vocabulary, by id).
+        output: parquet file to write chunk by chunk (resumable); ``None`` keeps it in memory.
+        resume: continue an interrupted sweep at ``output``.
+        overwrite: replace an existing ``output``.
+        progress: show a progress bar (default: when more than four batches).
+        callback: called as ``callback(done_ids, total_ids)`` after each written batch.
+
+    Other Parameters:
         labels: one label per prompt (default: the mapping's keys or ``prompt_<i>``).
         include_special: also score special tokens (excluded by default).
         batch_size: candidates per forward pass (64-256 is fastest on CPU).
@@ -410,21 +404,14 @@ def score_vocabulary(
             decode -> template string -> re-tokenise path, see :mod:`.roundtrip`; for comparison).
         cache: ``"auto"``, ``"fast"``, ``"stock"`` (TransformerLens's own cache) or ``"none"``
             (run each full sequence; the naive reference).
-        output: parquet file to write chunk by chunk (resumable); ``None`` keeps it in memory.
-        resume: continue an interrupted sweep at ``output``.
-        overwrite: replace an existing ``output``.
         shard: ``(i, n)``: score only shard ``i`` of ``n`` (whole batches; merge the files with
             :func:`~tl_reward.sweep.store.merge_sweeps`).
         id_range: ``(lo, hi)``: score only ids in ``[lo, hi)``.
-        progress: show a progress bar (default: when more than four batches).
-        callback: called as ``callback(done_ids, total_ids)`` after each written batch.
 
     Returns:
         A :class:`VocabSweep`.
     """
-    plan = plan_sweep(model, prompts, ids, labels=labels, include_special=include_special,
-                      batch_size=batch_size, mode=mode, cache=cache, shard=shard,
-                      id_range=id_range)
+    plan = plan_sweep(model, prompts, ids, **options)
     spec, chunks = plan.spec, plan.chunks
     writer = (SweepWriter(output, spec, len(chunks), resume=resume, overwrite=overwrite)
               if output is not None else None)
@@ -454,7 +441,7 @@ def score_vocabulary(
         table = (pa.concat_tables(tables) if tables else
                  make_table(spec, [], [], {c: np.zeros(0) for c in spec.columns()}))
     sweep = VocabSweep.from_table(table, spec)
-    if ids is None or shard is not None or id_range is not None:
+    if ids is None or options.get("shard") is not None or options.get("id_range") is not None:
         return sweep
     return sweep.select(given_ids(model, ids))
 
