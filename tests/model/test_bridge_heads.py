@@ -1,6 +1,5 @@
 """Custom reward heads on the TransformerBridge (issue 30): LM-head rows, INF-ORM's MLP head,
-ArmoRM's and QRM's gating heads,
-InternLM2's reward token (its body re-laid as HF's Llama).
+ArmoRM's and QRM's gating heads, InternLM2's reward token (its body re-laid as HF's Llama).
 
 References: the HF (custom-code reference) module's own forward on each unpadded row (rewards,
 score and gate), and the HookedRewardModel converted from the same weights (skipped under
@@ -19,12 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import (
-    CONVERSATIONS,
-    hooked_transformer_missing,
-    needs_hooked_transformer,
-    parity_atol,
-)
+from tests.helpers import CONVERSATIONS, needs_hooked_transformer, parity_atol
 from tl_reward.errors import TLRewardError, UnsupportedArchitectureError
 from tl_reward.model.bridge_reward_model import BridgeRewardModel
 from tl_reward.testing import save_tiny_reward_model, tiny_hf_reward_model
@@ -187,6 +181,7 @@ def test_internlm2_reward_token_and_hooks(tmp_path: Path) -> None:
     reward is read there (equal to the published-structure module's own forward), and the
     HookedTransformer hook names resolve with HookedRewardModel's shapes and values (float32,
     :func:`parity_atol`)."""
+    from tests.helpers import hooked_transformer_missing
     from tests.model.test_bridge import HOOKS
 
     path = save_tiny_reward_model(tmp_path / "internlm2", "internlm2", seed=3)
