@@ -179,12 +179,13 @@ def test_architectures_only_the_bridge_loads(family: str) -> None:
         assert name in cache, name
 
 
-def test_internlm2_refuses_by_name() -> None:
-    """InternLM2's reward token refuses, naming the head and HookedRewardModel, which loads it
-    (tests/model/test_internlm2.py); the other custom heads: tests/model/test_bridge_heads.py."""
+def test_unknown_custom_head_refuses_by_name() -> None:
+    """A custom reward class the bridge does not know refuses, naming it and
+    HookedRewardModel; the known custom heads (InternLM2 too): tests/model/test_bridge_heads.py."""
     hf, tok = tiny_hf_reward_model("internlm2")
+    hf.__class__ = type("FooForRewardModel", (type(hf),), {})
     with pytest.raises(UnsupportedArchitectureError,
-                       match=r"^InternLM2's reward token.*HookedRewardModel\.from_pretrained"):
+                       match=r"^no reward bridge for FooForRewardModel.*HookedRewardModel"):
         BridgeRewardModel.from_pretrained(hf_model=hf, tokenizer=tok)
 
 

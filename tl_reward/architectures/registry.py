@@ -55,6 +55,8 @@ class Architecture:
         objective_names: optional default names of the K objectives.
         suffix_ids: optional map from the HF config to ids appended after every text or
             conversation input (InternLM2's reward token).
+        bridge_body: optional map from the HF model to an HF body a TransformerBridge adapter
+            knows, where its own is custom code (InternLM2's, as HF's ``LlamaModel``).
     """
 
     hf_class: str
@@ -67,6 +69,11 @@ class Architecture:
     objective_names: tuple[str, ...] | None = None
     description: str = ""
     suffix_ids: Callable[[Any], list[int]] | None = None
+    bridge_body: Callable[[nn.Module], nn.Module] | None = None
+
+    def suffix(self, hf_config: Any) -> tuple[int, ...]:
+        """The ids appended after every text or conversation input (:attr:`suffix_ids`)."""
+        return tuple(self.suffix_ids(hf_config)) if self.suffix_ids else ()
 
 
 _REGISTRY: dict[str, Architecture] = {}

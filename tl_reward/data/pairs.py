@@ -92,7 +92,8 @@ class TokenizedPair:
 
     def position_labels(self, tokenizer: Any = None) -> list[str]:
         """One label per aligned row: ``"c12/r10 ·blue"`` (the chosen token as readable text,
-        ``|`` then the rejected one where they differ; ids without a tokenizer)."""
+        ``|`` then the rejected one where they differ; ids without a tokenizer, ``<id>`` for
+        an id the tokenizer lacks, such as InternLM2's appended reward token)."""
         from tl_reward.viz.tokens import token_labels
 
         labels = []
@@ -101,7 +102,9 @@ class TokenizedPair:
             if tokenizer is None:
                 tok = str(a) if a == b else f"{a}|{b}"
             else:
-                pair = token_labels(tokenizer.convert_ids_to_tokens([a, b]), tokenizer)
+                toks = tokenizer.convert_ids_to_tokens([a, b])  # None: an id past its vocab
+                pair = token_labels([f"<{i}>" if t is None else t
+                                     for i, t in zip((a, b), toks, strict=True)], tokenizer)
                 tok = pair[0] if a == b else "|".join(pair)
             labels.append(f"c{c}/r{r} {tok}")
         return labels

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,31 +31,24 @@ from tl_reward.tl_backend.bridge import (
     head_classifier,
 )
 
-#: HF class -> the custom reward head a reward bridge does not map; HookedRewardModel loads it.
-CUSTOM_HEADS = {
-    "InternLM2ForRewardModel": "InternLM2's reward token (v_head at an appended token)",
-}
+if TYPE_CHECKING:
+    from tl_reward.architectures.registry import Architecture
+
 #: Custom heads the bridge loads as HF's sequence classifier of their body (:func:`custom_head`).
 HEAD_BRIDGES = ("LlamaForRewardModelWithGating", "LlamaForRewardModelWithGating31",
-                "INFORMForSequenceClassification")
-
-
-def refuse_custom_head(head: str) -> UnsupportedArchitectureError:
-    """The error for a reward head the bridge does not support, naming it and the fix."""
-    return UnsupportedArchitectureError(
-        f"{head} is not supported on the TransformerBridge: a reward bridge reads one linear "
-        "head at the pooled token. Load this model with HookedRewardModel.from_pretrained "
-        "(TransformerLens 3), which supports it")
+                "INFORMForSequenceClassification", "InternLM2ForRewardModel")
 
 
 def custom_head(hf_model: Any, lm_head_rows: Sequence[int] | None,
                 objective_names: Sequence[str] | None
-                ) -> tuple[Any, str, Callable[[torch.Tensor], RewardHead]]:
-    """``(classifier, pooling, build)`` of a custom-head reward model (:data:`HEAD_BRIDGES`, or
-    a causal LM's ``lm_head_rows``), from its registered architecture: HF's sequence classifier
-    of its body (:func:`~tl_reward.tl_backend.bridge.head_classifier`) whose ``score`` is the
-    layer HookedRewardModel makes ``W_U`` (INF-ORM: its head module on HF's own layers), the
-    pooling rule, and ``build(gain)``, the reward head as HookedRewardModel builds it."""
+                ) -> tuple[Any, Architecture, Callable[[torch.Tensor], RewardHead]]:
+    """``(classifier, architecture, build)`` of a custom-head reward model
+    (:data:`HEAD_BRIDGES`, or a causal LM's ``lm_head_rows``): HF's sequence classifier of its
+    body (:func:`~tl_reward.tl_backend.bridge.head_classifier`; InternLM2's re-laid as HF's
+    Llama, ``Architecture.bridge_body``) whose ``score`` is the layer HookedRewardModel makes
+    ``W_U`` (INF-ORM: its head module on HF's own layers), its registered architecture (the
+    pooling rule, the suffix ids), and ``build(gain)``, the reward head as HookedRewardModel
+    builds it."""
     from tl_reward.architectures import architecture_of
     from tl_reward.architectures.lm_head import (
         causal_lm_architecture,
@@ -83,7 +76,8 @@ def custom_head(hf_model: Any, lm_head_rows: Sequence[int] | None,
         return (LinearRewardHead(names) if arch.reward_head is None
                 else arch.reward_head(hf_model, gain, names))
 
-    return head_classifier(hf_model, score, k), arch.pooling, build
+    body = hf_model if arch.bridge_body is None else arch.bridge_body(hf_model)
+    return head_classifier(body, score, k), arch, build
 
 
 class BridgeRewardModel(RewardModelMixin, RewardBridge):
@@ -109,8 +103,8 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         """Wrap an HF sequence-classification reward model (a hub name, a local directory or
         an in-memory ``hf_model``) without converting its weights. ``device`` and ``dtype``
         move and cast the HF model first; the bridge itself never does. ``lm_head_rows`` reads
-        those rows of a causal LM's head; ArmoRM, QRM and INF-ORM load through
-        :func:`custom_head`; :data:`CUSTOM_HEADS` refuse, naming HookedRewardModel."""
+        those rows of a causal LM's head; ArmoRM, QRM, INF-ORM and InternLM2 (whose sequences
+        end in its reward token, the pooled one) load through :func:`custom_head`."""
         import transformers
 
         if hf_model is None:
@@ -121,10 +115,9 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
             hf_model = auto.from_pretrained(name_or_path, **hf_kwargs)
         if tokenizer is None:
             tokenizer = transformers.AutoTokenizer.from_pretrained(
-                name_or_path or hf_model.config._name_or_path)
+                name_or_path or hf_model.config._name_or_path,
+                trust_remote_code=hf_kwargs.get("trust_remote_code", False))
         arch = type(hf_model).__name__
-        if arch in CUSTOM_HEADS:
-            raise refuse_custom_head(CUSTOM_HEADS[arch])
         if lm_head_rows is None and arch.endswith(("ForCausalLM", "LMHeadModel")):
             raise UnsupportedArchitectureError(
                 f"{arch} is a causal LM: pass lm_head_rows=[<token ids>] to read those rows of "
@@ -137,9 +130,12 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
                 "reward adapter (tl_reward.tl_backend.bridge.reward_adapter) under this "
                 "class name")
         hf_model = hf_model.to(device=device, dtype=dtype).eval()
+        suffix: tuple[int, ...] = ()
         if custom:
-            hf_model, rule, build = custom_head(hf_model, lm_head_rows, objective_names)
-            arch, pooling = type(hf_model).__name__, pooling or rule
+            config = hf_model.config
+            hf_model, registered, build = custom_head(hf_model, lm_head_rows, objective_names)
+            arch, pooling = type(hf_model).__name__, pooling or registered.pooling
+            suffix = registered.suffix(config)
         model = build_reward_bridge(hf_model, arch)
         model.__class__ = cls
         # Gemma-2's sandwich norms, as HookedTransformer's config says (the bridge's leaves it
@@ -151,6 +147,7 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         model.reward_head = (build(model.norm_affine(model.ln_final)[0]) if custom
                              else LinearRewardHead(names)).to(model.cfg.device, hf_model.dtype)
         model.pooling = check_rule(pooling or "hf")
+        model.suffix_ids = suffix
         pad = hf_model.config.pad_token_id
         model.pad_token_id = tokenizer.pad_token_id if pad is None else pad
         model.tokenizer = tokenizer

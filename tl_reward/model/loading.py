@@ -196,7 +196,7 @@ def from_hf_model(
         else LinearRewardHead(objectives)
     )
     model.reward_head = head.to(dtype)
-    model.suffix_ids = tuple(arch.suffix_ids(hf_config)) if arch.suffix_ids else ()
+    model.suffix_ids = arch.suffix(hf_config)
     if head.nonlinear:  # no fixed direction exists: make any use of W_U fail loudly
         with torch.no_grad():
             model.unembed.W_U.fill_(float("nan"))
