@@ -668,12 +668,19 @@ def _random_faithfulness(model: Any, graph: Any, n: int, clean: Any, corrupt: An
     return out
 
 
-def circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | None
-                 ) -> list[dict]:
+def circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | None,
+                 plants: tuple[str, ...] = ("indirect", "trigger")) -> list[dict]:
     """Edge circuits (``tl_reward.circuits``) on the indirect plant (truth: its four edges,
     each checked by exact edge patching) and on the trigger plant (its head's own edges:
-    input -> key, input -> value, head -> reward). Exact scoring of every edge only on the
-    tiny backbone (one patched forward per edge: 70,651 on SmolLM2)."""
+    input -> key, input -> value, head -> reward), each if in ``plants``. Exact scoring of
+    every edge only on the tiny backbone (one patched forward per edge: 70,651 on SmolLM2)."""
+    rows = indirect_circuit_rows(hf, tok, cfg, name) if "indirect" in plants else []
+    return rows + (trigger_circuit_rows(hf, tok, cfg, name, cache) if "trigger" in plants
+                   else [])
+
+
+def indirect_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str) -> list[dict]:
+    """The indirect plant's rows of :func:`circuit_rows`."""
     methods = ("exact", "eap", "eap-ig") if name == "tiny" else ("eap", "eap-ig")
     p = plant_indirect(hf, tok, cfg["trigger"], head=1)
     log(f"planted the indirect mechanism: {p.truth}")
@@ -693,6 +700,16 @@ def circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path 
     rows = [row("indirect", "truth (exact edge patching)",
                 "each planted edge's effect / the shift (max)", max(ex), "about -1",
                 max(ex) < -0.9, f"{[round(x, 3) for x in ex]}; {len(tps)} pairs")]
+    head = g.sources.index(truth[2][0])
+    rest = full & False
+    rest[:, head] = full[:, head]
+    rest[g.dests.index(truth[2][1:]), head] = False
+    ev = evaluate_circuit(model, RewardCircuit(g, full & ~rest), clean, corrupt)
+    leak = ((ev.metric - ev.full) / (ev.full - ev.empty)).abs()
+    rows.append(row("indirect", f"truth: the head's other {int(rest.sum())} outgoing edges, "
+                    "patched together", "|effect| / the shift (max over pairs)",
+                    float(leak.max()), "< 0.1", float(leak.max()) < 0.1,
+                    f"{[round(float(x), 3) for x in leak]}"))
     atts = {m: edge_attribution(model, clean, corrupt, method=m) for m in methods}
     log("scored the indirect plant's edges")
     for m, att in atts.items():
@@ -720,6 +737,14 @@ def circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path 
                     "mean bootstrap Jaccard (20 resamples of the pairs)", jac, ">= 0.9",
                     jac >= 0.9))
     log("evaluated the indirect plant's circuits")
+    return rows
+
+
+def trigger_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | None
+                         ) -> list[dict]:
+    """The trigger plant's rows of :func:`circuit_rows`."""
+    methods = ("exact", "eap", "eap-ig") if name == "tiny" else ("eap", "eap-ig")
+    rows: list[dict] = []
     t = planted_trigger(hf, tok, cfg, cache)
     model = hooked(t.model, tok)
     tps = trigger_pairs(tok, t.truth.trigger_id, hf.config.vocab_size, HELD_OUT)
@@ -784,6 +809,10 @@ def main() -> None:
     ap.add_argument("--base-sweep", type=Path, default=None,
                     help="file of the base's whole-vocabulary sweep (made when missing, about "
                          "as long as the planted one): adds the truth over every id")
+    ap.add_argument("--circuit-plants", nargs="+", choices=["indirect", "trigger"],
+                    default=["indirect", "trigger"],
+                    help="the plants of the circuits section (trigger: needs the trigger plant, "
+                         "about 19 min on SmolLM2 unless --cache holds it)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("TL_REWARD_THREADS", "1")))
     t0 = time.time()
@@ -800,7 +829,8 @@ def main() -> None:
         "distortion": lambda: distortion_rows(run["fmt"][1]),
         "published": lambda: published_rows(run["fmt"][1], hf, tok, args.backbone),
         "sae": lambda: sae_rows(hf, tok, cfg, args.backbone, cache),
-        "circuits": lambda: circuit_rows(hf, tok, cfg, args.backbone, cache),
+        "circuits": lambda: circuit_rows(hf, tok, cfg, args.backbone, cache,
+                                         tuple(args.circuit_plants)),
     }
     if {"distortion", "published"} & set(args.sections):
         args.sections = sorted({*args.sections, "formatting"}, key=SECTIONS.index)
@@ -815,6 +845,7 @@ def main() -> None:
         df = write(stem, rows, seconds, {
             "backbone": args.backbone, "sweep_ids": args.sweep_ids,
             "base_sweep": None if args.base_sweep is None else str(args.base_sweep),
+            "circuit_plants": args.circuit_plants,
             "threads": torch.get_num_threads(), "started": time.strftime(
                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))})
     if args.cache is None:

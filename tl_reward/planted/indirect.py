@@ -11,15 +11,20 @@ planted MLP neuron. The planted model then differs from the base in two places o
 * head ``head`` of block ``head_layer``: its query reads ``const``, its key and value read
   ``flag`` (in the slowest rotary pair), so every later position attends to the trigger with
   logit >= ``logit_margin`` (every other key is exactly 0) and copies ``value ~ 1``; the output
-  writes ``write_scale`` times the pooled token's residual RMS to the ``write`` coordinate;
+  writes ``write_scale`` times the residual RMS *floor* to the ``write`` coordinate: the
+  smallest RMS of any later norm's input (from the head's own MLP to the final norm) at the
+  trigger or after it, on the calibration sequences;
 * neuron ``neuron`` of the last block's MLP: ``silu(g x) * u x`` of the normed ``write``
   coordinate (exactly 0 without it), written along the reward row, scaled so that the median
   shift on the calibration sequences holding the trigger is ``c``.
 
 Without the trigger both write exactly 0 (the planted model equals the base); swapping the
 trigger for the counterfactual token changes nothing else. The write coordinate reaches the
-reward only through the MLP (its sole reader) but enters every later RMS norm: that leak is of
-order ``write_scale ** 2 / d_model`` of the reward (``write_scale`` small keeps it negligible).
+reward only through the MLP (its sole reader) but enters every later RMS norm, where it moves the
+scale by about ``write_scale ** 2 / (2 d_model)`` at most (relative; value ~ 1): on
+SmolLM2-135M patching the head's 465 other outgoing edges moves the reward by < 0.001 of the
+shift. (Scaled to the pooled token's final RMS, 334 times the floor there, the write was 33
+times the smallest residual RMS it entered and that leak carried 0.11 to 0.40 of the shift.)
 """
 
 from __future__ import annotations
@@ -115,6 +120,28 @@ def _clear_dims(hf: Any, trigger_id: int, cf_id: int, dims: list[int]) -> None:
         hf.score.weight[:, dims] = 0.0
 
 
+@torch.no_grad()
+def _rms_floor(hf: Any, ids: list[list[int]], where: list[list[int]], layer: int) -> float:
+    """The smallest RMS of any norm's input from block ``layer``'s MLP on, at or after each
+    sequence's first trigger position."""
+    blocks = hf.model.layers
+    norms = [blocks[layer].post_attention_layernorm, hf.model.norm, *(
+        n for b in blocks[layer + 1:] for n in (b.input_layernorm, b.post_attention_layernorm))]
+    got: list[torch.Tensor] = []
+    hooks = [n.register_forward_pre_hook(lambda m, i: got.append(i[0][0].double()))
+             for n in norms]
+    lo = float("inf")
+    try:
+        for x, p in zip(ids, where, strict=True):
+            got.clear()
+            hf.model(input_ids=torch.tensor([x]))
+            lo = min(lo, *(float(r[min(p):].pow(2).mean(-1).min()) for r in got))
+    finally:
+        for h in hooks:
+            h.remove()
+    return lo ** 0.5
+
+
 def plant_indirect(
     hf: Any, tokenizer: Any, trigger: str | int, counterfactual: str | int | None = None,
     c: float = 4.0, head_layer: int = 0, head: int = 0, neuron: int = 0, objective: int = 0,
@@ -136,7 +163,7 @@ def plant_indirect(
         prompts, n_random, vocab_per_prompt, seed: calibration sequences (see
             :func:`~tl_reward.planted.calibration.calibration_sequences`).
         logit_margin: the trigger's smallest attention logit (leak ``n * exp(-margin)``).
-        write_scale: the head's write, in units of the pooled residual's RMS.
+        write_scale: the head's write, in units of the residual RMS floor (module doc).
         gate: the neuron's gate pre-activation at the median trigger.
         calibration_steps: rescalings of the neuron's write towards a median shift of ``c``.
 
@@ -181,6 +208,7 @@ def plant_indirect(
     with_trigger = [x for x, p in zip(seqs.ids, seqs.trigger_positions, strict=True) if p]
     where = [p for p in seqs.trigger_positions if p]
     normed, scales = layer_inputs(base, with_trigger, head_layer)
+    floor = _rms_floor(base, with_trigger, where, head_layer)
     hd = head_dim(hf)
     inv_freq = hf.model.rotary_emb.inv_freq.double()
     slot = int(inv_freq.argmin())
@@ -207,7 +235,7 @@ def plant_indirect(
         attn.k_proj.weight[kv_rows.start + slot, flag] = root
         attn.v_proj.weight[kv_rows.start, flag] = 1.0 / value
         attn.o_proj.weight[:, rows] = 0.0
-        attn.o_proj.weight[write, rows.start] = write_scale * float(scales.median())
+        attn.o_proj.weight[write, rows.start] = write_scale * floor
     mid, _ = layer_inputs(planted, with_trigger, last, norm="post_attention_layernorm")
     x_med = float(torch.stack([x[-1, write] for x in mid]).median())
     mlp = planted.model.layers[-1].mlp
