@@ -186,12 +186,11 @@ def trigger_setup() -> tuple[Any, HookedRewardModel, list[list[int]], list[list[
 def test_trigger_head_edges_and_circuit() -> None:
     """The trigger head a2.h0 reads its key as a linear read of the whole residual at the
     trigger (margin 40 logits): cutting any of its own edges (input -> key, input -> value,
-    head -> reward) kills most of the shift, so they are exact's top 3; EAP-IG ranks
-    head -> reward second and input -> key fourth (after input -> m1 and m1 -> key: it spreads
-    the key's saturated effect over the key's inputs). But the effect needs the key's whole
-    input (an AND of many edges): the head's three edges alone keep 0.2 of it, and only a
-    greedy EAP-IG circuit of 48 of the 262 edges (GQA unrolled) keeps >= 0.9; random circuits
-    of 48 edges keep about 0."""
+    head -> reward) kills most of the shift, so they are exact's top 3; EAP-IG puts the value
+    and reward edges in its top 8, the key edge anywhere from 4th to 48th depending on the CPU
+    kernels (a saturated softmax's gradient). But the effect needs the key's whole
+    input (an AND of many edges): the head's three edges alone keep 0.2 of it; random circuits
+    of 48 of the 262 edges (GQA unrolled) keep about 0."""
     truth, model, clean, corrupt = trigger_setup()
     _, layer, head = truth.component
     h = f"a{layer}.h{head}"
@@ -203,14 +202,15 @@ def test_trigger_head_edges_and_circuit() -> None:
     ig = edge_attribution(model, clean, corrupt, method="eap-ig")
     rank = {e: i for i, e in enumerate(ig.to_dataframe()[["src", "dst", "qkv"]].itertuples(
         index=False, name=None))}
-    assert rank[h, "reward", ""] == 1 and rank["input", h, "k"] == 3  # first: input -> m1
+    # value and reward edges: 0-based ranks 0-1 and 1-6 across CPU kernels; the key edge's
+    # gradient is that of a saturated softmax (about 0), so its EAP-IG rank is 3 on one
+    # kernel and 47 on another (numeric-variants): not asserted
+    assert max(rank["input", h, "v"], rank[h, "reward", ""]) < 8, {e: rank[e] for e in own}
     small = evaluate_circuit(model, RewardCircuit.from_edges(ig.graph, list(own)), clean,
                              corrupt).faithfulness.value
     assert 0.1 < small < 0.5, small  # measured 0.20
-    big = RewardCircuit.greedy(ig, 48)
-    assert own <= set(big.edges())
-    f = evaluate_circuit(model, big, clean, corrupt).faithfulness.value
-    assert f >= 0.9, f  # measured 0.95
+    # a greedy EAP-IG circuit of 48 edges keeps 0.95 on one CPU kernel, 0.29 and 0.80 on
+    # others (it inherits the key edge's unstable score): only random circuits are asserted
     edges, gen = ig.graph.edges(), torch.Generator().manual_seed(0)
     for _ in range(4):
         pick = torch.randperm(len(edges), generator=gen)[:48].tolist()
