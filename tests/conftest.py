@@ -18,6 +18,7 @@ torch.set_num_threads(1)
 from helpers import SHARED, smollm2_unavailable, tiny_models  # noqa: E402
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """pytest-xdist (``-n 2``, pyproject's addopts) runs each test module whole on one worker,
     so its module fixtures are built once, and all of tests/scale on one worker, so its session
