@@ -52,7 +52,7 @@ def test_resid_patching_agrees_with_transformer_lens(tiny, arch: str) -> None:
     # effects are rewards over the margin: float32 rounding of the rewards, divided by it
     # (gpt2's tiny margin made a fixed 1e-4 fail under MKL's reproducible mode: 2.2e-4)
     tol = parity_atol(torch.tensor([r_c, r_r]), model.cfg.n_layers) / abs(r_c - r_r)
-    assert tol < 0.01  # effects run 0 to 1: a wrong site or position is far outside
+    assert tol < 0.05  # GPT-2: 0.017; effects run 0 to 1: a wrong site or position is far off
     theirs = tl_patching.get_act_patch_resid_pre(model, corrupt, clean_cache, metric)
     torch.testing.assert_close(ours.effect[:-1], theirs, atol=tol, rtol=0)
     if arch == "llama":
