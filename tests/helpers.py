@@ -183,18 +183,22 @@ def hf_reward_at(hf: Any, ids: list[int], position: int) -> torch.Tensor:
         return hf.score(h[0, position]).float()
 
 
+def edge_input_hook(model: Any, dst: str, qkv: str) -> str:
+    """The TransformerLens hook of an edge destination's input (split q/k/v and MLP inputs)."""
+    if dst == "reward":
+        return f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    if dst.startswith("m"):
+        return f"blocks.{dst[1:]}.hook_mlp_in"
+    return f"blocks.{dst[1:].split('.h')[0]}.hook_{qkv}_input"
+
+
 def patch_edge_input(model: Any, clean: list[int], diff: torch.Tensor, dst: str, qkv: str
                      ) -> float:
     """reward(clean with ``diff`` added to ``dst``'s input only) - reward(clean), with plain
     TransformerLens hooks: the hand-written path patch edge attribution is checked against."""
     tok = torch.tensor([clean])
-    if dst == "reward":
-        name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    elif dst.startswith("m"):
-        name = f"blocks.{dst[1:]}.hook_mlp_in"
-    else:
-        lay, h = (int(x) for x in dst[1:].split(".h"))
-        name = f"blocks.{lay}.hook_{qkv}_input"
+    name = edge_input_hook(model, dst, qkv)
+    h = int(dst.split(".h")[1]) if ".h" in dst else 0
 
     def fn(act: torch.Tensor, hook: object) -> torch.Tensor:
         if act.ndim == 3:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import hf_rewards, patch_edge_input
+from helpers import edge_input_hook, hf_rewards, patch_edge_input
 
 from tl_reward import HookedRewardModel
 from tl_reward.analysis.direct_path import direct_path_patching
@@ -203,13 +203,8 @@ def _hand_gradient(model: HookedRewardModel, clean: list[int], corrupt: list[int
         name = f"blocks.{lay}.attn.hook_z"
         diff = (c1[name][:, :, h] - c0[name][:, :, h]) @ model.blocks[lay].attn.W_O[h]
     e0, e1 = c0["blocks.0.hook_resid_pre"], c1["blocks.0.hook_resid_pre"]
-    if dst == "reward":
-        hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    elif dst.startswith("m"):
-        hook = f"blocks.{dst[1:]}.hook_mlp_in"
-    else:
-        lay, h = (int(x) for x in dst[1:].split(".h"))
-        hook = f"blocks.{lay}.hook_{qkv}_input"
+    hook = edge_input_hook(model, dst, qkv)
+    h = int(dst.split(".h")[1]) if ".h" in dst else 0
     grads = []
     for alpha in ([k / steps for k in range(1, steps + 1)] if steps else [1.0]):
         eps = torch.zeros_like(diff, requires_grad=True)

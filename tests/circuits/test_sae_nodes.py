@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import hf_readout, patch_edge_input
-from sae_lens.saes.sae import SAEMetadata
-from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
+from sae_lens.saes.topk_sae import TopKSAE
 
+from tests.sae.test_sae_attribution import make_sae as seeded_sae
 from tl_reward.circuits import edge_attribution
 from tl_reward.errors import TLRewardError
 from tl_reward.results import load_result
@@ -24,15 +24,7 @@ ATOL = 2e-5  # float32 rounding of rewards of size ~3 through 3 layers
 
 def make_sae(d_in: int, hook: str, seed: int = 0) -> TopKSAE:
     """A seeded TopK SAE (32 features, 4 active) with a decoder bias and unequal row norms."""
-    torch.manual_seed(seed)
-    cfg = TopKSAEConfig(d_in=d_in, d_sae=32, k=4)
-    cfg.metadata = SAEMetadata(hook_name=hook)
-    sae = TopKSAE(cfg)
-    with torch.no_grad():
-        sae.b_dec.normal_(0, 0.3)
-        sae.b_enc.normal_(0, 0.1)
-        sae.W_dec.mul_(torch.rand(32, 1) + 0.5)
-    return sae
+    return seeded_sae(d_in, hook, seed, d_sae=32, k=4)
 
 
 def _layer(src: str) -> int:
