@@ -41,6 +41,12 @@ from tl_reward.stats.paired import summarise_mean
 from tl_reward.stats.resampling import bootstrap_indices
 
 
+def _ranking(scores: torch.Tensor, absolute: bool) -> torch.Tensor:
+    """What edges are ranked by: ``|score|`` (``absolute``) or the score; -inf where no edge."""
+    s = scores.nan_to_num(nan=-torch.inf)
+    return s.abs().masked_fill(s == -torch.inf, -torch.inf) if absolute else s
+
+
 @dataclass(repr=False)
 class RewardCircuit(ShortRepr):
     """Edges of ``graph`` (``mask``: ``[n_dests, n_sources]`` bool), each on a path
@@ -75,8 +81,7 @@ class RewardCircuit(ShortRepr):
     def top(cls, attribution: EdgeAttribution, n: int, absolute: bool = True) -> RewardCircuit:
         """The ``n`` edges of largest ``|score|`` (``absolute=False``: largest score), then
         pruned (so possibly fewer)."""
-        s = attribution.scores.nan_to_num(nan=-torch.inf)
-        s = s.abs().masked_fill(s == -torch.inf, -torch.inf) if absolute else s
+        s = _ranking(attribution.scores, absolute)
         mask = torch.zeros(s.numel(), dtype=torch.bool)
         n = max(0, min(int(n), attribution.graph.n_edges))
         mask[s.flatten().topk(n).indices] = True
@@ -106,8 +111,7 @@ class RewardCircuit(ShortRepr):
         (which drops edges from nodes ``input`` does not reach) keeps at least ``n`` edges
         (more when one step connects several), or every step."""
         g = attribution.graph
-        s = attribution.scores.nan_to_num(nan=-torch.inf)
-        s = s.abs().masked_fill(s == -torch.inf, -torch.inf) if absolute else s
+        s = _ranking(attribution.scores, absolute)
         feeds, n = _feeds(g), max(0, min(int(n), g.n_edges))
         cand = torch.full_like(s, -torch.inf)
         cand[-1] = s[-1]
@@ -320,7 +324,7 @@ def _items(model: Any, clean: Any, corrupt: Any) -> tuple[list[Any], list[Any] |
 
 
 def _top_k(scores: torch.Tensor, k: int) -> set[int]:
-    return set(scores.abs().nan_to_num(nan=-1.0).flatten().topk(k).indices.tolist())
+    return set(_ranking(scores, True).flatten().topk(k).indices.tolist())
 
 
 def edge_stability(model: Any, clean: Any, corrupt: Any = None, k: int = 10,
