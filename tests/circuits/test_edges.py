@@ -245,3 +245,27 @@ def test_chunking_sources_does_not_change_scores(tiny, method: str) -> None:
     for n in (2, 3):
         got = edge_attribution(model, CLEAN, CORRUPT, method=method, chunk_sources=n)
         torch.testing.assert_close(got.scores, ref.scores, atol=1e-6, rtol=0, equal_nan=True)
+
+
+def test_edges_on_device(tiny, device: str) -> None:
+    """On ``device`` (cuda where available): exact edges still equal the hand path patch, the
+    clean and corrupted metrics are HF's rewards, and EAP-IG and the circuit's faithfulness
+    equal the CPU's (results come back on the CPU, like every result object)."""
+    from tl_reward.circuits import RewardCircuit, evaluate_circuit
+
+    cpu, hf, tok = tiny("llama")
+    model = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device=device)
+    res = edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="exact")
+    assert res.scores.device.type == "cpu" and model.W_U.device.type == device
+    e = ("a1.h3", "a2.h0", "v")
+    assert _score(res, *e) == pytest.approx(_hand_patch(cpu, CLEAN[0], CORRUPT[0], *e), abs=ATOL)
+    for ids, got in [(CLEAN[0], res.clean_metric), (CORRUPT[0], res.corrupt_metric)]:
+        t = torch.tensor([ids])
+        ref = hf_rewards(hf, t, torch.ones_like(t))["reward"][0, 0]
+        assert float(got[0]) == pytest.approx(float(ref), abs=ATOL)
+    ig = edge_attribution(model, CLEAN, CORRUPT, method="eap-ig", ig_steps=3)
+    ref = edge_attribution(cpu, CLEAN, CORRUPT, method="eap-ig", ig_steps=3)
+    torch.testing.assert_close(ig.scores.cpu(), ref.scores, atol=ATOL, rtol=0, equal_nan=True)
+    circ = [RewardCircuit.top(r, 40) for r in (ig, ref)]
+    got, want = (evaluate_circuit(m, c, CLEAN, CORRUPT) for m, c in zip((model, cpu), circ, strict=True))
+    assert got.faithfulness == pytest.approx(want.faithfulness, abs=1e-4)
