@@ -267,14 +267,16 @@ def forward(
     on_grad: Callable[[int, int, int, torch.Tensor], None] | None = None,
     embed: torch.Tensor | None = None,
     chunk_sources: int | None = None,
-    nodes: tuple[torch.Tensor, torch.Tensor] | None = None,
+    nodes: tuple[Any, list[int], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The objective-ready final residual ``[batch, pos, d_model]`` of one forward.
 
     ``patch`` ``[batch or 1, n_dst, n_src]``: each destination input gets
-    ``sum_u patch[v, u] * (a_u(corrupt) - a_u(this forward))``. ``nodes`` ``(d [batch, pos,
-    d_model], m [batch, n_dst])``: destination ``v``'s input of row ``r`` gets ``d[r]`` where
-    ``m[r, v]`` (an SAE node's change). ``on_grad(first, count, upstream, grad)`` receives the
+    ``sum_u patch[v, u] * (a_u(corrupt) - a_u(this forward))``. ``nodes`` ``(sae, features,
+    c [batch or 1, n_dst, len(features) + 1])``: destination ``v``'s input of row ``r`` gets
+    ``sum_n c[r, v, n]`` times node ``n``'s change (those features', then the error node's;
+    :func:`sae_changes` at this forward's activations). ``on_grad(first, count, upstream,
+    grad)`` receives the
     gradient of each destination hook's input (the embeddings become a leaf that needs a
     gradient). ``embed`` replaces the embeddings.
     """
@@ -285,10 +287,11 @@ def forward(
             e = (act if embed is None else embed).detach().to(act.dtype)
             return e.requires_grad_(on_grad is not None)
         hooks.append(("blocks.0.hook_resid_pre", leaf))
-    if patch is not None:
+    if patch is not None or nodes is not None:
         def rec(act: torch.Tensor, hook: Any) -> None:
             cur[hook.name] = act
-        hooks += [(h, rec) for h in source_hooks(model)]
+        sae_hook = [] if nodes is None else [nodes[0].cfg.metadata.hook_name]
+        hooks += [(h, rec) for h in {*source_hooks(model), *sae_hook}]
 
     # every edge patched (the empty circuit): each input adds all upstream differences, a
     # running sum over sources that grows layer by layer (each difference built once)
@@ -320,8 +323,16 @@ def forward(
                                  else torch.einsum("rpsd,rjs->rpjd", d, mm))
                 if isinstance(add, torch.Tensor):
                     act = act + (add if act.ndim == 4 else add[:, :, 0]).to(act.dtype)
-        if nodes is not None and bool(nodes[1][:, first : first + count].any()):
-            d = nodes[0][:, :, None] * nodes[1][:, None, first : first + count, None]
+        if nodes is not None and bool(nodes[2][:, first : first + count].any()):
+            if "nodes" not in run:  # the nodes' changes, once per forward
+                from tl_reward.sae.splice import decoder_directions
+
+                df, d_err = sae_changes(model, graph, nodes[0], batch, cur)
+                w = decoder_directions(nodes[0]).detach()[nodes[1]].to(df.dtype)
+                run["nodes"] = df[..., nodes[1]], d_err, w
+            df, d_err, w = run["nodes"]
+            c = nodes[2][:, None, first : first + count].to(df.dtype)
+            d = (df[:, :, None] * c[..., :-1]) @ w + d_err[:, :, None] * c[..., -1:]
             act = act + (d if act.ndim == 4 else d[:, :, 0]).to(act.dtype)
         if on_grad is not None:
             act.register_hook(lambda g: on_grad(first, count, up, g))
@@ -382,7 +393,7 @@ class FeatureEdges(ShortRepr):
 
     @property
     def nodes(self) -> list[str]:
-        return [f"{self.prefix}.f{i}" for i in self.features] + [f"{self.prefix}.err"]
+        return node_names(self.prefix, self.features)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per edge out of a node, as :meth:`EdgeAttribution.to_dataframe`."""
@@ -400,12 +411,22 @@ def sae_split(graph: RewardGraph, hook: str) -> tuple[str, int, int]:
         raise TLRewardError(
             f"SAE nodes need an SAE at a hook whose activation is a sum of graph sources: "
             f"blocks.l.hook_mlp_out, hook_resid_pre or hook_resid_post; this SAE reads {hook!r}")
-    layer = int(m[1])
-    if m[2] == "mlp_out":
+    prefix = f"m{m[1]}" if m[2] == "mlp_out" else f"r{int(m[1]) + (m[2] == 'resid_post')}"
+    return (prefix, *node_split(graph, prefix))
+
+
+def node_split(graph: RewardGraph, prefix: str) -> tuple[int, int]:
+    """``(lo, hi)``: the SAE nodes ``{prefix}.*`` split the sum of sources ``lo .. hi-1``."""
+    layer = int(prefix[1:])
+    if prefix[0] == "m":
         s = graph.layer_start(layer) + graph.n_heads
-        return f"m{layer}", s, s + 1
-    layer += m[2] == "resid_post"
-    return f"r{layer}", 0, graph.layer_start(layer)
+        return s, s + 1
+    return 0, graph.layer_start(layer)
+
+
+def node_names(prefix: str, features: list[int]) -> list[str]:
+    """The SAE nodes ``{prefix}.f{i}`` of ``features``, then the error node ``{prefix}.err``."""
+    return [f"{prefix}.f{i}" for i in features] + [f"{prefix}.err"]
 
 
 def after(graph: RewardGraph, hi: int) -> torch.Tensor:
@@ -444,7 +465,8 @@ def lifted_saes(model: Any, sae: Any) -> Iterator[Any]:
 def sae_changes(model: Any, graph: RewardGraph, sae: Any, batch: Batch,
                 base: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(df [rows, pos, d_sae], d_err [rows, pos, d_model])``: each feature's activation
-    change and the error node's output change when the sources the hook sums are corrupted
+    change and the error node's output change when the sources the hook sums go from their
+    activations in ``base`` (the clean run's, or a patched forward's) to the corrupted ones
     (zero at padding)."""
     from tl_reward.sae.splice import decoder_directions
 
@@ -459,11 +481,10 @@ def sae_changes(model: Any, graph: RewardGraph, sae: Any, batch: Batch,
     return df, dx - df @ decoder_directions(sae).detach().to(acc)
 
 
-def node_chunks(df: torch.Tensor, d_err: torch.Tensor, w: torch.Tensor,
+def node_chunks(df: torch.Tensor, d_err: torch.Tensor, w: torch.Tensor, moved: torch.Tensor,
                 size: int = 64) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``(columns, changes [rows, pos, n, d_model])`` of the features that move in this batch
-    (column = feature id) and then the error node (column ``d_sae``), ``size`` at a time."""
-    moved = (df != 0).flatten(0, 1).any(0).nonzero().flatten()
+    """``(columns, changes [rows, pos, n, d_model])`` of the ``moved`` features (column =
+    feature id) and then the error node (column ``d_sae``), ``size`` at a time."""
     for s in range(0, len(moved), size):
         i = moved[s : s + size]
         yield i, df[:, :, i, None] * w[i].to(df.dtype)
@@ -581,21 +602,21 @@ def edge_attribution(
                 clean_m += per_item(r0, batch, n_items)
                 r1 = corrupted_metric(model, graph, batch, obj, chunk_sources)
                 corr_m += per_item(r1, batch, n_items)
-            nodes = [] if sae is None else list(node_chunks(*sae_changes(model, graph, sae,
-                                                                          batch, base), w))
+            if sae is not None:  # the features that move in this batch
+                df, d_err = sae_changes(model, graph, sae, batch, base)
+                ids = (df != 0).flatten(0, 1).any(0).nonzero().flatten()
+                moved[ids.cpu()] = True
             if method == "exact":
                 _exact(model, graph, batch, obj, r0, scores, batch_size, chunk_sources)
-                for cols, d in nodes:
+                if sae is not None:
                     _exact(model, graph, batch, obj, r0, fscores, batch_size, chunk_sources,
-                           (d, cols, dests))
+                           (sae, ids.tolist(), dests))
             else:
                 steps = 1 if method == "eap" else ig_steps
                 grads = _gradient(model, graph, batch, base, obj, scores, steps,
                                   method == "eap-ig", chunk_sources).flatten(1)
-                for cols, d in nodes:
+                for cols, d in [] if sae is None else node_chunks(df, d_err, w, ids):
                     fscores[:, cols] += grads @ d.permute(2, 0, 1, 3).flatten(1).T / steps
-            for cols, _ in nodes[:-1]:
-                moved[cols.cpu()] = True
     scores = (scores / n_items).masked_fill(~graph.edge_mask().to(dev), torch.nan)
     settings = {"ablation": inputs.ablation, "items": n_items,
                 "ig_steps": ig_steps if method == "eap-ig" else 0}
@@ -624,27 +645,26 @@ def corrupted_metric(model: Any, graph: RewardGraph, batch: Batch, obj: str,
 @torch.no_grad()
 def _exact(model: Any, graph: RewardGraph, batch: Batch, obj: str, r0: torch.Tensor,
            scores: torch.Tensor, batch_size: int, chunk_sources: int | None,
-           nodes: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+           nodes: tuple[Any, list[int], torch.Tensor] | None = None) -> None:
     """Add each edge's summed signed effect on this batch's rows to ``scores``; with ``nodes``
-    ``(changes [rows, pos, n, d_model], columns [n], dests [n_dests] bool)``, each edge from
-    those n SAE nodes into those destinations instead, in those columns of ``scores``."""
-    mask = graph.edge_mask() if nodes is None else nodes[2][:, None].expand(-1, len(nodes[1]))
+    ``(sae, features, dests [n_dests] bool)``, each edge from those features' nodes and the
+    error node into those destinations instead, in columns ``features + [d_sae]``."""
+    mask = graph.edge_mask() if nodes is None else nodes[2][:, None].expand(
+        -1, len(nodes[1]) + 1)
     idx = mask.nonzero().to(scores.device)
     rows = batch.tokens.shape[0]
     per = max(1, batch_size * 8 // rows)
     for s in range(0, len(idx), per):
         e = idx[s : s + per]
         big = batch.repeat(len(e))
-        if nodes is None:
-            onehot = torch.zeros(len(e), *scores.shape, dtype=torch.bool, device=scores.device)
-            onehot[torch.arange(len(e)), e[:, 0], e[:, 1]] = True
-            kw: dict[str, Any] = {"patch": onehot.repeat_interleave(rows, 0)}
-            cols = e[:, 1]
-        else:
-            to = torch.nn.functional.one_hot(e[:, 0], len(graph.dests)).bool()
-            kw = {"nodes": (nodes[0][:, :, e[:, 1]].permute(2, 0, 1, 3).flatten(0, 1),
-                            to.repeat_interleave(rows, 0))}
-            cols = nodes[1][e[:, 1]]
+        onehot = torch.zeros(len(e), *mask.shape, dtype=torch.bool, device=scores.device)
+        onehot[torch.arange(len(e)), e[:, 0], e[:, 1]] = True
+        onehot = onehot.repeat_interleave(rows, 0)
+        kw: dict[str, Any] = {"patch": onehot}
+        cols = e[:, 1]
+        if nodes is not None:
+            kw = {"nodes": (nodes[0], nodes[1], onehot)}
+            cols = torch.tensor([*nodes[1], scores.shape[1] - 1], device=e.device)[cols]
         r = read_metric(model, forward(model, graph, big, chunk_sources=chunk_sources, **kw),
                         big, obj)
         eff = ((r.view(len(e), rows) - r0[None]) * batch.sign[None].to(r.dtype)).sum(1)
