@@ -6,13 +6,23 @@ hand (activation change x decoder row . HF's head row through the frozen final n
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 from helpers import hf_readout, patch_edge_input
 from sae_lens.saes.topk_sae import TopKSAE
 
 from tests.sae.test_sae_attribution import make_sae as seeded_sae
-from tl_reward.circuits import edge_attribution
+from tl_reward.circuits import (
+    RewardCircuit,
+    RewardGraph,
+    edge_attribution,
+    evaluate_circuit,
+    faithfulness_curve,
+)
+from tl_reward.circuits.circuit import edge_mask
+from tl_reward.circuits.edges import after, node_split, sae_split
 from tl_reward.errors import TLRewardError
 from tl_reward.results import load_result
 from tl_reward.sae import as_sae_model
@@ -180,3 +190,131 @@ def test_padding_side_and_batch_size_do_not_change_feature_edges(tiny) -> None:
         got = edge_attribution(model, clean, corrupt, method="eap", sae=sae, **kw).features
         assert got.features == ref.features
         torch.testing.assert_close(got.scores, ref.scores, atol=ATOL, rtol=0, equal_nan=True)
+
+
+# -- circuits over feature nodes ----------------------------------------------------------------
+def _feature_mask(g, prefix: str, hook_mask: torch.Tensor, n_nodes: int) -> torch.Tensor:
+    """A hook-level circuit mask as a feature circuit's: each split source's edges after the
+    hook out, every node's edge into each destination after the hook that the hook-level
+    circuit fed from every split source."""
+    lo, hi = node_split(g, prefix)
+    dests = after(g, hi)
+    whole = hook_mask[:, lo:hi].all(1) & dests
+    m = hook_mask.clone()
+    m[:, lo:hi] &= ~dests[:, None]
+    return torch.cat([m, whole[:, None].expand(-1, n_nodes)], 1)
+
+
+@pytest.mark.parametrize("hook", ["blocks.1.hook_mlp_out", "blocks.1.hook_resid_post"])
+def test_circuit_with_every_node_edge_is_the_hook_level_circuit(tiny, hook: str) -> None:
+    """A hook-level circuit with missing edges upstream of the hook (so the hook's activation
+    is not the clean one) and the same circuit with each split edge after the hook replaced by
+    the edges of all 32 features and the error node: the same metric; the full and empty
+    feature circuits give the clean and corrupted metrics."""
+    model, _, _ = tiny("llama")
+    sae = make_sae(model.cfg.d_model, hook)
+    g = RewardGraph.from_model(model)
+    prefix, lo, hi = sae_split(g, hook)
+    full = g.edge_mask()
+    gen = torch.Generator().manual_seed(0)
+    hook_mask = full & (torch.rand(full.shape, generator=gen) < 0.6)
+    hook_mask[after(g, hi), lo:hi] = True  # every split edge after the hook in
+    hook_mask[-1, lo:hi] = hook.endswith("mlp_out")  # and for the residual, none into reward
+    feats = list(range(32))
+    ref = evaluate_circuit(model, RewardCircuit.from_mask(g, hook_mask), CLEAN, CORRUPT)
+    fc = RewardCircuit.from_mask(g, _feature_mask(g, prefix, hook_mask, 33), prefix, feats)
+    assert fc.mask[:, len(g.sources):].any()
+    got = evaluate_circuit(model, fc, CLEAN, CORRUPT, sae=sae)
+    torch.testing.assert_close(got.metric, ref.metric, atol=ATOL, rtol=0)
+    assert min((ref.metric - ref.full).abs().min(), (ref.metric - ref.empty).abs().min()) > 5e-3
+    for mask, want in [(fc.mask | True, got.full), (fc.mask & False, got.empty)]:
+        ev = evaluate_circuit(model, RewardCircuit.from_mask(g, mask, prefix, feats), CLEAN,
+                              CORRUPT, sae=sae)
+        torch.testing.assert_close(ev.metric, want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("hook", ["blocks.1.hook_mlp_out", "blocks.1.hook_resid_post"])
+def test_circuit_missing_one_node_edge_is_a_hand_patch(tiny, hook: str) -> None:
+    """The top circuit of every edge of an attribution with SAE nodes, less one feature's (or
+    the error node's) edge: its metric minus the clean one is a hand-written TransformerLens
+    patch adding that node's change (from the SAE's encode and ``W_dec``) to that input."""
+    model, _, _ = tiny("llama")
+    sae = make_sae(model.cfg.d_model, hook)
+    att = edge_attribution(model, CLEAN, CORRUPT, method="eap", sae=sae)
+    fe, g = att.features, att.graph
+    every = RewardCircuit.top(att, 10**6)
+    assert every.prefix == fe.prefix and every.features == fe.features
+    split = set(g.sources[slice(*sae_split(g, hook)[1:])])
+    assert split == ({"m1"} if "mlp" in hook else {s for s in g.sources if _layer(s) <= 1})
+    assert every.n_edges == every.headline()["of"]
+    assert not any(s in split and d == "reward" for s, d, _ in every.edges())
+    top = fe.features[int(fe.scores[-1, :-1].abs().argmax())]
+    hand = [_hand_changes(model, sae, c, k) for c, k in zip(CLEAN, CORRUPT, strict=True)]
+    for node, dst, qkv in [(top, "reward", ""), (top, "a2.h1", "q"), ("err", "m2", "")]:
+        col = len(g.sources) + (len(fe.features) if node == "err" else fe.features.index(node))
+        mask = every.mask.clone()
+        mask[g.dests.index((dst, qkv)), col] = False
+        ev = evaluate_circuit(model, RewardCircuit.from_mask(g, mask, fe.prefix, fe.features),
+                              CLEAN, CORRUPT, sae=sae)
+        ref = [patch_edge_input(model, c, derr if node == "err" else df[:, node, None]
+                                * sae.W_dec[node], dst, qkv)
+               for c, (df, derr) in zip(CLEAN, hand, strict=True)]
+        torch.testing.assert_close(ev.metric - ev.full, torch.tensor(ref), atol=ATOL, rtol=0)
+        assert max(map(abs, ref)) > 1e-3, (node, dst)
+
+
+def test_feature_circuits_select_prune_and_travel(tiny, tmp_path) -> None:
+    """Selections rank the nodes' edges with the hook-level edges they do not split (the two
+    dataframes merged by hand); pruning follows the nodes (a feature of ``m1`` is reached only
+    through ``m1``'s inputs) and leaves the metric unchanged; ``from_edges`` reads the nodes'
+    names back; the curve's points are circuit evaluations; results save and load."""
+    model, _, _ = tiny("llama")
+    sae = make_sae(model.cfg.d_model, "blocks.1.hook_mlp_out")
+    att = edge_attribution(model, CLEAN, CORRUPT, method="exact", sae=sae)
+    fe, g = att.features, att.graph
+    hdf = att.to_dataframe()
+    df = pd.concat([hdf[hdf.src != "m1"], fe.to_dataframe()])
+    df = df.iloc[np.argsort(-df.score.abs().to_numpy(), kind="stable")]
+    edges = list(map(tuple, df[["src", "dst", "qkv"]].values.tolist()))
+    assert RewardCircuit.fraction(att, 1.0).n_edges == len(df) > len(hdf)
+    for n in (5, 40):
+        top = RewardCircuit.top(att, n)
+        assert set(top.edges()) <= set(edges[:n])
+        back = RewardCircuit.from_edges(g, top.edges())
+        assert set(back.edges()) == set(top.edges()) and set(back.features) <= set(top.features)
+    assert any(".f" in e[0] for e in top.edges())
+    assert set(RewardCircuit.threshold(att, float(df.score.abs().iloc[12])).edges()) <= set(
+        edges[:13])
+    greedy = RewardCircuit.greedy(att, 12)
+    assert greedy.n_edges >= 12 and any(e[0].startswith("m1.") for e in greedy.edges())
+    f = f"m1.f{fe.features[0]}"
+    assert RewardCircuit.from_edges(g, [(f, "reward", "")]).n_edges == 0  # m1 is not reached
+    assert RewardCircuit.from_edges(g, [(f, "reward", ""), ("input", "m1", "")]).n_edges == 2
+    full = edge_mask(g, fe.prefix, len(fe.nodes))
+    raw = full & (torch.rand(full.shape, generator=torch.Generator().manual_seed(1)) < 0.25)
+    pruned = RewardCircuit.from_mask(g, raw, fe.prefix, fe.features)
+    assert 0 < pruned.n_edges < int(raw.sum())
+    evs = [evaluate_circuit(model, c, CLEAN, CORRUPT, sae=sae) for c in
+           (RewardCircuit(g, raw, fe.prefix, fe.features), pruned)]
+    torch.testing.assert_close(evs[0].metric, evs[1].metric, atol=ATOL, rtol=0)
+    sizes = (0.1, 0.3, 1.0)
+    curve = faithfulness_curve(model, att, CLEAN, CORRUPT, sizes=sizes, sae=sae)
+    for i, frac in enumerate(sizes):
+        ev = evaluate_circuit(model, RewardCircuit.fraction(att, frac), CLEAN, CORRUPT, sae=sae)
+        assert float(curve.faithfulness[i]) == pytest.approx(float(ev.per_item.mean()), abs=1e-5)
+    assert float(curve.random[-1]) == pytest.approx(1.0, abs=1e-4)
+    back = load_result(evs[1].save(tmp_path / "eval")).circuit
+    assert back.edges() == pruned.edges() and back.features == fe.features
+
+
+def test_feature_circuit_input_is_checked(tiny) -> None:
+    model, _, _ = tiny("llama")
+    g = RewardGraph.from_model(model)
+    with pytest.raises(TLRewardError, match="nodes of one SAE"):
+        RewardCircuit.from_edges(g, [("m1.f3", "reward", ""), ("r2.err", "reward", "")])
+    with pytest.raises(TLRewardError, match="not an edge"):
+        RewardCircuit.from_edges(g, [("m1.f3", "reward", ""), ("m1", "reward", "")])
+    c = RewardCircuit.from_edges(g, [("m1.f3", "reward", ""), ("input", "m1", "")])
+    for sae in (None, make_sae(model.cfg.d_model, "blocks.1.hook_resid_post")):
+        with pytest.raises(TLRewardError, match="pass that SAE"):
+            evaluate_circuit(model, c, CLEAN, CORRUPT, sae=sae)

@@ -3,15 +3,20 @@ how much of the metric it alone carries (methods section 10).
 
 Evaluating a circuit ``C`` is one forward in which every destination input reads
 ``in_v(current) + sum_{u -> v not in C} (a_u(corrupt) - a_u(current))``: every edge outside the
-circuit carries its corrupted contribution. Faithfulness is
+circuit carries its corrupted contribution. With SAE nodes (an attribution's ``features``), a
+node's contribution is its share of the hook's activation (feature ``i``:
+``enc(x)_i W_dec[i]``; the error node: the rest), and its change is
+:func:`~tl_reward.circuits.edges.sae_changes` at the current activation ``x``, as in the
+attribution. Faithfulness is
 ``(m(C) - m(empty)) / (m(full) - m(empty))`` per item; the full circuit is the clean forward and
 the empty one the corrupted forward (the counterfactual's, or every source ablated).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,14 +26,18 @@ from tl_reward.circuits.edges import (
     EdgeAttribution,
     Inputs,
     _is_pairs,
+    after,
     batches,
     corrupted_metric,
     edge_attribution,
     forward,
     lifted_saes,
+    node_names,
+    node_split,
     per_item,
     prepare_inputs,
     read_metric,
+    sae_split,
 )
 from tl_reward.circuits.graph import RewardGraph
 from tl_reward.data.pairs import as_pair_batch
@@ -47,26 +56,66 @@ def _ranking(scores: torch.Tensor, absolute: bool) -> torch.Tensor:
     return s.abs().masked_fill(s == -torch.inf, -torch.inf) if absolute else s
 
 
+def edge_mask(graph: RewardGraph, prefix: str | None = None, n_nodes: int = 0) -> torch.Tensor:
+    """``[n_dests, n_sources (+ n_nodes)]`` bool: the edges of ``graph``, or with ``n_nodes``
+    SAE nodes at ``prefix`` (columns after the sources), whose edges replace those of the
+    sources they split into the destinations after the hook."""
+    full = graph.edge_mask()
+    if prefix is None:
+        return full
+    lo, hi = node_split(graph, prefix)
+    dests = after(graph, hi)
+    full[:, lo:hi] &= ~dests[:, None]
+    return torch.cat([full, dests[:, None].expand(-1, n_nodes)], 1)
+
+
+def _scores(attribution: EdgeAttribution) -> torch.Tensor:
+    """The scores circuits select by, NaN where no edge: with SAE nodes, theirs in place of
+    the edges they split (:func:`edge_mask`)."""
+    fe = attribution.features
+    if fe is None:
+        return attribution.scores
+    split = edge_mask(attribution.graph, fe.prefix)
+    return torch.cat([attribution.scores.masked_fill(~split, torch.nan), fe.scores], 1)
+
+
 @dataclass(repr=False)
 class RewardCircuit(ShortRepr):
     """Edges of ``graph`` (``mask``: ``[n_dests, n_sources]`` bool), each on a path
     ``input -> ... -> reward`` of circuit edges: every constructor below prunes dangling
-    edges (:func:`prune`)."""
+    edges (:func:`prune`). With SAE nodes at ``prefix`` (``m{l}``, ``r{l}``: see
+    :class:`~tl_reward.circuits.edges.FeatureEdges`), ``mask`` has a column after the sources
+    for each node (``features``, then the error node) and the split sources have no edges
+    into destinations after the hook (:func:`edge_mask`); the nodes read the split sources
+    whole. An attribution with ``features`` gives such circuits."""
 
     graph: RewardGraph
     mask: torch.Tensor
+    prefix: str | None = None
+    features: list[int] = field(default_factory=list)
 
     @classmethod
-    def from_mask(cls, graph: RewardGraph, mask: torch.Tensor) -> RewardCircuit:
-        """The circuit of the edges where ``mask`` (``[n_dests, n_sources]``) is True."""
-        full = graph.edge_mask()
+    def from_mask(cls, graph: RewardGraph, mask: torch.Tensor, prefix: str | None = None,
+                  features: list[int] | None = None) -> RewardCircuit:
+        """The circuit of the edges where ``mask`` (``[n_dests, n_sources]``, or with SAE nodes
+        ``[n_dests, n_sources + len(features) + 1]``) is True."""
+        features = list(features or [])
+        full = edge_mask(graph, prefix, len(features) + 1)
         if mask.shape != full.shape:
             raise TLRewardError(f"a circuit mask of {tuple(full.shape)} (dests x sources) is "
                                 f"needed, got {tuple(mask.shape)}")
-        return cls(graph, prune(graph, mask.bool().cpu() & full))
+        return cls(graph, prune(graph, mask.bool().cpu() & full, prefix), prefix, features)
+
+    @classmethod
+    def _of(cls, attribution: EdgeAttribution, mask: torch.Tensor) -> RewardCircuit:
+        fe = attribution.features
+        nodes = () if fe is None else (fe.prefix, fe.features)
+        return cls.from_mask(attribution.graph, mask.view(len(attribution.graph.dests), -1),
+                             *nodes)
 
     def headline(self) -> dict[str, Any]:
-        return {"edges": self.n_edges, "of": self.graph.n_edges}
+        full = edge_mask(self.graph, self.prefix, len(self.features) + 1)
+        return {"edges": self.n_edges, "of": int(full.sum())}
 
     @property
     def n_edges(self) -> int:
@@ -75,17 +124,17 @@ class RewardCircuit(ShortRepr):
     def edges(self) -> list[tuple[str, str, str]]:
         """The circuit's ``(src, dst, qkv)``."""
         src, dst = self.graph.sources, self.graph.dests
+        src = src if self.prefix is None else src + node_names(self.prefix, self.features)
         return [(src[i], *dst[j]) for j, i in self.mask.nonzero().tolist()]
 
     @classmethod
     def top(cls, attribution: EdgeAttribution, n: int, absolute: bool = True) -> RewardCircuit:
         """The ``n`` edges of largest ``|score|`` (``absolute=False``: largest score), then
         pruned (so possibly fewer)."""
-        s = _ranking(attribution.scores, absolute)
+        s = _ranking(_scores(attribution), absolute).flatten()
         mask = torch.zeros(s.numel(), dtype=torch.bool)
-        n = max(0, min(int(n), attribution.graph.n_edges))
-        mask[s.flatten().topk(n).indices] = True
-        return cls.from_mask(attribution.graph, mask.view_as(s))
+        mask[s.topk(max(0, min(int(n), int((s > -torch.inf).sum())))).indices] = True
+        return cls._of(attribution, mask)
 
     @classmethod
     def fraction(cls, attribution: EdgeAttribution, f: float,
@@ -93,14 +142,15 @@ class RewardCircuit(ShortRepr):
         """The top ``round(f * n_edges)`` edges (``0 <= f <= 1``)."""
         if not 0 <= f <= 1:
             raise TLRewardError(f"the fraction of edges must be in [0, 1], got {f}")
-        return cls.top(attribution, round(f * attribution.graph.n_edges), absolute)
+        return cls.top(attribution, round(f * int((~_scores(attribution).isnan()).sum())),
+                       absolute)
 
     @classmethod
     def threshold(cls, attribution: EdgeAttribution, t: float,
                   absolute: bool = True) -> RewardCircuit:
         """Every edge with ``|score| >= t`` (``absolute=False``: ``score >= t``)."""
-        s = attribution.scores.abs() if absolute else attribution.scores
-        return cls.from_mask(attribution.graph, (s >= t).nan_to_num(False))
+        s = _scores(attribution)
+        return cls._of(attribution, ((s.abs() if absolute else s) >= t).nan_to_num(False))
 
     @classmethod
     def greedy(cls, attribution: EdgeAttribution, n: int, absolute: bool = True
@@ -110,9 +160,11 @@ class RewardCircuit(ShortRepr):
         circuit, so every edge reaches ``reward``; the first steps after which :func:`prune`
         (which drops edges from nodes ``input`` does not reach) keeps at least ``n`` edges
         (more when one step connects several), or every step."""
-        g = attribution.graph
-        s = _ranking(attribution.scores, absolute)
-        feeds, n = _feeds(g), max(0, min(int(n), g.n_edges))
+        g, fe = attribution.graph, attribution.features
+        s = _ranking(_scores(attribution), absolute)
+        prefix = None if fe is None else fe.prefix
+        feeds = _feeds(g, prefix, s.shape[1])
+        n = max(0, min(int(n), int((s > -torch.inf).sum())))
         cand = torch.full_like(s, -torch.inf)
         cand[-1] = s[-1]
         alive = torch.zeros(len(s), dtype=torch.bool)
@@ -122,7 +174,7 @@ class RewardCircuit(ShortRepr):
         def pruned(steps: int) -> torch.Tensor:
             mask = torch.zeros(s.numel(), dtype=torch.bool)
             mask[order[:steps]] = True
-            return prune(g, mask.view_as(s))
+            return prune(g, mask.view_as(s), prefix)
 
         kept = 0
         while kept < n and cand.max() > -torch.inf:  # rounds of n - kept steps
@@ -141,27 +193,39 @@ class RewardCircuit(ShortRepr):
         while lo < hi:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if int(pruned(mid).sum()) >= n else (mid + 1, hi)
-        return cls(g, pruned(hi))
+        return cls._of(attribution, pruned(hi))
 
     @classmethod
     def from_edges(cls, graph: RewardGraph,
                    edges: list[tuple[str, str, str]]) -> RewardCircuit:
-        """The circuit of the named ``(src, dst, qkv)`` edges."""
-        si = {s: i for i, s in enumerate(graph.sources)}
+        """The circuit of the named ``(src, dst, qkv)`` edges; sources may be the nodes of one
+        SAE (``"m1.f7"``, ``"m1.err"``: those features become the circuit's)."""
+        found = [re.fullmatch(r"([mr]\d+)\.(?:f(\d+)|err)", e[0]) for e in edges]
+        prefixes = sorted({m[1] for m in found if m})
+        if len(prefixes) > 1:
+            raise TLRewardError(f"edges from the nodes of SAEs at {prefixes}: a circuit holds "
+                                "the nodes of one SAE")
+        prefix = prefixes[0] if prefixes else None
+        features = sorted({int(m[2]) for m in found if m and m[2]})
+        names = graph.sources + ([] if prefix is None else node_names(prefix, features))
+        si = {s: i for i, s in enumerate(names)}
         di = {d: j for j, d in enumerate(graph.dests)}
-        full = graph.edge_mask()
+        full = edge_mask(graph, prefix, len(features) + 1)
         mask = torch.zeros_like(full)
         for src, dst, qkv in edges:
             if src not in si or (dst, qkv) not in di or not full[di[dst, qkv], si[src]]:
-                raise TLRewardError(f"({src!r}, {dst!r}, {qkv!r}) is not an edge of this "
-                                    "graph (see RewardGraph.edges())")
+                raise TLRewardError(
+                    f"({src!r}, {dst!r}, {qkv!r}) is not an edge of this graph (see "
+                    "RewardGraph.edges(); with SAE nodes, theirs replace the edges of the "
+                    "sources they split into destinations after the hook)")
             mask[di[dst, qkv], si[src]] = True
-        return cls.from_mask(graph, mask)
+        return cls.from_mask(graph, mask, prefix, features)
 
 
-def _feeds(graph: RewardGraph) -> list[list[int]]:
+def _feeds(graph: RewardGraph, prefix: str | None = None, n_cols: int = 0) -> list[list[int]]:
     """Per source, the destinations that are its own inputs (a head's q, its key/value head's
-    k and v; an MLP's input); ``input`` has none."""
+    k and v; an MLP's input); ``input`` has none; then, up to ``n_cols``, per SAE node at
+    ``prefix``, those of the sources it splits."""
     out: list[list[int]] = [[]]
     groups = graph.dest_groups()
     g = graph.n_heads // graph.n_kv_heads
@@ -169,22 +233,30 @@ def _feeds(graph: RewardGraph) -> list[list[int]]:
         q, k, v, m = groups[4 * layer : 4 * layer + 4]
         out += [[q[1] + h, k[1] + h // g, v[1] + h // g] for h in range(graph.n_heads)]
         out.append([m[1]])
+    if prefix is not None:
+        lo, hi = node_split(graph, prefix)
+        out += [sum(out[lo:hi], [])] * (n_cols - len(out))
     return out
 
 
-def prune(graph: RewardGraph, mask: torch.Tensor) -> torch.Tensor:
+def prune(graph: RewardGraph, mask: torch.Tensor, prefix: str | None = None) -> torch.Tensor:
     """``mask`` without dangling edges: keep ``u -> v`` only when ``u`` is reached from
-    ``input`` and ``v`` reaches ``reward`` along edges of ``mask``."""
-    feeds = _feeds(graph)
-    n_src = len(graph.sources)
-    reached = torch.zeros(n_src, dtype=torch.bool)
+    ``input`` and ``v`` reaches ``reward`` along edges of ``mask``. SAE nodes at ``prefix``
+    (:func:`edge_mask`) are reached when a source they split is, and make its inputs reach
+    ``reward`` when one of their edges does."""
+    n_src, n_cols = len(graph.sources), mask.shape[1]
+    feeds = _feeds(graph, prefix, n_cols)
+    lo, hi = (n_src, n_src) if prefix is None else node_split(graph, prefix)
+    order = [*range(hi), *range(n_src, n_cols), *range(hi, n_src)]  # upstream first
+    reached = torch.zeros(n_cols, dtype=torch.bool)
     reached[0] = True
-    for u in range(1, n_src):
-        reached[u] = bool((mask[feeds[u]] & reached).any())
-    useful = torch.zeros(n_src, dtype=torch.bool)
+    for u in order[1:]:
+        reached[u] = bool(reached[lo:hi].any() if u >= n_src
+                          else (mask[feeds[u]] & reached).any())
+    useful = torch.zeros(n_cols, dtype=torch.bool)
     alive = torch.zeros(len(graph.dests), dtype=torch.bool)
     alive[-1] = True
-    for u in range(n_src - 1, -1, -1):
+    for u in reversed(order):
         useful[u] = bool((mask[:, u] & alive).any())
         for d in feeds[u]:
             alive[d] |= useful[u]
@@ -210,20 +282,35 @@ class CircuitEvaluation(ShortRepr):
 
 
 def _metrics(model: Any, graph: RewardGraph, inputs: Inputs, obj: str,
-             masks: list[torch.Tensor], batch_size: int, padding_side: str
-             ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """``(full, empty, [metric of each circuit mask])``, each ``[n_items]`` on the CPU."""
+             circuits: list[RewardCircuit], batch_size: int, padding_side: str,
+             sae: Any = None) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """``(full, empty, [metric of each circuit])``, each ``[n_items]`` on the CPU. A circuit
+    with SAE nodes patches every split source's edge after the hook and takes back the
+    change of each node edge it holds (the nodes' changes sum to the sources')."""
+    from tl_reward.sae.splice import check_affine_sae, check_sae
+
     acc, dev, n = accumulation_dtype(model), model.cfg.device, inputs.n_items
     full, empty = (torch.zeros(n, dtype=acc, device=dev) for _ in range(2))
-    out = [torch.zeros(n, dtype=acc, device=dev) for _ in masks]
-    patches = [(graph.edge_mask() & ~m).to(dev)[None] for m in masks]
-    with torch.no_grad(), lifted_saes(model, None):  # an SAE with its error term: plain model
+    out = [torch.zeros(n, dtype=acc, device=dev) for _ in circuits]
+    n_src = len(graph.sources)
+    with torch.no_grad(), lifted_saes(model, sae) as sae:  # forwards run the plain model
+        kws: list[dict[str, Any]] = []
+        for c in circuits:
+            kws.append({"patch": (graph.edge_mask() & ~c.mask[:, :n_src]).to(dev)[None]})
+            if c.prefix is None:
+                continue
+            if sae is not None:
+                check_affine_sae(sae)
+            if sae is None or sae_split(graph, check_sae(model, sae))[0] != c.prefix:
+                raise TLRewardError(f"this circuit has the nodes of an SAE at {c.prefix} (see "
+                                    "FeatureEdges.prefix): pass that SAE as sae= or attach it")
+            kws[-1]["nodes"] = (sae, c.features, -c.mask[None, :, n_src:].to(dev, acc))
         for batch in batches(model, inputs, batch_size, padding_side):
             full += per_item(read_metric(model, forward(model, graph, batch), batch, obj),
                              batch, n)
             empty += per_item(corrupted_metric(model, graph, batch, obj), batch, n)
-            for o, patch in zip(out, patches, strict=True):
-                r = read_metric(model, forward(model, graph, batch, patch=patch), batch, obj)
+            for o, kw in zip(out, kws, strict=True):
+                r = read_metric(model, forward(model, graph, batch, **kw), batch, obj)
                 o += per_item(r, batch, n)
     return full.cpu(), empty.cpu(), [o.cpu() for o in out]
 
@@ -236,16 +323,17 @@ def _faithfulness(m: torch.Tensor, full: torch.Tensor, empty: torch.Tensor) -> t
 def evaluate_circuit(model: Any, circuit: RewardCircuit, clean: Any, corrupt: Any = None,
                      ablation: str | None = None, reference: Any = None,
                      objective: int | str | None = None, batch_size: int = 8,
-                     padding_side: str = "right") -> CircuitEvaluation:
+                     padding_side: str = "right", sae: Any = None) -> CircuitEvaluation:
     """The metric with every edge outside ``circuit`` corrupted, and its faithfulness (inputs
-    and corruption as :func:`~tl_reward.circuits.edges.edge_attribution`)."""
+    and corruption as :func:`~tl_reward.circuits.edges.edge_attribution`; ``sae``: the SAE
+    whose nodes the circuit holds, default the one attached)."""
     graph = RewardGraph.from_model(model)
     if graph != circuit.graph:
         raise TLRewardError("the circuit was made on another model's graph")
     obj = resolve_objectives(model, objective)[0]
     inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
-    full, empty, (m,) = _metrics(model, graph, inputs, obj, [circuit.mask], batch_size,
-                                 padding_side)
+    full, empty, (m,) = _metrics(model, graph, inputs, obj, [circuit], batch_size,
+                                 padding_side, sae)
     f = _faithfulness(m, full, empty)
     return CircuitEvaluation(circuit, m, full, empty, f,
                              summarise_mean(np.asarray(f.double().numpy())))
@@ -285,25 +373,27 @@ class FaithfulnessCurve(ShortRepr):
 def faithfulness_curve(model: Any, attribution: EdgeAttribution, clean: Any,
                        corrupt: Any = None, ablation: str | None = None, reference: Any = None,
                        sizes: tuple[float, ...] = MIB_SIZES, seed: int = 0,
-                       batch_size: int = 8, padding_side: str = "right") -> FaithfulnessCurve:
+                       batch_size: int = 8, padding_side: str = "right",
+                       sae: Any = None) -> FaithfulnessCurve:
     """Faithfulness of :meth:`RewardCircuit.fraction` circuits of ``attribution`` at ``sizes``
     against random circuits of the same size, with CPR and CMD (objective: the
-    attribution's)."""
+    attribution's; with its SAE nodes, ``sae`` as :func:`evaluate_circuit`)."""
     graph = RewardGraph.from_model(model)
     if graph != attribution.graph:
         raise TLRewardError("the attribution was made on another model's graph")
     inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
     gen = torch.Generator().manual_seed(seed)
     top = [RewardCircuit.fraction(attribution, f) for f in sizes]
-    rand = []
+    rand, edges = [], ~_scores(attribution).isnan()
+    n_all = int(edges.sum())
     for f in sizes:
-        pick = torch.zeros(graph.n_edges, dtype=torch.bool)
-        pick[torch.randperm(graph.n_edges, generator=gen)[: round(f * graph.n_edges)]] = True
-        mask = torch.zeros_like(graph.edge_mask())
-        mask[graph.edge_mask()] = pick
-        rand.append(RewardCircuit.from_mask(graph, mask))
-    full, empty, ms = _metrics(model, graph, inputs, attribution.objective,
-                               [c.mask for c in top + rand], batch_size, padding_side)
+        pick = torch.zeros(n_all, dtype=torch.bool)
+        pick[torch.randperm(n_all, generator=gen)[: round(f * n_all)]] = True
+        mask = torch.zeros_like(edges)
+        mask[edges] = pick
+        rand.append(RewardCircuit._of(attribution, mask))
+    full, empty, ms = _metrics(model, graph, inputs, attribution.objective, top + rand,
+                               batch_size, padding_side, sae)
     f = torch.stack([_faithfulness(m, full, empty).nanmean() for m in ms])
     x = torch.tensor(sizes, dtype=f.dtype)
     cur = f[: len(sizes)]
@@ -365,5 +455,5 @@ def heldout_faithfulness(model: Any, clean: Any, corrupt: Any = None, *,
 
     circuit = select(edge_attribution(model, *side(order[:n_fit]), **kwargs))
     keep = {k: v for k, v in kwargs.items()
-            if k in ("ablation", "reference", "objective", "batch_size", "padding_side")}
+            if k in ("ablation", "reference", "objective", "batch_size", "padding_side", "sae")}
     return evaluate_circuit(model, circuit, *side(order[n_fit:]), **keep)
