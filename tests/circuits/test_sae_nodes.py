@@ -318,3 +318,46 @@ def test_feature_circuit_input_is_checked(tiny) -> None:
     for sae in (None, make_sae(model.cfg.d_model, "blocks.1.hook_resid_post")):
         with pytest.raises(TLRewardError, match="pass that SAE"):
             evaluate_circuit(model, c, CLEAN, CORRUPT, sae=sae)
+
+
+def test_node_change_is_taken_at_the_current_activation(tiny) -> None:
+    """Every edge but ``input -> m1`` and one feature's edge into the reward: by hand, ``m1``'s
+    input gets the embeddings' change, so ``m1`` writes some ``x`` that is neither clean nor
+    corrupted, and the reward's input gets ``(enc(x_corr)_i - enc(x)_i) W_dec[i]`` with ``x``
+    read in the same forward (TransformerLens hooks)."""
+    model, _, _ = tiny("llama")
+    hook = "blocks.1.hook_mlp_out"
+    sae = make_sae(model.cfg.d_model, hook)
+    att = edge_attribution(model, CLEAN, CORRUPT, method="eap", sae=sae)
+    fe, g = att.features, att.graph
+    i = fe.features[int(fe.scores[-1, :-1].abs().argmax())]
+    mask = RewardCircuit.top(att, 10**6).mask
+    mask[g.dests.index(("m1", "")), 0] = False
+    mask[-1, len(g.sources) + fe.features.index(i)] = False
+    ev = evaluate_circuit(model, RewardCircuit.from_mask(g, mask, fe.prefix, fe.features), CLEAN,
+                          CORRUPT, sae=sae)
+    emb, last = "blocks.0.hook_resid_pre", f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    ref = []
+    for c, k in zip(CLEAN, CORRUPT, strict=True):
+        with torch.no_grad():
+            corr = model.run_with_cache(torch.tensor([k]), names_filter=[emb, hook])[1]
+            clean = model.run_with_cache(torch.tensor([c]), names_filter=[emb])[1]
+        seen = {}
+
+        def read(act, hook, seen=seen):
+            seen["x"] = act
+
+        def add_df(act, hook, seen=seen, corr=corr):
+            df = sae.encode(corr["blocks.1.hook_mlp_out"])[..., i] - sae.encode(seen["x"])[..., i]
+            return act + df[..., None] * sae.W_dec[i]
+        hooks = [("blocks.1.hook_mlp_in", lambda a, hook, d=corr[emb] - clean[emb]: a + d),
+                 (hook, read), (last, add_df)]
+        model.cfg.use_hook_mlp_in = True
+        try:
+            with torch.no_grad():
+                r = model.run_with_hooks(torch.tensor([c]), return_type="reward",
+                                         fwd_hooks=hooks)[0, 0]
+        finally:
+            model.cfg.use_hook_mlp_in = False
+        ref.append(float(r))
+    torch.testing.assert_close(ev.metric, torch.tensor(ref), atol=ATOL, rtol=0)
