@@ -310,7 +310,7 @@ def test_feature_circuits_select_prune_and_travel(tiny, tmp_path) -> None:
 def test_feature_circuit_input_is_checked(tiny) -> None:
     model, _, _ = tiny("llama")
     g = RewardGraph.from_model(model)
-    with pytest.raises(TLRewardError, match="nodes of one SAE"):
+    with pytest.raises(TLRewardError, match="those of one SAE"):
         RewardCircuit.from_edges(g, [("m1.f3", "reward", ""), ("r2.err", "reward", "")])
     with pytest.raises(TLRewardError, match="not an edge"):
         RewardCircuit.from_edges(g, [("m1.f3", "reward", ""), ("m1", "reward", "")])

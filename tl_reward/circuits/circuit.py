@@ -200,13 +200,9 @@ class RewardCircuit(ShortRepr):
                    edges: list[tuple[str, str, str]]) -> RewardCircuit:
         """The circuit of the named ``(src, dst, qkv)`` edges; sources may be the nodes of one
         SAE (``"m1.f7"``, ``"m1.err"``: those features become the circuit's)."""
-        found = [re.fullmatch(r"([mr]\d+)\.(?:f(\d+)|err)", e[0]) for e in edges]
-        prefixes = sorted({m[1] for m in found if m})
-        if len(prefixes) > 1:
-            raise TLRewardError(f"edges from the nodes of SAEs at {prefixes}: a circuit holds "
-                                "the nodes of one SAE")
-        prefix = prefixes[0] if prefixes else None
-        features = sorted({int(m[2]) for m in found if m and m[2]})
+        found = [m for e in edges if (m := re.fullmatch(r"([mr]\d+)\.(?:f(\d+)|err)", e[0]))]
+        prefix = found[0][1] if found else None
+        features = sorted({int(m[2]) for m in found if m[2] and m[1] == prefix})
         names = graph.sources + ([] if prefix is None else node_names(prefix, features))
         si = {s: i for i, s in enumerate(names)}
         di = {d: j for j, d in enumerate(graph.dests)}
@@ -216,8 +212,8 @@ class RewardCircuit(ShortRepr):
             if src not in si or (dst, qkv) not in di or not full[di[dst, qkv], si[src]]:
                 raise TLRewardError(
                     f"({src!r}, {dst!r}, {qkv!r}) is not an edge of this graph (see "
-                    "RewardGraph.edges(); with SAE nodes, theirs replace the edges of the "
-                    "sources they split into destinations after the hook)")
+                    "RewardGraph.edges(); SAE nodes: those of one SAE, whose edges replace "
+                    "those of the sources they split into destinations after the hook)")
             mask[di[dst, qkv], si[src]] = True
         return cls.from_mask(graph, mask, prefix, features)
 
@@ -299,11 +295,10 @@ def _metrics(model: Any, graph: RewardGraph, inputs: Inputs, obj: str,
             kws.append({"patch": (graph.edge_mask() & ~c.mask[:, :n_src]).to(dev)[None]})
             if c.prefix is None:
                 continue
-            if sae is not None:
-                check_affine_sae(sae)
             if sae is None or sae_split(graph, check_sae(model, sae))[0] != c.prefix:
                 raise TLRewardError(f"this circuit has the nodes of an SAE at {c.prefix} (see "
                                     "FeatureEdges.prefix): pass that SAE as sae= or attach it")
+            check_affine_sae(sae)
             kws[-1]["nodes"] = (sae, c.features, -c.mask[None, :, n_src:].to(dev, acc))
         for batch in batches(model, inputs, batch_size, padding_side):
             full += per_item(read_metric(model, forward(model, graph, batch), batch, obj),
