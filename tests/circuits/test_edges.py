@@ -267,5 +267,6 @@ def test_edges_on_device(tiny, device: str) -> None:
     ref = edge_attribution(cpu, CLEAN, CORRUPT, method="eap-ig", ig_steps=3)
     torch.testing.assert_close(ig.scores.cpu(), ref.scores, atol=ATOL, rtol=0, equal_nan=True)
     circ = [RewardCircuit.top(r, 40) for r in (ig, ref)]
-    got, want = (evaluate_circuit(m, c, CLEAN, CORRUPT) for m, c in zip((model, cpu), circ, strict=True))
+    got, want = (evaluate_circuit(m, c, CLEAN, CORRUPT)
+                 for m, c in zip((model, cpu), circ, strict=True))
     assert got.faithfulness == pytest.approx(want.faithfulness, abs=1e-4)
