@@ -14,6 +14,7 @@ from helpers import hf_readout, patch_edge_input
 from sae_lens.saes.topk_sae import TopKSAE
 
 from tests.sae.test_sae_attribution import make_sae as seeded_sae
+from tl_reward import HookedRewardModel
 from tl_reward.circuits import (
     RewardCircuit,
     RewardGraph,
@@ -361,3 +362,23 @@ def test_node_change_is_taken_at_the_current_activation(tiny) -> None:
             model.cfg.use_hook_mlp_in = False
         ref.append(float(r))
     torch.testing.assert_close(ev.metric, torch.tensor(ref), atol=ATOL, rtol=0)
+
+
+def test_feature_circuits_on_device(tiny, device: str) -> None:
+    """On ``device`` (cuda where available): exact feature edges, a feature circuit's metric
+    and the full circuit equal the CPU's (results come back on the CPU)."""
+    cpu, hf, tok = tiny("llama")
+    model = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device=device)
+    hook = "blocks.1.hook_resid_post"
+    saes = [make_sae(cpu.cfg.d_model, hook) for _ in (0, 1)]
+    res = [edge_attribution(m, CLEAN, CORRUPT, method="exact", sae=s)
+           for m, s in zip((model, cpu), saes, strict=True)]
+    assert res[0].features.scores.device.type == "cpu" and saes[0].W_dec.device.type == device
+    assert res[0].features.features == res[1].features.features
+    torch.testing.assert_close(res[0].features.scores, res[1].features.scores, atol=ATOL, rtol=0,
+                               equal_nan=True)
+    for n in (30, 10**6):
+        evs = [evaluate_circuit(m, RewardCircuit.top(res[1], n), CLEAN, CORRUPT, sae=s)
+               for m, s in zip((model, cpu), saes, strict=True)]
+        torch.testing.assert_close(evs[0].metric, evs[1].metric, atol=ATOL, rtol=0)
+    torch.testing.assert_close(evs[0].metric, evs[1].full, atol=ATOL, rtol=0)
