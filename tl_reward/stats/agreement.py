@@ -103,7 +103,7 @@ def rank_agreement(a: Any, b: Any, names: tuple[str, str] = ("a", "b"),
     rho = spearman_rho(x, y)
     groups = np.unique(labels if labels is not None else np.arange(x.size),
                        return_inverse=True)[1]
-    r_lo, r_hi, r_why = fisher_interval(rho.statistic, rho_jackknife(x, y, groups),
+    r_lo, r_hi, r_why = fisher_interval(rho.statistic, _rho_jackknife(x, y, groups),
                                         ((1 + rho.statistic**2 / 2) / max(n - 3, 1))**.5,
                                         confidence)
     rho_how = f"jackknife Fisher-z interval over {over}" + (f" ({r_why})" if r_why else "")
@@ -115,7 +115,7 @@ def rank_agreement(a: Any, b: Any, names: tuple[str, str] = ("a", "b"),
     return RankAgreement(**out, x=x, y=y, model_a=names[0], model_b=names[1])
 
 
-def rho_jackknife(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> np.ndarray:
+def _rho_jackknife(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Spearman's rho with each group's items left out in turn (``groups``: labels 0..G-1 per
     item). The others' average ranks are their full ranks less, per item, the left-out items
     below it and half those tied with it, so nothing is ranked again (O(groups x items))."""
