@@ -129,6 +129,25 @@ def test_word_interval_covers_and_token_interval_does_not():
     assert cover_token / n_sim < 0.8
 
 
+def test_word_rho_interval_covers_and_token_interval_does_not():
+    """Spearman's rho as tau above (30 words x 4 near-identical tokens, 200 simulations),
+    true rho (6 / pi) arcsin(0.25): the jackknife leaving out one word at a time covers it in
+    0.96 of runs (measured); leaving out one token at a time, in 0.69."""
+    rng = np.random.default_rng(2026)
+    truth = 6 / np.pi * np.arcsin(0.25)
+    cover_word = cover_token = 0
+    n_sim = 200
+    for _ in range(n_sim):
+        x, y, words = _clustered(rng, 30, 4, 0.5)
+        w = rank_agreement(x, y, units=words).spearman_rho
+        t = rank_agreement(x, y).spearman_rho
+        cover_word += w.ci_low <= truth <= w.ci_high
+        cover_token += t.ci_low <= truth <= t.ci_high
+    assert w.n == 30 and t.n == 120
+    assert 0.91 <= cover_word / n_sim <= 0.99
+    assert cover_token / n_sim < 0.8
+
+
 def test_reconstruction_resamples_words():
     """reconstruct_utilities' interval counts words as units on its own out-of-fold predictions."""
     rng = np.random.default_rng(5)

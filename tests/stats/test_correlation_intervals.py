@@ -1,5 +1,7 @@
 """The one interval rule for correlations (docs/statistics.md): Kendall's tau-b carries the
-interval (U-statistic variance, Fisher z, at least 8 units); Pearson and Spearman get none.
+interval (U-statistic variance, Fisher z, at least 8 units); Spearman's rho the cascade's
+jackknife Fisher-z interval (at least 10 units); a normal-theory Fisher-z interval for Pearson
+fails on heavy tails.
 
 The reference is a brute-force O(n^2) computation of the same variance, and simulated coverage
 on normal and bivariate-t(3) data (heavy tails with tail dependence)."""
@@ -14,6 +16,7 @@ from scipy import stats
 
 from tl_reward.stats.agreement import rank_agreement
 from tl_reward.stats.ranks import KENDALL_MIN_N, concordance, kendall_interval
+from tl_reward.stats.resampling import FISHER_MIN_N
 
 
 def _brute_interval(x, y, units=None, confidence=0.95):
@@ -86,3 +89,41 @@ def test_tau_interval_covers_and_fisher_z_pearson_does_not(n, heavy):
         assert fisher < 0.85
     else:
         assert fisher > 0.85
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_rho_interval_is_the_jackknife_fisher_interval_by_hand(grouped):
+    """rho's interval: atanh(rho) +- t_{n-1} se, se the jackknife se of atanh over the
+    leave-one-unit-out rho (scipy on the data without that unit), at least the normal-theory
+    sqrt((1 + rho^2 / 2) / (n - 3)); with ties, and with words of 1-4 tokens as units."""
+    rng = np.random.default_rng(4)
+    x = np.round(rng.normal(size=48), 1)
+    y = np.round(0.5 * x + rng.normal(size=48), 1)
+    units = rng.integers(0, 16, size=48) if grouped else np.arange(48)
+    res = rank_agreement(x, y, units=units if grouped else None).spearman_rho
+    keep = np.unique(units)
+    n = len(keep)
+    rho = stats.spearmanr(x, y).statistic
+    z = np.arctanh([stats.spearmanr(x[units != u], y[units != u]).statistic for u in keep])
+    se = max(math.sqrt((n - 1) / n * ((z - z.mean()) ** 2).sum()),
+             math.sqrt((1 + rho**2 / 2) / (n - 3)))
+    half = stats.t.ppf(0.975, n - 1) * se
+    assert res.n == n and res.value == pytest.approx(rho, abs=1e-12)
+    assert (res.ci_low, res.ci_high) == pytest.approx(
+        (math.tanh(math.atanh(rho) - half), math.tanh(math.atanh(rho) + half)), abs=1e-12)
+    assert res.method.startswith("jackknife Fisher-z interval over")
+    few = rank_agreement(x[: FISHER_MIN_N - 1], y[: FISHER_MIN_N - 1]).spearman_rho
+    assert math.isnan(few.ci_low) and "below 10 units" in few.method
+
+
+@pytest.mark.parametrize("heavy", [False, True])
+def test_rho_interval_covers_at_its_smallest_n(heavy):
+    """600 data sets of FISHER_MIN_N = 10 units, rho = 0.8, normal and bivariate t(3) (Monte
+    Carlo sd of a coverage of 0.95: 0.009); the population rho from 400,000 draws (sd 0.001).
+    Measured: 0.990 (normal), 0.952 (t(3))."""
+    rng = np.random.default_rng(30 + heavy)
+    data = _draw(rng, 600, FISHER_MIN_N, 0.8, heavy)
+    big = _draw(np.random.default_rng(5), 1, 400_000, 0.8, heavy)[0]
+    truth = stats.spearmanr(big[:, 0], big[:, 1]).statistic
+    est = [rank_agreement(x, y).spearman_rho for x, y in data.transpose(0, 2, 1)]
+    assert np.mean([e.ci_low <= truth <= e.ci_high for e in est]) >= 0.93

@@ -24,7 +24,6 @@ from typing import Any
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from tqdm.auto import tqdm
 
 from tl_reward.analysis.components import (
     final_components,
@@ -35,7 +34,7 @@ from tl_reward.analysis.components import (
 )
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
-from tl_reward.model.inputs import as_items
+from tl_reward.model.inputs import as_items, input_batches
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, reward_readout
 from tl_reward.results import ShortRepr
 
@@ -179,10 +178,7 @@ def direct_reward_attribution(
     """
     encoded = [model.encode(x) for x in as_items(inputs)]
     parts: list[dict[str, Any]] = []
-    starts = range(0, len(encoded), batch_size)
-    show = progress if progress is not None else len(starts) > 4
-    for s in tqdm(starts, disable=not show, desc="attribution", unit="batch"):
-        batch = model.collate(encoded[s : s + batch_size], "right")
+    for batch in input_batches(model, encoded, batch_size, "attribution", progress):
         part = _attribute_batch(model, batch.tokens, batch.attention_mask, objectives, neurons,
                                 per_position)
         part["lengths"] = batch.lengths.tolist()

@@ -33,11 +33,10 @@ from typing import Any
 import pandas as pd
 import torch
 from jaxtyping import Float
-from tqdm.auto import tqdm
 
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.model.heads import objective_slot
-from tl_reward.model.inputs import as_items
+from tl_reward.model.inputs import as_items, input_batches
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, normalise, reward_readout
 from tl_reward.results import ShortRepr
 
@@ -74,10 +73,7 @@ def pooled_residuals(
     names.append(f"blocks.{n_layers - 1}.hook_resid_post")
     keep = set(names)
     parts = []
-    starts = range(0, len(encoded), batch_size)
-    show = progress if progress is not None else len(starts) > 4
-    for s in tqdm(starts, disable=not show, desc="reward lens", unit="batch"):
-        batch = model.collate(encoded[s : s + batch_size], "right")
+    for batch in input_batches(model, encoded, batch_size, "reward lens", progress):
         _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
                                         return_type=None, names_filter=lambda n: n in keep)
         ro = reward_readout(model, cache[names[-1]], batch.tokens, batch.attention_mask,

@@ -43,7 +43,7 @@ from jaxtyping import Float, Int
 from tl_reward.analysis.components import _value_bias
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
 from tl_reward.errors import TLRewardError
-from tl_reward.model.inputs import EncodedInput
+from tl_reward.model.inputs import EncodedInput, input_batches
 from tl_reward.model.readout import (
     accumulation_dtype,
     normalised_effect,
@@ -321,8 +321,7 @@ def mean_activations(model: Any, reference: Sequence[Any], hooks: Sequence[str],
     count = torch.zeros(n_cls)
     encoded = [x if isinstance(x, EncodedInput) else model.encode(x) for x in reference]
     with torch.no_grad():
-        for s in range(0, len(encoded), batch_size):
-            batch = model.collate(encoded[s : s + batch_size], "right")
+        for batch in input_batches(model, encoded, batch_size):
             _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
                                             return_type=None, names_filter=lambda n: n in hooks)
             cls = (batch.position_classes() if by_class

@@ -19,9 +19,7 @@ import copy
 from collections.abc import Sequence
 
 import torch
-from jaxtyping import Float
 from torch import nn
-from torch.nn import functional as F
 
 from tl_reward.architectures.armorm import gating_token_pattern
 from tl_reward.architectures.llama import llama_config
@@ -34,16 +32,11 @@ class QRMHead(ArmoRMHead):
     """ArmoRM's combination with QRM's gating network (``Linear``/``ReLU``/``BatchNorm1d``
     modules applied in order) and ``T`` folded into ``W_U`` (``transform`` is the identity)."""
 
-    def gate(self, x: Float[torch.Tensor, "batch d_model"]) -> Float[torch.Tensor, "batch K"]:
-        """The layers run in their own dtype (a float32 readout of a bf16 model was refused by
-        the first ``Linear``), the softmax in the wider of theirs and that of ``x``."""
-        out_dtype = x.dtype
-        x = x.to(self.layers[0].weight.dtype)
+    def gating_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """QRM's layers in order (their ``ReLU`` and ``BatchNorm1d`` modules included)."""
         for layer in self.layers:
             x = layer(x)
-        x = x.to(torch.promote_types(out_dtype, x.dtype))
-        return self.hook_gating(F.softmax(x / self.temperature, dim=-1)
-                                * self.logit_scale[0].to(x.dtype))
+        return x
 
 
 def expectation_layer(hf_model: nn.Module) -> nn.Linear:

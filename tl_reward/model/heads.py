@@ -248,16 +248,20 @@ class ArmoRMHead(RewardHead):
 
     def gate(self, x: Float[torch.Tensor, "batch d_model"]) -> Float[torch.Tensor, "batch K"]:
         """``g``: the gating MLP on the (gain-folded) normed hidden state; the layers run in
-        their own dtype and the softmax in the wider of theirs and that of ``x``."""
-        out_dtype = x.dtype
-        x = x.to(self.layers[0].weight.dtype)
+        their own dtype (a float32 readout of a bf16 model would be refused by the first
+        ``Linear``) and the softmax in the wider of theirs and that of ``x``."""
+        logits = self.gating_logits(x.to(self.layers[0].weight.dtype))
+        logits = logits.to(torch.promote_types(x.dtype, logits.dtype))
+        return self.hook_gating(F.softmax(logits / self.temperature, dim=-1)
+                                * self.logit_scale[0].to(logits.dtype))
+
+    def gating_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The gating layers before the softmax: ReLU between ArmoRM's ``Linear`` layers."""
         for i, layer in enumerate(self.layers):
             x = layer(x)
             if i < len(self.layers) - 1:
                 x = F.relu(x)
-        x = x.to(torch.promote_types(out_dtype, x.dtype))
-        return self.hook_gating(F.softmax(x / self.temperature, dim=-1)
-                                * self.logit_scale[0].to(x.dtype))
+        return x
 
     def combination(
         self, normed: Normed, tokens: Tokens

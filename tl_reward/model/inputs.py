@@ -9,12 +9,13 @@ to ids, never via a string, so BOS is never duplicated); a ``(prompt, response)`
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from jaxtyping import Int
+from tqdm.auto import tqdm
 
 from tl_reward.data.conversation import Conversation, Message, as_conversation, is_conversation
 from tl_reward.errors import (
@@ -252,3 +253,13 @@ def collate(
         mask[i, sl] = 1
     return RewardBatch(tokens, mask, torch.tensor(lengths), padding_side,
                        [e.response_start for e in encoded])
+
+
+def input_batches(model: Any, encoded: Sequence[EncodedInput], batch_size: int, desc: str = "",
+                  progress: bool | None = False) -> Iterator[RewardBatch]:
+    """``encoded`` in right-padded batches of ``batch_size`` (``model.collate``), with a
+    progress bar when ``progress`` is True (``None``: when there are more than 4 batches)."""
+    starts = range(0, len(encoded), batch_size)
+    show = progress if progress is not None else len(starts) > 4
+    for s in tqdm(starts, disable=not show, desc=desc, unit="batch"):
+        yield model.collate(encoded[s : s + batch_size], "right")

@@ -34,7 +34,6 @@ from typing import Any
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from tqdm.auto import tqdm
 
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
@@ -332,7 +331,7 @@ def sae_attribution(
             ``"gradient"``.
         batch_size: inputs per forward pass.
     """
-    from tl_reward.model.inputs import as_items
+    from tl_reward.model.inputs import as_items, input_batches
 
     check_sae(model, sae)
     check_affine_sae(sae)
@@ -343,11 +342,9 @@ def sae_attribution(
         raise SAEError("no inputs to attribute")
     encoded = [model.encode(x) for x in items]
     parts = []
-    starts = range(0, len(encoded), batch_size)
-    show = progress if progress is not None else len(starts) > 4
     fn = _exact_batch if method == "exact" else _gradient_batch
-    for s in tqdm(starts, disable=not show, desc=f"SAE attribution ({method})", unit="batch"):
-        batch = model.collate(encoded[s : s + batch_size], "right")
+    for batch in input_batches(model, encoded, batch_size, f"SAE attribution ({method})",
+                               progress):
         parts.append(fn(model, sae, batch.tokens, batch.attention_mask, objectives))
 
     def cat(key: str) -> torch.Tensor:

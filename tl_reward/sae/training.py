@@ -37,7 +37,6 @@ from typing import Any
 import pandas as pd
 import torch
 from jaxtyping import Float
-from tqdm.auto import tqdm
 
 from tl_reward.errors import SAEError, require_sae_lens
 from tl_reward.results import ShortRepr
@@ -87,18 +86,14 @@ def collect_activations(
         else stop
     special = torch.tensor(sorted(set(getattr(model.tokenizer, "all_special_ids", []) or [])),
                            dtype=torch.long)
-    from tl_reward.model.inputs import EncodedInput
+    from tl_reward.model.inputs import EncodedInput, input_batches
 
     n_ctx = max_length or model.cfg.n_ctx
     encoded = [EncodedInput(model.encode(x).ids[:n_ctx]) for x in corpus]
     encoded.sort(key=lambda e: len(e.ids))  # less padding; rows are a bag of tokens anyway
     out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
     total = 0
-    starts = range(0, len(encoded), batch_size)
-    show = progress if progress is not None else len(starts) > 4
-    bar = tqdm(starts, disable=not show, desc="collecting activations", unit="batch")
-    for s in bar:
-        batch = model.collate(encoded[s : s + batch_size], "right")
+    for batch in input_batches(model, encoded, batch_size, "collecting activations", progress):
         keep = batch.attention_mask.bool()
         if exclude_special_tokens and special.numel():
             keep &= ~torch.isin(batch.tokens, special.to(batch.tokens.device))
