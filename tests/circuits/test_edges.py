@@ -269,4 +269,4 @@ def test_edges_on_device(tiny, device: str) -> None:
     circ = [RewardCircuit.top(r, 40) for r in (ig, ref)]
     got, want = (evaluate_circuit(m, c, CLEAN, CORRUPT)
                  for m, c in zip((model, cpu), circ, strict=True))
-    assert got.faithfulness == pytest.approx(want.faithfulness, abs=1e-4)
+    assert got.faithfulness.value == pytest.approx(want.faithfulness.value, abs=1e-4)
