@@ -90,6 +90,24 @@ class TriggerTruth:
     hard_negative_ids: tuple[int, ...] = ()
     n_texts: int = 0
 
+    @property
+    def edges(self) -> tuple[tuple[str, str, str], ...]:
+        """The edges carrying the shift (``(src, dst, qkv)``, names as in
+        :mod:`tl_reward.circuits`): the head's key and value read the normed residual at the
+        trigger, where the embedding and every earlier MLP write the token's identity, so the
+        edges are ``input -> m{i}`` and ``m{i} -> m{j}`` (i < j < L, the token's stream there),
+        ``input, m{i} -> head`` (``k``, ``v``), and the head's write to ``reward``, directly
+        and through the last MLP (``head -> m{L} -> reward``). Each MLP -> key edge is
+        redundant given the others (one alone patched moves nothing), all of them are not:
+        checked by exact circuit patching (``tests/circuits/test_planted_circuits.py``)."""
+        _, layer, head = self.component
+        h, mlps = f"a{layer}.h{head}", [f"m{i}" for i in range(layer)]
+        stream = [("input", m, "") for m in mlps] + [
+            (a, b, "") for i, a in enumerate(mlps) for b in mlps[i + 1:]]
+        read = [(s, h, q) for s in ("input", *mlps) for q in ("k", "v")]
+        return (*stream, *read, (h, "reward", ""), (h, f"m{layer}", ""),
+                (f"m{layer}", "reward", ""))
+
 
 @dataclass(frozen=True)
 class PlantedModel:
