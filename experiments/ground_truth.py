@@ -18,8 +18,8 @@ Plants (``tl_reward.planted``), each with its truth written down before any anal
   features ranked by differential attribution).
 * ``circuits``: edge circuits (``tl_reward.circuits``) on the indirect plant (a head detects
   the trigger, the last MLP turns it into reward; truth: its four edges, each checked by exact
-  edge patching) and on the trigger plant (truth: ``TriggerTruth.edges``, the head's key and
-  value reading the token's stream at the trigger, checked by exact circuit patching): ranks
+  edge patching) and on the trigger plant (the head's key and value reading the token's
+  stream at the trigger, ``TriggerTruth.stream_edges``, checked by exact circuit patching): ranks
   under exact (tiny backbone only), EAP and EAP-IG, greedy selection, faithfulness against
   random circuits, held-out faithfulness and bootstrap stability (``--circuit-plants``: one
   plant; the other's rows are kept from the results).
@@ -678,8 +678,8 @@ def _random_faithfulness(model: Any, graph: Any, n: int, clean: Any, corrupt: An
 def circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | None,
                  plants: tuple[str, ...] = ("indirect", "trigger")) -> list[dict]:
     """Edge circuits (``tl_reward.circuits``) on the indirect plant (truth: its four edges,
-    each checked by exact edge patching) and on the trigger plant (``TriggerTruth.edges``,
-    checked by exact circuit patching), each if in ``plants``. Exact scoring of
+    each checked by exact edge patching) and on the trigger plant (its path through the token's
+    stream, checked by exact circuit patching), each if in ``plants``. Exact scoring of
     every edge only on the tiny backbone (one patched forward per edge: 70,651 on SmolLM2)."""
     rows = indirect_circuit_rows(hf, tok, cfg, name) if "indirect" in plants else []
     return rows + (trigger_circuit_rows(hf, tok, cfg, name, cache) if "trigger" in plants
@@ -749,8 +749,9 @@ def indirect_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str) -> 
 
 def trigger_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | None
                          ) -> list[dict]:
-    """The trigger plant's rows of :func:`circuit_rows` (truth: ``TriggerTruth.edges``, checked
-    by exact circuit patching before any method is scored)."""
+    """The trigger plant's rows of :func:`circuit_rows` (the truth candidate
+    ``TriggerTruth.stream_edges``, checked by exact circuit patching before any method is
+    scored; then how small a greedy EAP-IG circuit can be)."""
     methods = [("exact", 1), ("eap", 1), ("eap-ig", 5), ("eap-ig", IG_STEPS)]
     methods = methods if name == "tiny" else methods[1:]
     t = planted_trigger(hf, tok, cfg, cache)
@@ -760,16 +761,17 @@ def trigger_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cach
     _, layer, head = t.truth.component
     h = f"a{layer}.h{head}"
     own = [("input", h, "k"), ("input", h, "v"), (h, "reward", "")]
-    truth = list(t.truth.edges)
+    truth = list(t.truth.stream_edges)
     n = len(truth)
     g = RewardGraph.from_model(model)
     f = evaluate_circuit(model, RewardCircuit.from_edges(g, truth), clean, corrupt).faithfulness
-    rows = [row("trigger", f"truth: the {n} edges of TriggerTruth.edges (exact circuit "
-                "patching)", "faithfulness, mean (interval)", f.value, ">= 0.9", f.value >= 0.9,
+    rows = [row("trigger", f"truth: the token's stream at the trigger, {n} edges (exact "
+                "circuit patching)", "faithfulness, mean (interval)", f.value, ">= 0.9",
+                f.value >= 0.9,
                 f"[{f.ci_low:.3f}, {f.ci_high:.3f}]; {n / g.n_edges:.2%} of {g.n_edges:,} "
                 f"edges; {len(tps)} pairs")]
-    rnd = _random_faithfulness(model, g, n, clean, corrupt)
-    rows.append(row("trigger", f"faithfulness, 8 random circuits of {n} edges", "max |f|",
+    rnd = _random_faithfulness(model, g, n, clean, corrupt, draws=4)
+    rows.append(row("trigger", f"faithfulness, 4 random circuits of {n} edges", "max |f|",
                     max(abs(x) for x in rnd), "< 0.1", max(abs(x) for x in rnd) < 0.1))
     f = evaluate_circuit(model, RewardCircuit.from_edges(g, own), clean, corrupt).faithfulness
     rows.append(row("trigger", "faithfulness, the head's three edges alone", "mean",
@@ -787,11 +789,13 @@ def trigger_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cach
                         f"worst rank {max(r)}; the head's key, value, reward edges: ranks "
                         f"{_edge_ranks(att, own)}"))
         log(f"scored the trigger plant's edges ({label})")
-    for steps, size in [(s, k * n) for s in (5, IG_STEPS) for k in (1, 2)]:
+    sizes = [(s, k * n) for s in (5, IG_STEPS) for k in (1, 2)]
+    for steps, size in sizes + [(IG_STEPS, round(f * g.n_edges)) for f in (0.05, 0.1)]:
         grown = RewardCircuit.greedy(atts["eap-ig", steps], size)
         f = evaluate_circuit(model, grown, clean, corrupt).faithfulness
         rows.append(row("trigger", f"faithfulness, greedy eap-ig ({steps} steps) circuit of "
-                        f"{size} edges", "mean", f.value, ">= 0.9", f.value >= 0.9,
+                        f"{size} edges ({size / g.n_edges:.1%})", "mean", f.value, ">= 0.9",
+                        f.value >= 0.9,
                         f"{grown.n_edges} edges, {len(set(grown.edges()) & set(truth))} of "
                         "them truth edges"))
     big = RewardCircuit.greedy(atts["eap-ig", 5], round(0.25 * g.n_edges))

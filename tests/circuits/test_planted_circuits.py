@@ -199,13 +199,13 @@ def test_trigger_truth_circuit_is_faithful_and_needs_every_edge() -> None:
     """The trigger head a2.h0's key and value are linear reads of the whole normed residual at
     the trigger (margin 40 logits), so its truth is more than its own three edges: the token's
     stream there (input -> m0, m1; m0 -> m1) read by the key and value, and the head's write
-    to the reward directly and through m2 (``TriggerTruth.edges``, 12 of 262 edges, GQA
-    unrolled). By exact circuit patching: the 12 keep 0.955 of the shift, each one patched out
-    costs at least 0.05 (the key edges from m0 and m1: 0.23 and 0.46, though each alone,
-    patched in the full model, moves nothing); the head's three own edges alone keep 0.20;
-    random circuits of 12 edges keep 0."""
+    to the reward directly and through m2 (``TriggerTruth.stream_edges``, 12 of 262 edges, GQA
+    unrolled). By exact circuit patching: the 12 keep 0.955 of the shift; each one patched out
+    of them costs 0.057 (head -> m2, m2 -> reward) to 0.955 (input -> key), the key edges from
+    m0 and m1 0.18 and 0.49, though each alone, patched in the full model, moves nothing; the
+    head's three own edges alone keep 0.20; random circuits of 12 edges keep 0."""
     truth, model, clean, corrupt = trigger_setup()
-    edges, g = list(truth.edges), trigger_att("exact").graph
+    edges, g = list(truth.stream_edges), trigger_att("exact").graph
     assert len(edges) == 12
 
     def faith(es: list[tuple[str, str, str]]) -> Any:
@@ -231,17 +231,17 @@ def test_trigger_truth_edges_are_top_edges_under_exact_and_eap_ig() -> None:
     needs many steps here: the key's attention flips from the sink to the trigger within a
     few logits of a 40-logit margin, a narrow stretch of the interpolation, so at 5 or 20 steps
     the key edge ranks anywhere from 3rd to 195th across CPU kernels (numeric-variants) and a
-    greedy circuit of 24 edges keeps -0.03 to 0.78; at 100 steps every truth edge is in the
+    greedy circuit of 24 edges keeps -0.03 to 0.96; at 100 steps every truth edge is in the
     top 20 (the head's own three in the top 5) and greedy(24) keeps 0.95 to 0.96 on every
-    kernel."""
+    kernel (at 50 steps: top 24, 0.95 to 0.98)."""
     truth, model, clean, corrupt = trigger_setup()
-    edges = set(truth.edges)
+    edges = set(truth.stream_edges)
     ex = trigger_att("exact")
     rank = _ranks(ex)
     assert {e for e, r in rank.items() if r < 10} <= edges
     shift = float((ex.clean_metric - ex.corrupt_metric).mean())
     scores = ex.to_dataframe().set_index(["src", "dst", "qkv"])["score"]
-    h = truth.edges[6][1]
+    h = truth.stream_edges[6][1]
     assert all(abs(scores[m, h, "k"]) < 0.01 * shift for m in ("m0", "m1"))
     ig = trigger_att("eap-ig", 100)
     rank = _ranks(ig)

@@ -91,15 +91,16 @@ class TriggerTruth:
     n_texts: int = 0
 
     @property
-    def edges(self) -> tuple[tuple[str, str, str], ...]:
-        """The edges carrying the shift (``(src, dst, qkv)``, names as in
-        :mod:`tl_reward.circuits`): the head's key and value read the normed residual at the
-        trigger, where the embedding and every earlier MLP write the token's identity, so the
-        edges are ``input -> m{i}`` and ``m{i} -> m{j}`` (i < j < L, the token's stream there),
-        ``input, m{i} -> head`` (``k``, ``v``), and the head's write to ``reward``, directly
-        and through the last MLP (``head -> m{L} -> reward``). Each MLP -> key edge is
-        redundant given the others (one alone patched moves nothing), all of them are not:
-        checked by exact circuit patching (``tests/circuits/test_planted_circuits.py``)."""
+    def stream_edges(self) -> tuple[tuple[str, str, str], ...]:
+        """The plant's path through the token's stream at the trigger (``(src, dst, qkv)``,
+        names as in :mod:`tl_reward.circuits`): ``input -> m{i}``, ``m{i} -> m{j}`` (i < j <
+        L), ``input, m{i} -> head`` (``k``, ``v``: they read the normed residual at the
+        trigger), and the head's write, ``head -> reward`` and ``head -> m{L} -> reward``.
+        Measured by exact circuit patching, not guaranteed: where the embedding and the MLPs
+        carry the token's identity there (the tiny Llama: 12 edges keep 0.955 of the shift,
+        each needed; ``tests/circuits/test_planted_circuits.py``) it is the truth; on
+        SmolLM2-135M it keeps 0.00 (the key also reads what 29 layers of attention wrote at
+        the trigger: no small circuit carries it; docs/circuits.md)."""
         _, layer, head = self.component
         h, mlps = f"a{layer}.h{head}", [f"m{i}" for i in range(layer)]
         stream = [("input", m, "") for m in mlps] + [
