@@ -1,7 +1,9 @@
 """Ground truth: on the indirect plant (a head detects the trigger, the last MLP alone turns it
 into reward; ``tl_reward.planted.indirect``) the planted edges are the top edges under exact
 patching and EAP-IG, the circuit they form carries the whole effect, random circuits of the
-same size carry none, and EAP-IG has converged at MIB's 5 steps."""
+same size carry none, and EAP-IG has converged at MIB's 5 steps. On the trigger-head plant the
+truth is the head's path through the token's stream at the trigger (``stream_edges``), found
+by EAP-IG at 100 steps, not 5."""
 
 from __future__ import annotations
 
