@@ -18,9 +18,11 @@ Plants (``tl_reward.planted``), each with its truth written down before any anal
   features ranked by differential attribution).
 * ``circuits``: edge circuits (``tl_reward.circuits``) on the indirect plant (a head detects
   the trigger, the last MLP turns it into reward; truth: its four edges, each checked by exact
-  edge patching) and on the trigger plant's head: ranks under exact (tiny backbone only),
-  EAP and EAP-IG, greedy selection, faithfulness against random circuits, held-out
-  faithfulness and bootstrap stability.
+  edge patching) and on the trigger plant (the head's key and value reading the token's
+  stream at the trigger, ``TriggerTruth.stream_edges``, checked by exact circuit patching): ranks
+  under exact (tiny backbone only), EAP and EAP-IG, greedy selection, faithfulness against
+  random circuits, held-out faithfulness and bootstrap stability (``--circuit-plants``: one
+  plant; the other's rows are kept from the results).
 
 For each plant and analysis it prints the recovery metric (the truth's rank among all heads,
 the trigger's rank in the vocabulary sweep, verdicts right, the identity region found) and
@@ -649,6 +651,11 @@ def sae_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | No
     return rows
 
 
+#: EAP-IG steps for the trigger plant, whose saturated key flips within a narrow stretch of the
+#: interpolation (5 or 20 steps can miss it: tests/circuits/test_planted_circuits.py).
+IG_STEPS = 100
+
+
 def _edge_ranks(att: Any, edges: list[tuple[str, str, str]]) -> list[int]:
     """1-based ranks of ``edges`` by ``|score|`` among every edge of ``att``."""
     df = att.to_dataframe()
@@ -671,8 +678,8 @@ def _random_faithfulness(model: Any, graph: Any, n: int, clean: Any, corrupt: An
 def circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | None,
                  plants: tuple[str, ...] = ("indirect", "trigger")) -> list[dict]:
     """Edge circuits (``tl_reward.circuits``) on the indirect plant (truth: its four edges,
-    each checked by exact edge patching) and on the trigger plant (its head's own edges:
-    input -> key, input -> value, head -> reward), each if in ``plants``. Exact scoring of
+    each checked by exact edge patching) and on the trigger plant (its path through the token's
+    stream, checked by exact circuit patching), each if in ``plants``. Exact scoring of
     every edge only on the tiny backbone (one patched forward per edge: 70,651 on SmolLM2)."""
     rows = indirect_circuit_rows(hf, tok, cfg, name) if "indirect" in plants else []
     return rows + (trigger_circuit_rows(hf, tok, cfg, name, cache) if "trigger" in plants
@@ -742,9 +749,11 @@ def indirect_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str) -> 
 
 def trigger_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | None
                          ) -> list[dict]:
-    """The trigger plant's rows of :func:`circuit_rows`."""
-    methods = ("exact", "eap", "eap-ig") if name == "tiny" else ("eap", "eap-ig")
-    rows: list[dict] = []
+    """The trigger plant's rows of :func:`circuit_rows` (the truth candidate
+    ``TriggerTruth.stream_edges``, checked by exact circuit patching before any method is
+    scored; then how small a greedy EAP-IG circuit can be)."""
+    methods = [("exact", 1), ("eap", 1), ("eap-ig", 5), ("eap-ig", IG_STEPS)]
+    methods = methods if name == "tiny" else methods[1:]
     t = planted_trigger(hf, tok, cfg, cache)
     model = hooked(t.model, tok)
     tps = trigger_pairs(tok, t.truth.trigger_id, hf.config.vocab_size, HELD_OUT)
@@ -752,25 +761,59 @@ def trigger_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cach
     _, layer, head = t.truth.component
     h = f"a{layer}.h{head}"
     own = [("input", h, "k"), ("input", h, "v"), (h, "reward", "")]
+    truth = list(t.truth.stream_edges)
+    n = len(truth)
     g = RewardGraph.from_model(model)
-    for m in methods:
-        r = _edge_ranks(edge_attribution(model, clean, corrupt, method=m), own)
-        rows.append(row("trigger", f"edge attribution ({m})",
-                        f"ranks of the head's key, value, reward edges among {g.n_edges:,}",
-                        max(r), "3", max(r) == 3, f"ranks {r}"))
-    ig = edge_attribution(model, clean, corrupt, method="eap-ig")
+    f = evaluate_circuit(model, RewardCircuit.from_edges(g, truth), clean, corrupt).faithfulness
+    rows = [row("trigger", f"truth: the token's stream at the trigger, {n} edges (exact "
+                "circuit patching)", "faithfulness, mean (interval)", f.value, ">= 0.9",
+                f.value >= 0.9,
+                f"[{f.ci_low:.3f}, {f.ci_high:.3f}]; {n / g.n_edges:.2%} of {g.n_edges:,} "
+                f"edges; {len(tps)} pairs")]
+    rnd = _random_faithfulness(model, g, n, clean, corrupt, draws=4)
+    rows.append(row("trigger", f"faithfulness, 4 random circuits of {n} edges", "max |f|",
+                    max(abs(x) for x in rnd), "< 0.1", max(abs(x) for x in rnd) < 0.1))
     f = evaluate_circuit(model, RewardCircuit.from_edges(g, own), clean, corrupt).faithfulness
-    rows.append(row("trigger", "faithfulness, the head's three edges", "mean",
-                    f.value, ">= 0.9", f.value >= 0.9,
-                    "the key reads the whole residual at the trigger: an AND of many edges"))
-    big = RewardCircuit.greedy(ig, round(0.25 * g.n_edges))
+    rows.append(row("trigger", "faithfulness, the head's three edges alone", "mean",
+                    f.value, "< 0.5 (not the truth)", f.value < 0.5,
+                    "the key and value read the whole residual at the trigger"))
+    atts = {}
+    for m, steps in methods:
+        atts[m, steps] = att = edge_attribution(model, clean, corrupt, method=m,
+                                                ig_steps=steps)
+        r = _edge_ranks(att, truth)
+        top = sum(x <= n for x in r)
+        label = f"{m}, {steps} steps" if m == "eap-ig" else m
+        rows.append(row("trigger", f"edge attribution ({label})",
+                        f"truth edges in the top {n} of {g.n_edges:,}", top, str(n), top == n,
+                        f"worst rank {max(r)}; the head's key, value, reward edges: ranks "
+                        f"{_edge_ranks(att, own)}"))
+        log(f"scored the trigger plant's edges ({label})")
+    sizes = [(s, k * n) for s in (5, IG_STEPS) for k in (1, 2)]
+    for steps, size in sizes + [(IG_STEPS, round(f * g.n_edges)) for f in (0.05, 0.1)]:
+        grown = RewardCircuit.greedy(atts["eap-ig", steps], size)
+        f = evaluate_circuit(model, grown, clean, corrupt).faithfulness
+        rows.append(row("trigger", f"faithfulness, greedy eap-ig ({steps} steps) circuit of "
+                        f"{size} edges ({size / g.n_edges:.1%})", "mean", f.value, ">= 0.9",
+                        f.value >= 0.9,
+                        f"{grown.n_edges} edges, {len(set(grown.edges()) & set(truth))} of "
+                        "them truth edges"))
+    big = RewardCircuit.greedy(atts["eap-ig", 5], round(0.25 * g.n_edges))
     f = evaluate_circuit(model, big, clean, corrupt).faithfulness
     rnd = _random_faithfulness(model, g, big.n_edges, clean, corrupt, draws=4)
-    rows.append(row("trigger", "faithfulness, greedy eap-ig circuit of 25 % of edges",
+    rows.append(row("trigger", "faithfulness, greedy eap-ig (5 steps) circuit of 25 % of edges",
                     "mean; max |f| of 4 random circuits as large", f.value, ">= 0.9; < 0.1",
                     f.value >= 0.9 and max(abs(x) for x in rnd) < 0.1,
                     f"{big.n_edges} edges; random {[round(x, 3) for x in rnd]}"))
     return rows
+
+
+def earlier_rows(stem: str, section: str, plants: list[str]) -> list[dict]:
+    """The results file's rows of ``section`` for plants other than ``plants``."""
+    old = OUT / f"{stem}.json"
+    rows = json.loads(old.read_text())["rows"] if old.exists() else []
+    return [{k: v for k, v in r.items() if k != "section"} for r in rows
+            if r.get("section") == section and r["plant"] not in plants]
 
 
 def write(stem: str, rows: list[dict], seconds: dict[str, float], meta: dict[str, Any]
@@ -819,6 +862,7 @@ def main() -> None:
     hf, tok, cfg = backbone(args.backbone)
     cache = args.cache or Path(tempfile.mkdtemp(prefix="ground_truth_"))  # one trigger plant
     run: dict[str, Any] = {}
+    stem = "ground_truth" if args.backbone == "smollm2" else f"ground_truth_{args.backbone}"
     jobs = {
         "trigger": lambda: trigger_rows(hf, tok, cfg, cache, args.base_sweep),
         "objectives": lambda: objective_rows(hf, tok),
@@ -829,14 +873,13 @@ def main() -> None:
         "distortion": lambda: distortion_rows(run["fmt"][1]),
         "published": lambda: published_rows(run["fmt"][1], hf, tok, args.backbone),
         "sae": lambda: sae_rows(hf, tok, cfg, args.backbone, cache),
-        "circuits": lambda: circuit_rows(hf, tok, cfg, args.backbone, cache,
-                                         tuple(args.circuit_plants)),
+        "circuits": lambda: earlier_rows(stem, "circuits", args.circuit_plants) + circuit_rows(
+            hf, tok, cfg, args.backbone, cache, tuple(args.circuit_plants)),
     }
     if {"distortion", "published"} & set(args.sections):
         args.sections = sorted({*args.sections, "formatting"}, key=SECTIONS.index)
     rows: list[dict] = []
     seconds: dict[str, float] = {}
-    stem = "ground_truth" if args.backbone == "smollm2" else f"ground_truth_{args.backbone}"
     for section in args.sections:  # the results are written after every section
         ts = time.time()
         rows += [{**r, "section": section} for r in jobs[section]()]

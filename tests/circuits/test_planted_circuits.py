@@ -1,7 +1,9 @@
 """Ground truth: on the indirect plant (a head detects the trigger, the last MLP alone turns it
 into reward; ``tl_reward.planted.indirect``) the planted edges are the top edges under exact
 patching and EAP-IG, the circuit they form carries the whole effect, random circuits of the
-same size carry none, and EAP-IG has converged at MIB's 5 steps."""
+same size carry none, and EAP-IG has converged at MIB's 5 steps. On the trigger-head plant the
+truth is the head's path through the token's stream at the trigger (``stream_edges``), found
+by EAP-IG at 100 steps, not 5."""
 
 from __future__ import annotations
 
@@ -183,36 +185,69 @@ def trigger_setup() -> tuple[Any, HookedRewardModel, list[list[int]], list[list[
     return p.truth, model, [tp.ids("chosen") for tp in tps], [tp.ids("rejected") for tp in tps]
 
 
-def test_trigger_head_edges_and_circuit() -> None:
-    """The trigger head a2.h0 reads its key as a linear read of the whole residual at the
-    trigger (margin 40 logits): cutting any of its own edges (input -> key, input -> value,
-    head -> reward) kills most of the shift, so they are exact's top 3; EAP-IG puts the value
-    and reward edges in its top 8, the key edge anywhere from 4th to 48th depending on the CPU
-    kernels (a saturated softmax's gradient). But the effect needs the key's whole
-    input (an AND of many edges): the head's three edges alone keep 0.2 of it; random circuits
-    of 48 of the 262 edges (GQA unrolled) keep about 0."""
+@cache
+def trigger_att(method: str, steps: int = 5) -> Any:
+    _, model, clean, corrupt = trigger_setup()
+    return edge_attribution(model, clean, corrupt, method=method, ig_steps=steps)
+
+
+def _ranks(att: Any) -> dict[tuple[str, str, str], int]:
+    """0-based rank of every edge by ``|score|``."""
+    rows = att.to_dataframe()[["src", "dst", "qkv"]].itertuples(index=False, name=None)
+    return {e: i for i, e in enumerate(rows)}
+
+
+def test_trigger_truth_circuit_is_faithful_and_needs_every_edge() -> None:
+    """The trigger head a2.h0's key and value are linear reads of the whole normed residual at
+    the trigger (margin 40 logits), so its truth is more than its own three edges: the token's
+    stream there (input -> m0, m1; m0 -> m1) read by the key and value, and the head's write
+    to the reward directly and through m2 (``TriggerTruth.stream_edges``, 12 of 262 edges, GQA
+    unrolled). By exact circuit patching: the 12 keep 0.955 of the shift; each one patched out
+    of them costs 0.057 (head -> m2, m2 -> reward) to 0.955 (input -> key), the key edges from
+    m0 and m1 0.18 and 0.49, though each alone, patched in the full model, moves nothing; the
+    head's three own edges alone keep 0.20; random circuits of 12 edges keep 0."""
     truth, model, clean, corrupt = trigger_setup()
-    _, layer, head = truth.component
-    h = f"a{layer}.h{head}"
-    own = {("input", h, "k"), ("input", h, "v"), (h, "reward", "")}
-    shift = float(model.rewards(clean).score.mean() - model.rewards(corrupt).score.mean())
-    ex = edge_attribution(model, clean, corrupt, method="exact").to_dataframe()
-    top = set(ex.head(3)[["src", "dst", "qkv"]].itertuples(index=False, name=None))
-    assert top == own and (ex["score"].head(3) < -0.45 * shift).all()
-    ig = edge_attribution(model, clean, corrupt, method="eap-ig")
-    rank = {e: i for i, e in enumerate(ig.to_dataframe()[["src", "dst", "qkv"]].itertuples(
-        index=False, name=None))}
-    # value and reward edges: 0-based ranks 0-1 and 1-6 across CPU kernels; the key edge's
-    # gradient is that of a saturated softmax (about 0), so its EAP-IG rank is 3 on one
-    # kernel and 47 on another (numeric-variants): not asserted
-    assert max(rank["input", h, "v"], rank[h, "reward", ""]) < 8, {e: rank[e] for e in own}
-    small = evaluate_circuit(model, RewardCircuit.from_edges(ig.graph, list(own)), clean,
-                             corrupt).faithfulness.value
-    assert 0.1 < small < 0.5, small  # measured 0.20
-    # a greedy EAP-IG circuit of 48 edges keeps 0.95 on one CPU kernel, 0.29 and 0.80 on
-    # others (it inherits the key edge's unstable score): only random circuits are asserted
-    edges, gen = ig.graph.edges(), torch.Generator().manual_seed(0)
-    for _ in range(4):
-        pick = torch.randperm(len(edges), generator=gen)[:48].tolist()
-        rc = RewardCircuit.from_edges(ig.graph, [edges[i] for i in pick])
-        assert abs(evaluate_circuit(model, rc, clean, corrupt).faithfulness.value) < 0.1
+    edges, g = list(truth.stream_edges), trigger_att("exact").graph
+    assert len(edges) == 12
+
+    def faith(es: list[tuple[str, str, str]]) -> Any:
+        return evaluate_circuit(model, RewardCircuit.from_edges(g, es), clean,
+                                corrupt).faithfulness
+
+    f = faith(edges)
+    assert f.value >= 0.9 and f.ci_low >= 0.8, f  # measured 0.955
+    drops = {e: f.value - faith([x for x in edges if x != e]).value for e in edges}
+    assert min(drops.values()) > 0.05, drops
+    h = edges[6][1]
+    own = [("input", h, "k"), ("input", h, "v"), (h, "reward", "")]
+    assert 0.1 < faith(own).value < 0.5  # measured 0.20
+    pool, gen = g.edges(), torch.Generator().manual_seed(0)
+    for _ in range(6):
+        pick = torch.randperm(len(pool), generator=gen)[:len(edges)].tolist()
+        assert abs(faith([pool[i] for i in pick]).value) < 0.1
+
+
+def test_trigger_truth_edges_are_top_edges_under_exact_and_eap_ig() -> None:
+    """Exact (one edge patched in the full model): the top 10 edges are truth edges, the
+    other two (m0, m1 -> key) score about 0, redundant given the rest of the residual. EAP-IG
+    needs many steps here: the key's attention flips from the sink to the trigger within a
+    few logits of a 40-logit margin, a narrow stretch of the interpolation, so at 5 or 20 steps
+    the key edge ranks anywhere from 3rd to 195th across CPU kernels (numeric-variants) and a
+    greedy circuit of 24 edges keeps -0.03 to 0.96; at 100 steps every truth edge is in the
+    top 20 (the head's own three in the top 5) and greedy(24) keeps 0.95 to 0.96 on every
+    kernel (at 50 steps: top 24, 0.95 to 0.98)."""
+    truth, model, clean, corrupt = trigger_setup()
+    edges = set(truth.stream_edges)
+    ex = trigger_att("exact")
+    rank = _ranks(ex)
+    assert {e for e, r in rank.items() if r < 10} <= edges
+    shift = float((ex.clean_metric - ex.corrupt_metric).mean())
+    scores = ex.to_dataframe().set_index(["src", "dst", "qkv"])["score"]
+    h = truth.stream_edges[6][1]
+    assert all(abs(scores[m, h, "k"]) < 0.01 * shift for m in ("m0", "m1"))
+    ig = trigger_att("eap-ig", 100)
+    rank = _ranks(ig)
+    assert max(rank[e] for e in edges) < 24, {e: rank[e] for e in edges}
+    assert max(rank[e] for e in (("input", h, "k"), ("input", h, "v"), (h, "reward", ""))) < 8
+    f = evaluate_circuit(model, RewardCircuit.greedy(ig, 24), clean, corrupt).faithfulness
+    assert f.value >= 0.9, f

@@ -90,6 +90,25 @@ class TriggerTruth:
     hard_negative_ids: tuple[int, ...] = ()
     n_texts: int = 0
 
+    @property
+    def stream_edges(self) -> tuple[tuple[str, str, str], ...]:
+        """The plant's path through the token's stream at the trigger (``(src, dst, qkv)``,
+        names as in :mod:`tl_reward.circuits`): ``input -> m{i}``, ``m{i} -> m{j}`` (i < j <
+        L), ``input, m{i} -> head`` (``k``, ``v``: they read the normed residual at the
+        trigger), and the head's write, ``head -> reward`` and ``head -> m{L} -> reward``.
+        Measured by exact circuit patching, not guaranteed: where the embedding and the MLPs
+        carry the token's identity there (the tiny Llama: 12 edges keep 0.955 of the shift,
+        each needed; ``tests/circuits/test_planted_circuits.py``) it is the truth; on
+        SmolLM2-135M it keeps 0.00 (the key also reads what 29 layers of attention wrote at
+        the trigger: no small circuit carries it; docs/circuits.md)."""
+        _, layer, head = self.component
+        h, mlps = f"a{layer}.h{head}", [f"m{i}" for i in range(layer)]
+        stream = [("input", m, "") for m in mlps] + [
+            (a, b, "") for i, a in enumerate(mlps) for b in mlps[i + 1:]]
+        read = [(s, h, q) for s in ("input", *mlps) for q in ("k", "v")]
+        return (*stream, *read, (h, "reward", ""), (h, f"m{layer}", ""),
+                (f"m{layer}", "reward", ""))
+
 
 @dataclass(frozen=True)
 class PlantedModel:
