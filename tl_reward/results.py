@@ -169,6 +169,22 @@ class ShortRepr:
         return out
 
 
+class CleanMargin:
+    """Mixin for results with ``clean_chosen`` and ``clean_rejected`` objective values."""
+
+    @property
+    def delta(self) -> float:
+        return self.clean_chosen - self.clean_rejected  # type: ignore[attr-defined]
+
+
+class PairSides:
+    """Mixin for pair results whose ``chosen`` and ``rejected`` sides are results of one type."""
+
+    @property
+    def objectives(self) -> list[str]:
+        return self.chosen.objectives  # type: ignore[attr-defined]
+
+
 def _name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
