@@ -37,6 +37,7 @@ from jaxtyping import Float, Int
 
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.inputs import as_items, input_batches
 from tl_reward.model.readout import ObjectiveSpec, resolve_objectives, reward_readout
 from tl_reward.results import PairSides, ShortRepr
 from tl_reward.sae.splice import (
@@ -327,8 +328,6 @@ def sae_attribution(
             ``"gradient"``.
         batch_size: inputs per forward pass.
     """
-    from tl_reward.model.inputs import as_items, input_batches
-
     check_sae(model, sae)
     check_affine_sae(sae)
     method = resolve_method(model, sae, method)

@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from tl_reward.model.inputs import as_items
 from tl_reward.model.readout import ObjectiveSpec, resolve_objectives, reward_readout
 from tl_reward.results import ShortRepr
 from tl_reward.sae.ablation import ablate_rows
@@ -198,8 +199,6 @@ def feature_views(
         n_examples: top-activating tokens kept per feature; ``context``: tokens either side.
         ablate_items: ablate each feature in up to this many items where it fires most.
     """
-    from tl_reward.model.inputs import as_items
-
     model = as_sae_model(model)
     hook = check_sae(model, sae)
     check_affine_sae(sae)
