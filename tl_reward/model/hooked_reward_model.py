@@ -29,6 +29,7 @@ from tl_reward.model.inputs import (
 )
 from tl_reward.model.pooling import check_rule, implied_mask
 from tl_reward.model.protocol import RewardModelMixin
+from tl_reward.model.readout import normalise, read_rewards, readout_attachment
 
 
 class HookedRewardModel(RewardModelMixin, HookedTransformer):
@@ -233,8 +234,6 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
             raise TLRewardError("pooled rewards need tokens=...: pass them with start_at_layer")
         if pool_positions is None:
             pool_positions = self.pool_positions(tokens, attention_mask, pooling)
-        from tl_reward.model.readout import read_rewards, readout_attachment
-
         # the module outputs when anything is attached to the norm or head, else the same
         # values afresh in float32 (read_rewards decides; here the forward's own normed is reused)
         attached = readout_attachment(self) is not None
@@ -260,8 +259,6 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
         """``(rewards [b, K], score [b] or None, gating [b, K] or None)`` of one padded batch,
         read by :func:`~tl_reward.model.readout.read_rewards` (float32; float64 for a float64
         model): what every scoring path of this backend calls."""
-        from tl_reward.model.readout import normalise, read_rewards
-
         resid = self.final_residual(tokens, attention_mask)
         pos = self.pool_positions(tokens, attention_mask, pooling)
         rewards, score = read_rewards(self, resid, tokens, pos)
