@@ -23,10 +23,8 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead
-from tl_reward.model.inputs import (
-    as_items,
-    is_single,
-)
+from tl_reward.model.inputs import as_items, is_single
+from tl_reward.model.loading import load_reward_model
 from tl_reward.model.pooling import check_rule, implied_mask
 from tl_reward.model.protocol import RewardModelMixin
 from tl_reward.model.readout import normalise, read_rewards, readout_attachment
@@ -97,8 +95,6 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
             lm_head_rows: load a ``*ForCausalLM`` checkpoint whose reward is these rows of its
                 LM head at the last token (Llama-3.1-Nemotron-70B-Reward-HF: ``[0]``).
         """
-        from tl_reward.model.loading import load_reward_model
-
         return load_reward_model(
             cls, name_or_path, hf_model, tokenizer, device=device, dtype=dtype, pooling=pooling,
             objective_names=objective_names, n_ctx=n_ctx, trust_remote_code=trust_remote_code,
