@@ -30,6 +30,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tl_reward import __version__
 from tl_reward.errors import ResultFileError, TLRewardError
 from tl_reward.store import atomic_write
 
@@ -283,8 +284,6 @@ def save_result(result: Any, path: str | Path) -> Path:
     """Write a result dataclass to ``path`` (a zip, see the module doc)."""
     import numpy as np
     import torch
-
-    from tl_reward import __version__
 
     blobs: dict[str, dict[str, Any]] = {"tensor": {}, "array": {}, "frame": {}}
     head = {"format": FORMAT, "type": _name(type(result)), "tl_reward_version": __version__,
