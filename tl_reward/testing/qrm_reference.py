@@ -6,7 +6,8 @@ pad minus one), a gating network of ``Linear(no bias) -> ReLU -> BatchNorm1d`` b
 final ``Linear``, softmax at a temperature times a learned scale, read at the start of the last
 assistant header; ``rewards = E_q[quantiles] @ T`` and ``score = sum(gate * rewards)``. One
 addition for tiny tokenizers: ``config.gating_token_pattern`` overrides the Llama-3 header ids.
-Imports only torch and transformers (shipped as custom code with ``save_pretrained``).
+Imports torch, transformers and the published helpers of :mod:`.armorm_reference` (shipped
+beside it as custom code by ``save_pretrained``).
 """
 
 import copy
@@ -18,17 +19,7 @@ from torch import nn
 from transformers import LlamaModel, LlamaPreTrainedModel
 from transformers.utils import ModelOutput
 
-# <|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n in the Llama-3 tokenizer
-token_pattern = [128009, 128006, 78191, 128007, 271]
-
-
-def find_token_for_gating(lst, pattern):
-    """Index of the last occurrence of ``pattern`` in ``lst`` (its first token)."""
-    n = len(pattern)
-    for j in range(len(lst) - n, -1, -1):
-        if lst[j : j + n] == pattern:
-            return j
-    raise ValueError("Token pattern not found in the list.")
+from .armorm_reference import find_token_for_gating, token_pattern
 
 
 class GatingNetwork(nn.Module):
