@@ -113,21 +113,14 @@ def _config(arch: str, vocab: int, num_labels: int, tokenizer: Any) -> Any:
         # the reward token: the first id past the tokenizer (real ones use an unused token)
         return InternLM2Config(**keep, rope_theta=1000000.0, reward_token_id=len(tokenizer),
                                rope_scaling={"type": "dynamic", "factor": 2.0})
-    if arch == "qrm":
-        cfg = tf.LlamaConfig(**{**llama_like, "num_labels": num_labels})
+    if arch in ("qrm", "armorm"):
+        cfg = tf.LlamaConfig(**llama_like)
         cfg.num_objectives = num_labels
-        cfg.num_quantiles = num_labels  # the published reward_quantiles broadcast needs q = K
+        if arch == "qrm":  # the published reward_quantiles broadcast needs q = K
+            cfg.num_quantiles = num_labels
         cfg.gating_hidden_dim = 32
-        cfg.gating_n_hidden = 2
-        cfg.gating_temperature = 0.5  # a gate that visibly depends on the prompt
-        cfg.gating_token_pattern = assistant_pattern(tokenizer)
-        return cfg
-    if arch == "armorm":
-        cfg = tf.LlamaConfig(**{**llama_like, "num_labels": num_labels})
-        cfg.num_objectives = num_labels
-        cfg.gating_hidden_dim = 32
-        cfg.gating_n_hidden = 3
-        cfg.gating_temperature = 10
+        cfg.gating_n_hidden = 2 if arch == "qrm" else 3
+        cfg.gating_temperature = 0.5 if arch == "qrm" else 10  # QRM's visibly prompt-dependent
         cfg.gating_token_pattern = assistant_pattern(tokenizer)
         return cfg
     raise ValueError(f"unknown tiny architecture {arch!r}; choose from "
