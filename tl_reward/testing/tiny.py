@@ -76,9 +76,10 @@ def assistant_pattern(tokenizer: Any) -> list[int]:
             for t in ("<|eot_id|>", "<|start_header_id|>", "<|assistant|>", "<|end_header_id|>")]
 
 
-def _config(arch: str, vocab: int, num_labels: int, tokenizer: Any) -> Any:
+def _config(arch: str, num_labels: int, tokenizer: Any) -> Any:
     import transformers as tf
 
+    vocab = 64 * math.ceil((len(tokenizer) + 16) / 64)  # headroom, as real checkpoints have
     ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
            "eos_token_id": tokenizer.eos_token_id, "num_labels": num_labels}
     llama_like = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96,
@@ -156,8 +157,7 @@ def tiny_hf_reward_model(
     import transformers as tf
 
     tokenizer = tokenizer or tiny_tokenizer()
-    vocab = 64 * math.ceil((len(tokenizer) + 16) / 64)  # headroom, as real checkpoints have
-    cfg = _config(arch, vocab, num_labels, tokenizer)
+    cfg = _config(arch, num_labels, tokenizer)
     torch.manual_seed(seed)
     if arch == "armorm":
         from tl_reward.testing.armorm_reference import LlamaForRewardModelWithGating
