@@ -30,6 +30,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tl_reward import __version__
 from tl_reward.errors import ResultFileError, TLRewardError
 from tl_reward.store import atomic_write
 
@@ -169,6 +170,22 @@ class ShortRepr:
         return out
 
 
+class CleanMargin:
+    """Mixin for results with ``clean_chosen`` and ``clean_rejected`` objective values."""
+
+    @property
+    def delta(self) -> float:
+        return self.clean_chosen - self.clean_rejected  # type: ignore[attr-defined]
+
+
+class PairSides:
+    """Mixin for pair results whose ``chosen`` and ``rejected`` sides are results of one type."""
+
+    @property
+    def objectives(self) -> list[str]:
+        return self.chosen.objectives  # type: ignore[attr-defined]
+
+
 def _name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
@@ -267,8 +284,6 @@ def save_result(result: Any, path: str | Path) -> Path:
     """Write a result dataclass to ``path`` (a zip, see the module doc)."""
     import numpy as np
     import torch
-
-    from tl_reward import __version__
 
     blobs: dict[str, dict[str, Any]] = {"tensor": {}, "array": {}, "frame": {}}
     head = {"format": FORMAT, "type": _name(type(result)), "tl_reward_version": __version__,

@@ -36,7 +36,7 @@ from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
 from tl_reward.model.inputs import as_items, input_batches
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, reward_readout
-from tl_reward.results import ShortRepr
+from tl_reward.results import PairSides, ShortRepr
 
 
 @dataclass(repr=False)
@@ -201,15 +201,11 @@ def direct_reward_attribution(
 
 
 @dataclass(repr=False)
-class PairAttribution(ShortRepr):
+class PairAttribution(PairSides, ShortRepr):
     """DRA of the chosen and rejected reply of N preference pairs, and their difference."""
 
     chosen: DirectAttribution
     rejected: DirectAttribution
-
-    @property
-    def objectives(self) -> list[str]:
-        return self.chosen.objectives
 
     def difference(self, level: str = "sublayer") -> tuple[torch.Tensor, list[str]]:
         """``([N, C, n_obj], names)``: ``a_c(chosen) - a_c(rejected)`` per component; with the

@@ -33,11 +33,11 @@ from tl_reward.model.readout import (
     objective_at_pooled,
     resolve_objectives,
 )
-from tl_reward.results import ShortRepr
+from tl_reward.results import CleanMargin, ShortRepr
 
 
 @dataclass(repr=False)
-class AttributionPatchingResult(ShortRepr):
+class AttributionPatchingResult(CleanMargin, ShortRepr):
     """First-order patching estimates for one pair, per direction (``"denoising"``,
     ``"noising"``).
 
@@ -58,10 +58,6 @@ class AttributionPatchingResult(ShortRepr):
     position_labels: list[str]
     clean_chosen: float
     clean_rejected: float
-
-    @property
-    def delta(self) -> float:
-        return self.clean_chosen - self.clean_rejected
 
     def components(self, level: str = "sublayer", mode: str = "denoising"
                    ) -> tuple[torch.Tensor, list[str]]:

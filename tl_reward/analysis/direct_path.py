@@ -31,11 +31,11 @@ from tl_reward.model.readout import (
     resolve_objectives,
     reward_readout,
 )
-from tl_reward.results import ShortRepr
+from tl_reward.results import CleanMargin, ShortRepr
 
 
 @dataclass(repr=False)
-class DirectPathResult(ShortRepr):
+class DirectPathResult(CleanMargin, ShortRepr):
     """Direct-path patching effects of every component of one pair.
 
     Attributes:
@@ -51,10 +51,6 @@ class DirectPathResult(ShortRepr):
     objective: str
     clean_chosen: float
     clean_rejected: float
-
-    @property
-    def delta(self) -> float:
-        return self.clean_chosen - self.clean_rejected
 
     def to_dataframe(self) -> pd.DataFrame:
         return pd.DataFrame({"component": self.names, "effect": self.effect.tolist(),

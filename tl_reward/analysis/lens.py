@@ -38,7 +38,7 @@ from tl_reward.data.pairs import as_pair_batch
 from tl_reward.model.heads import objective_slot
 from tl_reward.model.inputs import as_items, input_batches
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, normalise, reward_readout
-from tl_reward.results import ShortRepr
+from tl_reward.results import PairSides, ShortRepr
 
 CONVENTIONS = ("frozen", "recompute")
 
@@ -165,15 +165,11 @@ def reward_lens(
 
 
 @dataclass(repr=False)
-class PairLens(ShortRepr):
+class PairLens(PairSides, ShortRepr):
     """Reward lens of the chosen and rejected replies of N pairs."""
 
     chosen: RewardLens
     rejected: RewardLens
-
-    @property
-    def objectives(self) -> list[str]:
-        return self.chosen.objectives
 
     def headline(self) -> dict[str, Any]:
         """The final margin ``D_L`` per pair and objective, and the crystallisation layer."""

@@ -50,7 +50,7 @@ from tl_reward.model.readout import (
     objective_at_pooled,
     resolve_objectives,
 )
-from tl_reward.results import ShortRepr
+from tl_reward.results import CleanMargin, ShortRepr
 from tl_reward.tl_backend import cache_keys, frozen_kv_cache
 
 MODES = ("denoising", "noising", "zero", "mean")
@@ -248,7 +248,7 @@ def _chunks(order: list[int], layers: list[int], size: int, by_layer: bool
 
 
 @dataclass(repr=False)
-class PatchingResult(ShortRepr):
+class PatchingResult(CleanMargin, ShortRepr):
     """Effects of patching every site of one kind on one preference pair.
 
     Attributes:
@@ -274,10 +274,6 @@ class PatchingResult(ShortRepr):
     position_labels: list[str] | None = None
     unaligned: tuple[int, int] = (0, 0)
     meta: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def delta(self) -> float:
-        return self.clean_chosen - self.clean_rejected
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per site: its coordinates, effect and patched value(s)."""

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tl_reward.architectures.common import float_copy
 from tl_reward.architectures.llama import llama_config
 from tl_reward.architectures.registry import Architecture, register_architecture
 from tl_reward.model.heads import ARMORM_OBJECTIVES, ArmoRMHead
@@ -34,15 +35,7 @@ def gating_token_pattern(hf_model: nn.Module) -> list[int]:
 def armorm_head(hf_model: nn.Module, gain: torch.Tensor, objectives: list[str]) -> ArmoRMHead:
     """Copy ArmoRM's gating network, folding the final norm's gain into its first layer."""
     gating: Any = hf_model.gating
-    layers = []
-    for i, src in enumerate(gating.layers):
-        layer = nn.Linear(src.in_features, src.out_features, bias=src.bias is not None)
-        with torch.no_grad():
-            w = src.weight.detach().float()
-            layer.weight.copy_(w * gain.to(w.device)[None, :] if i == 0 else w)
-            if src.bias is not None:
-                layer.bias.copy_(src.bias.detach().float())
-        layers.append(layer)
+    layers = [float_copy(src, gain if i == 0 else None) for i, src in enumerate(gating.layers)]
     return ArmoRMHead(
         objectives,
         layers,

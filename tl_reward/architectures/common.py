@@ -1,10 +1,24 @@
-"""Helpers shared by the architecture files: reading HF config fields across versions."""
+"""Helpers shared by the architecture files: HF config fields across versions, head layers."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch import nn
+
 from tl_reward.errors import UnsupportedArchitectureError
+
+
+def float_copy(src: nn.Linear, gain: torch.Tensor | None = None) -> nn.Linear:
+    """A float32 copy of ``src``, a final norm's ``gain`` (if given) folded into its inputs."""
+    layer = nn.Linear(src.in_features, src.out_features, bias=src.bias is not None)
+    with torch.no_grad():
+        w = src.weight.detach().float()
+        layer.weight.copy_(w if gain is None else w * gain.to(w.device)[None, :])
+        if src.bias is not None:
+            layer.bias.copy_(src.bias.detach().float())
+    return layer
 
 
 def rope_parameters(hf_config: Any) -> dict[str, Any]:

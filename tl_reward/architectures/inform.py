@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tl_reward.architectures.common import float_copy
 from tl_reward.architectures.llama import llama_config
 from tl_reward.architectures.registry import Architecture, register_architecture
 from tl_reward.model.mlp_head import MLPRewardHead
@@ -41,16 +42,7 @@ def placeholder_head(hf_model: nn.Module) -> nn.Linear:
 def mlp_head(hf_model: nn.Module, gain: torch.Tensor, objectives: list[str]) -> MLPRewardHead:
     """Copy the MLP head in float32, folding the final norm's gain into its first layer."""
     first, last = mlp_layers(hf_model)
-    hidden = nn.Linear(first.in_features, first.out_features, bias=first.bias is not None)
-    out = nn.Linear(last.in_features, last.out_features, bias=last.bias is not None)
-    with torch.no_grad():
-        w = first.weight.detach().float()
-        hidden.weight.copy_(w * gain.to(w.device)[None, :])
-        for dst, src in ((hidden.bias, first.bias), (out.bias, last.bias)):
-            if src is not None:
-                dst.copy_(src.detach().float())
-        out.weight.copy_(last.weight.detach().float())
-    return MLPRewardHead(objectives, hidden, out)
+    return MLPRewardHead(objectives, float_copy(first, gain), float_copy(last))
 
 
 INFORM = register_architecture(

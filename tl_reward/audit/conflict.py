@@ -39,6 +39,7 @@ import torch
 from jaxtyping import Float
 from scipy.stats import hypergeom
 
+from tl_reward.audit.cascade import permutation_correlation
 from tl_reward.audit.pooled import pooled_residual, resid_hook
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import TLRewardError
@@ -339,8 +340,6 @@ def score_correlation(a: Any, b: Any, n_permutations: int = 2000, seed: int = 0)
     (:func:`~tl_reward.audit.cascade.permutation_correlation`: two-sided p exact over every
     pairing up to 8 items, else ``(1 + #{|r*| >= |r|}) / (1 + B)``; jackknife Fisher-z CI
     over items from 10 items)."""
-    from tl_reward.audit.cascade import permutation_correlation
-
     a, b = paired_arrays(a, b, 3, "score")
     return permutation_correlation(a, b, "pearson", n_permutations, seed=seed)
 

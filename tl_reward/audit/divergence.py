@@ -221,8 +221,7 @@ def divergence_patching(
     if mode == "mean":
         from tl_reward.analysis.patching import mean_activations
 
-        if reference is None:
-            raise TLRewardError("mode='mean' needs reference=")
+        # activation_patching above has refused mode='mean' without reference=
         means = reference if isinstance(reference, dict) else mean_activations(
             model, reference, sorted(hooks))
     rows: list[int | None] = list(range(tp.n_aligned)) if positions == "each" else [None]

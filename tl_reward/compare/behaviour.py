@@ -39,6 +39,7 @@ from tl_reward.stats.agreement import RankAgreement, rank_agreement
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import share_interval
 from tl_reward.stats.ranks import paired_arrays
+from tl_reward.sweep.agreement import model_agreement
 
 DEFAULT_ALPHAS: tuple[float, ...] = tuple(float(a) for a in np.logspace(-3, 5, 17))
 
@@ -239,8 +240,6 @@ def compare_features(
                                              confidence))
     vocabulary = None
     if sweeps is not None:
-        from tl_reward.sweep.agreement import model_agreement
-
         vocabulary = model_agreement(dict(sweeps), p=rbo_p)
     return BehaviourComparison(names, rewards, rank, pref, read, vocabulary)
 

@@ -29,10 +29,15 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from tl_reward.audit.conflict import cosine_matrix
+from tl_reward.audit.perturbations import make_item
+from tl_reward.audit.pooled import pooled_residual
+from tl_reward.audit.probes import reward_names, score_rows
 from tl_reward.compat.effect_size import published_cohens_d
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
+from tl_reward.stats.paired import paired_effect_size, sign_flip_test
 
 
 # -- probes --------------------------------------------------------------------------------------
@@ -76,10 +81,6 @@ def run_published_probes(model: Any, objective: str | None = None, batch_size: i
 
 def _published_unit(worker: Worker, spec: Spec, objective: str | None, batch_size: int
                     ) -> PublishedProbeReport:
-    from tl_reward.audit.perturbations import make_item
-    from tl_reward.audit.probes import reward_names, score_rows
-    from tl_reward.stats.paired import paired_effect_size, sign_flip_test
-
     model = worker.model(spec)
     probes = published_probe_texts()
     names = reward_names(model)
@@ -170,8 +171,6 @@ def published_cascade(deltas: Mapping[str, Sequence[float]], threshold: float = 
 def _mean_difference(model: Any, a: Sequence[Any], b: Sequence[Any], batch_size: int,
                      unequal: str) -> Float[torch.Tensor, " d_model"]:
     """``mean(h_a - h_b)`` of the pre-norm residual at ``t*``, ``a`` and ``b`` paired by index."""
-    from tl_reward.audit.pooled import pooled_residual
-
     if len(a) != len(b):
         raise TLRewardError(unequal)
     return (pooled_residual(model, a, None, batch_size)
@@ -203,8 +202,6 @@ def published_verdict(cos: float) -> str:
 def published_conflict(model: Any, term_pairs: dict[str, tuple[Sequence[Any], Sequence[Any]]],
                        batch_size: int = 8) -> PublishedConflict:
     """Raw pre-norm cosines of ``mean(h_pref - h_disp)``, no interval, fixed thresholds."""
-    from tl_reward.audit.conflict import cosine_matrix
-
     names = list(term_pairs)
     dirs = [_mean_difference(model, *term_pairs[name], batch_size,
                              f"term {name!r}: preferred and dispreferred lists differ in length "

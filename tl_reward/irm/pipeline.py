@@ -36,6 +36,7 @@ from tl_reward.errors import TLRewardError
 from tl_reward.irm.layers import LayerChange, parameter_change
 from tl_reward.model.inputs import EncodedInput, collate
 from tl_reward.model.response_template import Prompt, response_template
+from tl_reward.sae.training import train_topk_sae
 from tl_reward.stats.agreement import RankAgreement, rank_agreement
 from tl_reward.sweep.lexicon import token_word
 from tl_reward.sweep.vocab_sweep import vocabulary_ids
@@ -254,8 +255,6 @@ def run_seed_pipeline(
         layer_change: a precomputed ranking (e.g. on the HF models); computed from the two
             models otherwise.
     """
-    from tl_reward.sae.training import train_topk_sae
-
     change = layer_change or parameter_change(policy, reference)
     layers = sorted(change.top(n_layers))
     tok = policy.tokenizer

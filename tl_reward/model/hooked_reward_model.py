@@ -23,12 +23,11 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from tl_reward.errors import TLRewardError, UnknownObjectiveError
 from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead
-from tl_reward.model.inputs import (
-    as_items,
-    is_single,
-)
+from tl_reward.model.inputs import as_items, is_single
+from tl_reward.model.loading import load_reward_model
 from tl_reward.model.pooling import check_rule, implied_mask
 from tl_reward.model.protocol import RewardModelMixin
+from tl_reward.model.readout import normalise, read_rewards, readout_attachment
 
 
 class HookedRewardModel(RewardModelMixin, HookedTransformer):
@@ -96,8 +95,6 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
             lm_head_rows: load a ``*ForCausalLM`` checkpoint whose reward is these rows of its
                 LM head at the last token (Llama-3.1-Nemotron-70B-Reward-HF: ``[0]``).
         """
-        from tl_reward.model.loading import load_reward_model
-
         return load_reward_model(
             cls, name_or_path, hf_model, tokenizer, device=device, dtype=dtype, pooling=pooling,
             objective_names=objective_names, n_ctx=n_ctx, trust_remote_code=trust_remote_code,
@@ -233,8 +230,6 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
             raise TLRewardError("pooled rewards need tokens=...: pass them with start_at_layer")
         if pool_positions is None:
             pool_positions = self.pool_positions(tokens, attention_mask, pooling)
-        from tl_reward.model.readout import read_rewards, readout_attachment
-
         # the module outputs when anything is attached to the norm or head, else the same
         # values afresh in float32 (read_rewards decides; here the forward's own normed is reused)
         attached = readout_attachment(self) is not None
@@ -260,8 +255,6 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
         """``(rewards [b, K], score [b] or None, gating [b, K] or None)`` of one padded batch,
         read by :func:`~tl_reward.model.readout.read_rewards` (float32; float64 for a float64
         model): what every scoring path of this backend calls."""
-        from tl_reward.model.readout import normalise, read_rewards
-
         resid = self.final_residual(tokens, attention_mask)
         pos = self.pool_positions(tokens, attention_mask, pooling)
         rewards, score = read_rewards(self, resid, tokens, pos)

@@ -16,7 +16,14 @@ import torch
 
 from tl_reward import tl_backend
 from tl_reward.architectures import architecture_of, get_architecture
+from tl_reward.architectures.lm_head import (
+    causal_lm_architecture,
+    lm_head_rows_layer,
+    row_objectives,
+    sequence_classification_name,
+)
 from tl_reward.errors import TLRewardError, TokenizerMismatchError
+from tl_reward.model.demo import demo_hf_reward_model, multi_hf_reward_model
 from tl_reward.model.heads import LinearRewardHead, objective_names_of
 from tl_reward.model.pooling import check_rule
 
@@ -26,25 +33,13 @@ if TYPE_CHECKING:
 BuiltinLoader = Callable[[torch.dtype], tuple[Any, Any]]
 
 
-def _demo(dtype: torch.dtype) -> tuple[Any, Any]:
-    from tl_reward.model.demo import demo_hf_reward_model
-
-    return demo_hf_reward_model(dtype)
-
-
-def _demo_multi(dtype: torch.dtype) -> tuple[Any, Any]:
-    from tl_reward.model.demo import multi_hf_reward_model
-
-    return multi_hf_reward_model(dtype)
-
-
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
                    "vocab.txt", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
 
 BUILTIN_MODELS: dict[str, BuiltinLoader] = {
-    "tl-reward/smollm2-135m-hh": _demo,
-    "demo": _demo,
-    "tl-reward/smollm2-135m-multi": _demo_multi,
+    "tl-reward/smollm2-135m-hh": demo_hf_reward_model,
+    "demo": demo_hf_reward_model,
+    "tl-reward/smollm2-135m-multi": multi_hf_reward_model,
 }
 
 
@@ -75,8 +70,6 @@ def load_hf_reward_model(
         )
     auto_cls: Any = AutoModelForSequenceClassification
     if lm_head_rows is not None:
-        from tl_reward.architectures.lm_head import sequence_classification_name
-
         seq = sequence_classification_name(names[0])
         if seq is None:
             raise TLRewardError(f"lm_head_rows= needs a causal LM checkpoint; {name_or_path} "
@@ -150,12 +143,6 @@ def from_hf_model(
     model (nothing of the converted model when ``device`` is a GPU)."""
     hf_config = hf_model.config
     if lm_head_rows is not None:
-        from tl_reward.architectures.lm_head import (
-            causal_lm_architecture,
-            lm_head_rows_layer,
-            row_objectives,
-        )
-
         arch = causal_lm_architecture(hf_model)
         head_layer = lm_head_rows_layer(hf_model, lm_head_rows)
         objective_names = objective_names or row_objectives(lm_head_rows)

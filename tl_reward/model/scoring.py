@@ -14,6 +14,8 @@ from tqdm.auto import tqdm
 from tl_reward.data.preference import PreferencePair
 from tl_reward.errors import UnknownObjectiveError
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.inputs import as_items
+from tl_reward.model.readout import accumulation_dtype
 from tl_reward.results import ShortRepr
 
 if TYPE_CHECKING:
@@ -88,9 +90,6 @@ def score_inputs(
     labels: Sequence[str] | None = None,
 ) -> RewardResult:
     """Score any inputs (see :mod:`tl_reward.model.inputs`) in length-sorted batches."""
-    from tl_reward.model.inputs import as_items
-    from tl_reward.model.readout import accumulation_dtype
-
     items = as_items(inputs)
     encoded = [model.encode(x) for x in items]
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.errors import TLRewardError
+from tl_reward.model.inputs import as_items
 from tl_reward.model.readout import resolve_objectives
 from tl_reward.results import ShortRepr
 from tl_reward.sae.attribution import differential_sae_attribution, sae_attribution
@@ -202,8 +203,6 @@ def ablation_check(
         method: the attribution checked (``"gradient"``, or ``"exact"`` at the final residual,
             where the actual change also moves the norm scale).
     """
-    from tl_reward.model.inputs import as_items
-
     model = as_sae_model(model)
     items = as_items(inputs)
     attr = sae_attribution(model, sae, items, objectives=resolve_objectives(model, objective)[:1],

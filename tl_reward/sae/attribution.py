@@ -37,8 +37,9 @@ from jaxtyping import Float, Int
 
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
+from tl_reward.model.inputs import as_items, input_batches
 from tl_reward.model.readout import ObjectiveSpec, resolve_objectives, reward_readout
-from tl_reward.results import ShortRepr
+from tl_reward.results import PairSides, ShortRepr
 from tl_reward.sae.splice import (
     SAEError,
     as_sae_model,
@@ -149,7 +150,7 @@ class SAEAttribution(ShortRepr):
 
 
 @dataclass(repr=False)
-class PairSAEAttribution(ShortRepr):
+class PairSAEAttribution(PairSides, ShortRepr):
     """SAE attribution of the chosen and rejected reply of N pairs, and their difference."""
 
     chosen: SAEAttribution
@@ -157,10 +158,6 @@ class PairSAEAttribution(ShortRepr):
 
     def __len__(self) -> int:
         return len(self.chosen)
-
-    @property
-    def objectives(self) -> list[str]:
-        return self.chosen.objectives
 
     @property
     def hook_name(self) -> str:
@@ -331,8 +328,6 @@ def sae_attribution(
             ``"gradient"``.
         batch_size: inputs per forward pass.
     """
-    from tl_reward.model.inputs import as_items, input_batches
-
     check_sae(model, sae)
     check_affine_sae(sae)
     method = resolve_method(model, sae, method)

@@ -27,8 +27,8 @@ from typing import Any
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
+from tl_reward.model.inputs import as_items, input_batches
 from tl_reward.model.readout import ObjectiveSpec, resolve_objectives, reward_readout
 from tl_reward.results import ShortRepr
 from tl_reward.sae.ablation import ablate_rows
@@ -198,8 +198,6 @@ def feature_views(
         n_examples: top-activating tokens kept per feature; ``context``: tokens either side.
         ablate_items: ablate each feature in up to this many items where it fires most.
     """
-    from tl_reward.model.inputs import as_items
-
     model = as_sae_model(model)
     hook = check_sae(model, sae)
     check_affine_sae(sae)
@@ -216,10 +214,9 @@ def feature_views(
     acc = _Acc(fired=torch.zeros(len(feats)), act_sum=torch.zeros(len(feats)),
                top=[[] for _ in feats], item_max=[{} for _ in feats])
     final = final_hook(model)
-    starts = range(0, len(encoded), batch_size)
-    show = progress if progress is not None else len(starts) > 4
-    for s in tqdm(starts, disable=not show, desc="feature views", unit="batch"):
-        batch = model.collate(encoded[s : s + batch_size], "right")
+    for k, batch in enumerate(input_batches(model, encoded, batch_size, "feature views",
+                                            progress)):
+        s = k * batch_size
         with torch.no_grad():
             _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
                                             names_filter=lambda n: n in (hook, final),

@@ -40,8 +40,10 @@ from typing import Any
 
 import pandas as pd
 
+from tl_reward import tl_backend
 from tl_reward.errors import SAEError, require_sae_lens
 from tl_reward.sae.splice import check_sae
+from tl_reward.tl_backend.weights import PROCESSING
 
 RM_BASES: dict[str, tuple[str, ...]] = {
     r"skywork-reward(-v2)?-llama-3\.1-8b": ("meta-llama/Llama-3.1-8B-Instruct",
@@ -177,9 +179,6 @@ def saes_for(model: Any, base: str | None = None) -> PretrainedSAEs:
 def residual_is_centred(model: Any) -> bool:
     """Whether this model's residual stream is TransformerLens-centred (LayerNorm models loaded
     with ``center_writing_weights``; RMSNorm models and a bridge keep the HF residual)."""
-    from tl_reward import tl_backend
-    from tl_reward.tl_backend.weights import PROCESSING
-
     return bool(PROCESSING["center_writing_weights"]) and model.cfg.normalization_type in (
         "LN", "LNPre") and not tl_backend.is_bridge(model)
 

@@ -39,6 +39,7 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.errors import SAEError, require_sae_lens
+from tl_reward.model.inputs import EncodedInput, input_batches
 from tl_reward.results import ShortRepr
 
 
@@ -86,8 +87,6 @@ def collect_activations(
         else stop
     special = torch.tensor(sorted(set(getattr(model.tokenizer, "all_special_ids", []) or [])),
                            dtype=torch.long)
-    from tl_reward.model.inputs import EncodedInput, input_batches
-
     n_ctx = max_length or model.cfg.n_ctx
     encoded = [EncodedInput(model.encode(x).ids[:n_ctx]) for x in corpus]
     encoded.sort(key=lambda e: len(e.ids))  # less padding; rows are a bag of tokens anyway

@@ -27,6 +27,17 @@ def find_token_for_gating(lst, pattern):
     raise ValueError("Token pattern not found in the list.")
 
 
+def pooled_positions(config, input_ids):
+    """The published pooled index: the first pad token minus one, modulo the length (-1, the
+    last token, without a pad id, for one sequence only)."""
+    if config.pad_token_id is None and input_ids.shape[0] != 1:
+        raise ValueError("Cannot handle batch sizes > 1 if no padding token is defined.")
+    if config.pad_token_id is None:
+        return -1
+    sequence_lengths = torch.eq(input_ids, config.pad_token_id).int().argmax(-1) - 1
+    return sequence_lengths % input_ids.shape[-1]
+
+
 class GatingNetwork(nn.Module):
     def __init__(self, in_features, out_features, bias=True, temperature=10, logit_scale=1.0,
                  hidden_dim=1024, n_hidden=3):
@@ -82,15 +93,8 @@ class LlamaForRewardModelWithGating(LlamaPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
         out = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids)
         tokens_hidden_states = out[0]
-        batch_size = input_ids.shape[0]
-        if self.config.pad_token_id is None and batch_size != 1:
-            raise ValueError("Cannot handle batch sizes > 1 if no padding token is defined.")
-        if self.config.pad_token_id is None:
-            sequence_lengths = -1
-        else:
-            sequence_lengths = torch.eq(input_ids, self.config.pad_token_id).int().argmax(-1) - 1
-            sequence_lengths = sequence_lengths % input_ids.shape[-1]
-        rows = torch.arange(batch_size, device=tokens_hidden_states.device)
+        sequence_lengths = pooled_positions(self.config, input_ids)
+        rows = torch.arange(input_ids.shape[0], device=tokens_hidden_states.device)
         hidden_states = tokens_hidden_states[rows, sequence_lengths]
         rewards = self.regression_layer(hidden_states)
         pattern = list(getattr(self.config, "gating_token_pattern", None) or token_pattern)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any
 
 import torch
@@ -18,8 +17,7 @@ def tiny_causal_lm(arch: str = "llama", seed: int = 0, tokenizer: Any = None,
     import transformers as tf
 
     tokenizer = tokenizer or tiny_tokenizer()
-    vocab = 64 * math.ceil((len(tokenizer) + 16) / 64)
-    cfg = _config(arch, vocab, 1, tokenizer)
+    cfg = _config(arch, 1, tokenizer)
     cls = {"llama": tf.LlamaForCausalLM, "llama3": tf.LlamaForCausalLM,
            "mistral": tf.MistralForCausalLM, "qwen2": tf.Qwen2ForCausalLM,
            "gemma2": tf.Gemma2ForCausalLM, "gpt2": tf.GPT2LMHeadModel}[arch]

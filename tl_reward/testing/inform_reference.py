@@ -3,14 +3,16 @@
 It follows the modeling code on the model card: a ``LlamaModel`` body and
 ``score = Sequential(Linear(d, d), ReLU, Linear(d, num_labels))`` applied at every position,
 read at the legacy position (first pad token minus one, modulo the length). It is the
-independent reference that tl_reward's MLP-head conversion is tested against, and imports only
-torch and transformers so ``save_pretrained`` can ship it as custom code.
+independent reference that tl_reward's MLP-head conversion is tested against; it imports torch,
+transformers and :mod:`.armorm_reference`, which ``save_pretrained`` ships beside it as custom code.
 """
 
 import torch
 from torch import nn
 from transformers import LlamaModel, LlamaPreTrainedModel
 from transformers.modeling_outputs import SequenceClassifierOutputWithPast
+
+from .armorm_reference import pooled_positions
 
 
 class INFORMForSequenceClassification(LlamaPreTrainedModel):
@@ -29,13 +31,8 @@ class INFORMForSequenceClassification(LlamaPreTrainedModel):
         hidden_states = self.model(input_ids, attention_mask=attention_mask,
                                    position_ids=position_ids)[0]
         logits = self.score(hidden_states)
-        batch_size = input_ids.shape[0]
-        if self.config.pad_token_id is None and batch_size != 1:
-            raise ValueError("Cannot handle batch sizes > 1 if no padding token is defined.")
-        if self.config.pad_token_id is None:
-            sequence_lengths = -1
-        else:
-            sequence_lengths = torch.eq(input_ids, self.config.pad_token_id).int().argmax(-1) - 1
-            sequence_lengths = (sequence_lengths % input_ids.shape[-1]).to(logits.device)
-        pooled = logits[torch.arange(batch_size, device=logits.device), sequence_lengths]
+        sequence_lengths = pooled_positions(self.config, input_ids)
+        if isinstance(sequence_lengths, torch.Tensor):
+            sequence_lengths = sequence_lengths.to(logits.device)
+        pooled = logits[torch.arange(input_ids.shape[0], device=logits.device), sequence_lengths]
         return SequenceClassifierOutputWithPast(logits=pooled)

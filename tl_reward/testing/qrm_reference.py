@@ -6,7 +6,8 @@ pad minus one), a gating network of ``Linear(no bias) -> ReLU -> BatchNorm1d`` b
 final ``Linear``, softmax at a temperature times a learned scale, read at the start of the last
 assistant header; ``rewards = E_q[quantiles] @ T`` and ``score = sum(gate * rewards)``. One
 addition for tiny tokenizers: ``config.gating_token_pattern`` overrides the Llama-3 header ids.
-Imports only torch and transformers (shipped as custom code with ``save_pretrained``).
+Imports torch, transformers and the published helpers in :mod:`.armorm_reference` (shipped
+beside it as custom code by ``save_pretrained``).
 """
 
 import copy
@@ -18,17 +19,7 @@ from torch import nn
 from transformers import LlamaModel, LlamaPreTrainedModel
 from transformers.utils import ModelOutput
 
-# <|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n in the Llama-3 tokenizer
-token_pattern = [128009, 128006, 78191, 128007, 271]
-
-
-def find_token_for_gating(lst, pattern):
-    """Index of the last occurrence of ``pattern`` in ``lst`` (its first token)."""
-    n = len(pattern)
-    for j in range(len(lst) - n, -1, -1):
-        if lst[j : j + n] == pattern:
-            return j
-    raise ValueError("Token pattern not found in the list.")
+from .armorm_reference import find_token_for_gating, pooled_positions, token_pattern
 
 
 class GatingNetwork(nn.Module):
@@ -87,15 +78,8 @@ class LlamaForRewardModelWithGating31(LlamaPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
         tokens_hidden_states = self.model(input_ids, attention_mask=attention_mask,
                                           position_ids=position_ids)[0]
-        batch_size = input_ids.shape[0]
-        if self.config.pad_token_id is None and batch_size != 1:
-            raise ValueError("Cannot handle batch sizes > 1 if no padding token is defined.")
-        if self.config.pad_token_id is None:
-            sequence_lengths = -1
-        else:
-            sequence_lengths = torch.eq(input_ids, self.config.pad_token_id).int().argmax(-1) - 1
-            sequence_lengths = sequence_lengths % input_ids.shape[-1]
-        rows = torch.arange(batch_size, device=tokens_hidden_states.device)
+        sequence_lengths = pooled_positions(self.config, input_ids)
+        rows = torch.arange(input_ids.shape[0], device=tokens_hidden_states.device)
         hidden_states = tokens_hidden_states[rows, sequence_lengths]
         # the published code runs the head in float32 (``.float()`` inputs under an autocast
         # to float32); written out here so a bfloat16 model runs too

@@ -76,9 +76,10 @@ def assistant_pattern(tokenizer: Any) -> list[int]:
             for t in ("<|eot_id|>", "<|start_header_id|>", "<|assistant|>", "<|end_header_id|>")]
 
 
-def _config(arch: str, vocab: int, num_labels: int, tokenizer: Any) -> Any:
+def _config(arch: str, num_labels: int, tokenizer: Any) -> Any:
     import transformers as tf
 
+    vocab = 64 * math.ceil((len(tokenizer) + 16) / 64)  # headroom, as real checkpoints have
     ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
            "eos_token_id": tokenizer.eos_token_id, "num_labels": num_labels}
     llama_like = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96,
@@ -113,21 +114,14 @@ def _config(arch: str, vocab: int, num_labels: int, tokenizer: Any) -> Any:
         # the reward token: the first id past the tokenizer (real ones use an unused token)
         return InternLM2Config(**keep, rope_theta=1000000.0, reward_token_id=len(tokenizer),
                                rope_scaling={"type": "dynamic", "factor": 2.0})
-    if arch == "qrm":
-        cfg = tf.LlamaConfig(**{**llama_like, "num_labels": num_labels})
+    if arch in ("qrm", "armorm"):
+        cfg = tf.LlamaConfig(**llama_like)
         cfg.num_objectives = num_labels
-        cfg.num_quantiles = num_labels  # the published reward_quantiles broadcast needs q = K
+        if arch == "qrm":  # the published reward_quantiles broadcast needs q = K
+            cfg.num_quantiles = num_labels
         cfg.gating_hidden_dim = 32
-        cfg.gating_n_hidden = 2
-        cfg.gating_temperature = 0.5  # a gate that visibly depends on the prompt
-        cfg.gating_token_pattern = assistant_pattern(tokenizer)
-        return cfg
-    if arch == "armorm":
-        cfg = tf.LlamaConfig(**{**llama_like, "num_labels": num_labels})
-        cfg.num_objectives = num_labels
-        cfg.gating_hidden_dim = 32
-        cfg.gating_n_hidden = 3
-        cfg.gating_temperature = 10
+        cfg.gating_n_hidden = 2 if arch == "qrm" else 3
+        cfg.gating_temperature = 0.5 if arch == "qrm" else 10  # QRM's visibly prompt-dependent
         cfg.gating_token_pattern = assistant_pattern(tokenizer)
         return cfg
     raise ValueError(f"unknown tiny architecture {arch!r}; choose from "
@@ -163,8 +157,7 @@ def tiny_hf_reward_model(
     import transformers as tf
 
     tokenizer = tokenizer or tiny_tokenizer()
-    vocab = 64 * math.ceil((len(tokenizer) + 16) / 64)  # headroom, as real checkpoints have
-    cfg = _config(arch, vocab, num_labels, tokenizer)
+    cfg = _config(arch, num_labels, tokenizer)
     torch.manual_seed(seed)
     if arch == "armorm":
         from tl_reward.testing.armorm_reference import LlamaForRewardModelWithGating
