@@ -214,3 +214,11 @@ def patch_edge_input(model: Any, clean: list[int], diff: torch.Tensor, dst: str,
     finally:
         model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = False
     return float(r1 - r0)
+
+
+#: The circuit tests' two token sequences and their equal-length counterfactuals (one or two
+#: tokens swapped), and the tolerance on their metrics: float32 rounding of rewards of size ~3
+#: through the tiny model's 3 layers.
+CLEAN = [[5, 17, 30, 41, 52, 8], [6, 19, 33, 44, 12, 9, 23]]
+CORRUPT = [[5, 17, 31, 41, 50, 8], [6, 20, 33, 44, 12, 9, 23]]
+EDGE_ATOL = 2e-5

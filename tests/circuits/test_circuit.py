@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import hf_rewards
+from helpers import CLEAN, CORRUPT, EDGE_ATOL, hf_rewards
 
 from tl_reward.circuits import (
     RewardCircuit,
@@ -18,10 +18,6 @@ from tl_reward.circuits import (
 )
 from tl_reward.circuits.edges import batches, forward, prepare_inputs, read_metric
 from tl_reward.errors import TLRewardError
-
-CLEAN = [[5, 17, 30, 41, 52, 8], [6, 19, 33, 44, 12, 9, 23]]
-CORRUPT = [[5, 17, 31, 41, 50, 8], [6, 20, 33, 44, 12, 9, 23]]
-ATOL = 2e-5
 
 
 def _hf(hf: object, rows: list[list[int]]) -> torch.Tensor:
@@ -39,10 +35,10 @@ def test_full_circuit_is_clean_and_empty_is_corrupt(tiny, arch: str) -> None:
     empty = evaluate_circuit(model, RewardCircuit.from_mask(g, torch.zeros_like(g.edge_mask())),
                              CLEAN, CORRUPT)
     clean, corrupt = _hf(hf, CLEAN), _hf(hf, CORRUPT)
-    assert (clean - corrupt).abs().min() > 1e-3  # far above ATOL
-    torch.testing.assert_close(full.metric, clean, atol=ATOL, rtol=0)
-    torch.testing.assert_close(full.empty, corrupt, atol=ATOL, rtol=0)
-    torch.testing.assert_close(empty.metric, corrupt, atol=ATOL, rtol=0)
+    assert (clean - corrupt).abs().min() > 1e-3  # far above EDGE_ATOL
+    torch.testing.assert_close(full.metric, clean, atol=EDGE_ATOL, rtol=0)
+    torch.testing.assert_close(full.empty, corrupt, atol=EDGE_ATOL, rtol=0)
+    torch.testing.assert_close(empty.metric, corrupt, atol=EDGE_ATOL, rtol=0)
     torch.testing.assert_close(full.per_item, torch.ones(2), atol=1e-4, rtol=0)
     torch.testing.assert_close(empty.per_item, torch.zeros(2), atol=1e-4, rtol=0)
 
@@ -80,7 +76,7 @@ def test_zero_ablation_empty_circuit_reads_only_the_biases(tiny) -> None:
                                        fwd_hooks=hooks)[0, 0]
     finally:
         model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = False
-    assert float(ev.metric[0]) == pytest.approx(float(ref), abs=ATOL)
+    assert float(ev.metric[0]) == pytest.approx(float(ref), abs=EDGE_ATOL)
 
 
 def test_pruning_removes_dangling_edges_and_keeps_the_metric(tiny) -> None:
@@ -103,7 +99,7 @@ def test_pruning_removes_dangling_edges_and_keeps_the_metric(tiny) -> None:
         with torch.no_grad():
             m = [read_metric(model, forward(model, g, batch, patch=(g.edge_mask() & ~k)[None]),
                              batch, "reward") for k in (raw, c.mask)]
-        torch.testing.assert_close(m[0], m[1], atol=ATOL, rtol=0)
+        torch.testing.assert_close(m[0], m[1], atol=EDGE_ATOL, rtol=0)
     assert prune(g, c.mask).equal(c.mask)
 
 

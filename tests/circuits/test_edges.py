@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import edge_input_hook, hf_rewards, patch_edge_input
+from helpers import CLEAN, CORRUPT, EDGE_ATOL, edge_input_hook, hf_rewards, patch_edge_input
 
 from tl_reward import HookedRewardModel
 from tl_reward.analysis.direct_path import direct_path_patching
@@ -14,10 +14,6 @@ from tl_reward.circuits.graph import split_inputs
 from tl_reward.data.pairs import TokenizedPair
 from tl_reward.errors import TLRewardError
 from tl_reward.planted.surgery import expand_kv_heads
-
-CLEAN = [[5, 17, 30, 41, 52, 8], [6, 19, 33, 44, 12, 9, 23]]
-CORRUPT = [[5, 17, 31, 41, 50, 8], [6, 20, 33, 44, 12, 9, 23]]
-ATOL = 2e-5  # float32 rounding of rewards of size ~3 through 3 layers
 
 
 def test_edge_count_formula_matches_brute_count() -> None:
@@ -86,7 +82,7 @@ def test_exact_equals_hand_path_patch(tiny) -> None:
     for e in picks:
         ref = _hand_patch(model, CLEAN[0], CORRUPT[0], *e)
         assert abs(ref) > 1e-4, e  # the edge matters, so a misrouted patch shows
-        assert _score(res, *e) == pytest.approx(ref, abs=ATOL), e
+        assert _score(res, *e) == pytest.approx(ref, abs=EDGE_ATOL), e
     df = res.to_dataframe()
     assert list(df.columns) == ["src", "dst", "qkv", "score"]
     assert len(df) == res.graph.n_edges
@@ -108,7 +104,7 @@ def test_reward_edges_equal_direct_path_patching(tiny) -> None:
     for name, patched in zip(dp.names, dp.patched.tolist(), strict=True):
         if name in names:
             src = names[name]
-            assert res.node_effects[src] == pytest.approx(patched - r_chosen, abs=ATOL), name
+            assert res.node_effects[src] == pytest.approx(patched - r_chosen, abs=EDGE_ATOL), name
 
 
 def _frozen_final_scale(model: HookedRewardModel, tokens: torch.Tensor) -> object:
@@ -131,7 +127,7 @@ def test_eap_equals_exact_on_reward_edges_with_frozen_final_scale(tiny) -> None:
         eap = edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="eap")
         exact = edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="exact")
     assert exact.scores[-1].abs().max() > 1e-2
-    torch.testing.assert_close(eap.scores[-1], exact.scores[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(eap.scores[-1], exact.scores[-1], atol=EDGE_ATOL, rtol=0)
     # and without the freeze they differ: the test can see a wrong gradient
     free = edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="eap")
     assert (free.scores[-1] - exact.scores[-1]).abs().max() > 1e-3
@@ -146,7 +142,7 @@ def test_grouped_equals_ungrouped_after_summing_query_heads(tiny, method: str) -
     b = edge_attribution(wide, CLEAN, CORRUPT, method=method)
     ga, gb = a.graph, b.graph
     assert gb.n_kv_heads == 4 and gb.n_edges > ga.n_edges
-    torch.testing.assert_close(a.clean_metric, b.clean_metric, atol=ATOL, rtol=0)
+    torch.testing.assert_close(a.clean_metric, b.clean_metric, atol=EDGE_ATOL, rtol=0)
     for j, (dst, qkv) in enumerate(ga.dests):
         if qkv in "kv" and qkv:
             lay, kv = (int(x) for x in dst[1:].split(".h"))
@@ -154,7 +150,7 @@ def test_grouped_equals_ungrouped_after_summing_query_heads(tiny, method: str) -
             want = b.scores[rows].sum(0)
         else:
             want = b.scores[gb.dests.index((dst, qkv))]
-        torch.testing.assert_close(a.scores[j], want, atol=ATOL, rtol=0, equal_nan=True)
+        torch.testing.assert_close(a.scores[j], want, atol=EDGE_ATOL, rtol=0, equal_nan=True)
 
 
 def test_padding_side_and_batch_size_do_not_change_scores(tiny) -> None:
@@ -164,11 +160,11 @@ def test_padding_side_and_batch_size_do_not_change_scores(tiny) -> None:
     ref = edge_attribution(model, clean, corrupt, method="eap-ig", batch_size=1)
     for kw in [dict(batch_size=3, padding_side="left"), dict(batch_size=2, padding_side="right")]:
         got = edge_attribution(model, clean, corrupt, method="eap-ig", **kw)
-        torch.testing.assert_close(got.scores, ref.scores, atol=ATOL, rtol=0, equal_nan=True)
-        torch.testing.assert_close(got.clean_metric, ref.clean_metric, atol=ATOL, rtol=0)
+        torch.testing.assert_close(got.scores, ref.scores, atol=EDGE_ATOL, rtol=0, equal_nan=True)
+        torch.testing.assert_close(got.clean_metric, ref.clean_metric, atol=EDGE_ATOL, rtol=0)
     ab = [edge_attribution(model, clean, ablation="mean", method="exact", batch_size=b,
                            padding_side=s) for b, s in [(1, "right"), (3, "left")]]
-    torch.testing.assert_close(ab[0].scores, ab[1].scores, atol=ATOL, rtol=0, equal_nan=True)
+    torch.testing.assert_close(ab[0].scores, ab[1].scores, atol=EDGE_ATOL, rtol=0, equal_nan=True)
 
 
 def test_clean_and_corrupt_metrics_are_the_models_rewards(tiny) -> None:
@@ -177,7 +173,7 @@ def test_clean_and_corrupt_metrics_are_the_models_rewards(tiny) -> None:
     for ids, got in [(CLEAN[0], res.clean_metric), (CORRUPT[0], res.corrupt_metric)]:
         t = torch.tensor([ids])
         ref = hf_rewards(hf, t, torch.ones_like(t))["reward"][0, 0]
-        assert float(got[0]) == pytest.approx(float(ref), abs=ATOL)
+        assert float(got[0]) == pytest.approx(float(ref), abs=EDGE_ATOL)
 
 
 def test_unequal_lengths_refused_with_the_fix(tiny) -> None:
@@ -234,7 +230,7 @@ def test_eap_and_eap_ig_equal_hand_gradients(tiny, method: str, steps: int) -> N
               ("input", "m0", ""), ("a0.h2", "m1", ""), ("a2.h3", "reward", "")]:
         ref = _hand_gradient(model, CLEAN[0], CORRUPT[0], *e, steps=steps)
         assert abs(ref) > 1e-4, e
-        assert _score(res, *e) == pytest.approx(ref, abs=ATOL), e
+        assert _score(res, *e) == pytest.approx(ref, abs=EDGE_ATOL), e
 
 
 @pytest.mark.parametrize("method", ["exact", "eap"])
@@ -258,14 +254,15 @@ def test_edges_on_device(tiny, device: str) -> None:
     res = edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="exact")
     assert res.scores.device.type == "cpu" and model.W_U.device.type == device
     e = ("a1.h3", "a2.h0", "v")
-    assert _score(res, *e) == pytest.approx(_hand_patch(cpu, CLEAN[0], CORRUPT[0], *e), abs=ATOL)
+    ref = _hand_patch(cpu, CLEAN[0], CORRUPT[0], *e)
+    assert _score(res, *e) == pytest.approx(ref, abs=EDGE_ATOL)
     for ids, got in [(CLEAN[0], res.clean_metric), (CORRUPT[0], res.corrupt_metric)]:
         t = torch.tensor([ids])
         ref = hf_rewards(hf, t, torch.ones_like(t))["reward"][0, 0]
-        assert float(got[0]) == pytest.approx(float(ref), abs=ATOL)
+        assert float(got[0]) == pytest.approx(float(ref), abs=EDGE_ATOL)
     ig = edge_attribution(model, CLEAN, CORRUPT, method="eap-ig", ig_steps=3)
     ref = edge_attribution(cpu, CLEAN, CORRUPT, method="eap-ig", ig_steps=3)
-    torch.testing.assert_close(ig.scores.cpu(), ref.scores, atol=ATOL, rtol=0, equal_nan=True)
+    torch.testing.assert_close(ig.scores.cpu(), ref.scores, atol=EDGE_ATOL, rtol=0, equal_nan=True)
     circ = [RewardCircuit.top(r, 40) for r in (ig, ref)]
     got, want = (evaluate_circuit(m, c, CLEAN, CORRUPT)
                  for m, c in zip((model, cpu), circ, strict=True))

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import hf_readout, patch_edge_input
+from helpers import CLEAN, CORRUPT, EDGE_ATOL, hf_readout, patch_edge_input
 from sae_lens.saes.topk_sae import TopKSAE
 
 from tests.sae.test_sae_attribution import make_sae as seeded_sae
@@ -27,10 +27,6 @@ from tl_reward.circuits.edges import after, node_split, sae_split
 from tl_reward.errors import TLRewardError
 from tl_reward.results import load_result
 from tl_reward.sae import as_sae_model
-
-CLEAN = [[5, 17, 30, 41, 52, 8], [6, 19, 33, 44, 12, 9, 23]]
-CORRUPT = [[5, 17, 31, 41, 50, 8], [6, 20, 33, 44, 12, 9, 23]]
-ATOL = 2e-5  # float32 rounding of rewards of size ~3 through 3 layers
 
 
 def make_sae(d_in: int, hook: str, seed: int = 0) -> TopKSAE:
@@ -78,7 +74,7 @@ def test_feature_and_error_edges_sum_to_the_hooks_edges(tiny, hook: str, method:
             assert fe.scores[j].isnan().all(), dst
             continue
         want = res.scores[j, split].sum()
-        assert float(fe.scores[j].sum()) == pytest.approx(float(want), abs=ATOL), dst
+        assert float(fe.scores[j].sum()) == pytest.approx(float(want), abs=EDGE_ATOL), dst
         checked += 1
     assert checked == sum(1 for d, _ in g.dests if d == "reward" or _layer(d) > lay)
     # the split is not trivial: features and the error both carry something
@@ -118,7 +114,7 @@ def test_exact_feature_edges_equal_hand_path_patches(tiny) -> None:
                          ("a2.h1", "v")]:
             ref = patch_edge_input(model, CLEAN[0], diff, dst, qkv)
             got = float(fe.scores[g.dests.index((dst, qkv)), col])
-            assert got == pytest.approx(ref, abs=ATOL), (node, dst, qkv)
+            assert got == pytest.approx(ref, abs=EDGE_ATOL), (node, dst, qkv)
     assert abs(patch_edge_input(model, CLEAN[0], df[:, top, None] * sae.W_dec[top], "reward", "")
                ) > 1e-3
 
@@ -146,11 +142,11 @@ def test_direct_effect_is_activation_change_times_decoder_row_through_frozen_nor
     assert hand.abs().max() > 1e-3
     for res in got.values():
         fe = res.features
-        torch.testing.assert_close(fe.scores[-1, :-1], hand[fe.features], atol=ATOL, rtol=0)
+        torch.testing.assert_close(fe.scores[-1, :-1], hand[fe.features], atol=EDGE_ATOL, rtol=0)
         m1 = res.scores[-1, res.graph.sources.index("m1")]
         # an exact score is a difference of two float32 rewards of about 3 (the patched ones
         # run stacked, so each carries up to ~3e-6 of rounding); the sum adds one per node
-        tol = ATOL if res.method == "eap" else 3e-6 * len(fe.nodes)
+        tol = EDGE_ATOL if res.method == "eap" else 3e-6 * len(fe.nodes)
         assert float(fe.scores[-1].sum()) == pytest.approx(float(m1), abs=tol), res.method
 
 
@@ -190,7 +186,7 @@ def test_padding_side_and_batch_size_do_not_change_feature_edges(tiny) -> None:
     for kw in [dict(batch_size=3, padding_side="left"), dict(batch_size=2, padding_side="right")]:
         got = edge_attribution(model, clean, corrupt, method="eap", sae=sae, **kw).features
         assert got.features == ref.features
-        torch.testing.assert_close(got.scores, ref.scores, atol=ATOL, rtol=0, equal_nan=True)
+        torch.testing.assert_close(got.scores, ref.scores, atol=EDGE_ATOL, rtol=0, equal_nan=True)
 
 
 # -- circuits over feature nodes ----------------------------------------------------------------
@@ -226,12 +222,12 @@ def test_circuit_with_every_node_edge_is_the_hook_level_circuit(tiny, hook: str)
     fc = RewardCircuit.from_mask(g, _feature_mask(g, prefix, hook_mask, 33), prefix, feats)
     assert fc.mask[:, len(g.sources):].any()
     got = evaluate_circuit(model, fc, CLEAN, CORRUPT, sae=sae)
-    torch.testing.assert_close(got.metric, ref.metric, atol=ATOL, rtol=0)
+    torch.testing.assert_close(got.metric, ref.metric, atol=EDGE_ATOL, rtol=0)
     assert min((ref.metric - ref.full).abs().min(), (ref.metric - ref.empty).abs().min()) > 5e-3
     for mask, want in [(fc.mask | True, got.full), (fc.mask & False, got.empty)]:
         ev = evaluate_circuit(model, RewardCircuit.from_mask(g, mask, prefix, feats), CLEAN,
                               CORRUPT, sae=sae)
-        torch.testing.assert_close(ev.metric, want, atol=ATOL, rtol=0)
+        torch.testing.assert_close(ev.metric, want, atol=EDGE_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("hook", ["blocks.1.hook_mlp_out", "blocks.1.hook_resid_post"])
@@ -260,7 +256,7 @@ def test_circuit_missing_one_node_edge_is_a_hand_patch(tiny, hook: str) -> None:
         ref = [patch_edge_input(model, c, derr if node == "err" else df[:, node, None]
                                 * sae.W_dec[node], dst, qkv)
                for c, (df, derr) in zip(CLEAN, hand, strict=True)]
-        torch.testing.assert_close(ev.metric - ev.full, torch.tensor(ref), atol=ATOL, rtol=0)
+        torch.testing.assert_close(ev.metric - ev.full, torch.tensor(ref), atol=EDGE_ATOL, rtol=0)
         assert max(map(abs, ref)) > 1e-3, (node, dst)
 
 
@@ -297,7 +293,7 @@ def test_feature_circuits_select_prune_and_travel(tiny, tmp_path) -> None:
     assert 0 < pruned.n_edges < int(raw.sum())
     evs = [evaluate_circuit(model, c, CLEAN, CORRUPT, sae=sae) for c in
            (RewardCircuit(g, raw, fe.prefix, fe.features), pruned)]
-    torch.testing.assert_close(evs[0].metric, evs[1].metric, atol=ATOL, rtol=0)
+    torch.testing.assert_close(evs[0].metric, evs[1].metric, atol=EDGE_ATOL, rtol=0)
     sizes = (0.1, 0.3, 1.0)
     curve = faithfulness_curve(model, att, CLEAN, CORRUPT, sizes=sizes, sae=sae)
     for i, frac in enumerate(sizes):
@@ -361,7 +357,7 @@ def test_node_change_is_taken_at_the_current_activation(tiny) -> None:
         finally:
             model.cfg.use_hook_mlp_in = False
         ref.append(float(r))
-    torch.testing.assert_close(ev.metric, torch.tensor(ref), atol=ATOL, rtol=0)
+    torch.testing.assert_close(ev.metric, torch.tensor(ref), atol=EDGE_ATOL, rtol=0)
 
 
 def test_feature_circuits_on_device(tiny, device: str) -> None:
@@ -375,10 +371,10 @@ def test_feature_circuits_on_device(tiny, device: str) -> None:
            for m, s in zip((model, cpu), saes, strict=True)]
     assert res[0].features.scores.device.type == "cpu" and saes[0].W_dec.device.type == device
     assert res[0].features.features == res[1].features.features
-    torch.testing.assert_close(res[0].features.scores, res[1].features.scores, atol=ATOL, rtol=0,
-                               equal_nan=True)
+    torch.testing.assert_close(res[0].features.scores, res[1].features.scores, atol=EDGE_ATOL,
+                               rtol=0, equal_nan=True)
     for n in (30, 10**6):
         evs = [evaluate_circuit(m, RewardCircuit.top(res[1], n), CLEAN, CORRUPT, sae=s)
                for m, s in zip((model, cpu), saes, strict=True)]
-        torch.testing.assert_close(evs[0].metric, evs[1].metric, atol=ATOL, rtol=0)
-    torch.testing.assert_close(evs[0].metric, evs[1].full, atol=ATOL, rtol=0)
+        torch.testing.assert_close(evs[0].metric, evs[1].metric, atol=EDGE_ATOL, rtol=0)
+    torch.testing.assert_close(evs[0].metric, evs[1].full, atol=EDGE_ATOL, rtol=0)
