@@ -51,17 +51,12 @@ def setup(threads: int) -> Any:
     return HookedRewardModel.from_pretrained(DEMO_MODEL_NAME, device="cpu")
 
 
-def measure(what: str, n_pairs: int, max_tokens: int, threads: int, ig_steps: int,
-            batch_size: int) -> dict[str, Any]:
-    """One measurement in this (fresh) process: seconds and peak RSS above the loaded model."""
-    import torch
-
+def run(model: Any, what: str, pairs: list[Any], ig_steps: int, batch_size: int,
+        n_top: int) -> dict[str, Any]:
+    """One forward and backward of every reply (``batch_size`` replies per forward), or
+    ``edge_attribution(method=what)``: its edge count and ``n_top`` top edges."""
     from tl_reward.circuits import edge_attribution
 
-    model = setup(threads)
-    pairs = pick_pairs(model, n_pairs, max_tokens)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
     if what == "forward+backward":
         per = max(1, batch_size // 2)  # pairs per forward: batch_size rows
         for i in range(0, len(pairs), per):
@@ -69,15 +64,27 @@ def measure(what: str, n_pairs: int, max_tokens: int, threads: int, ig_steps: in
             batch = model.make_batch(ids)
             model.zero_grad(set_to_none=True)
             out = model(batch.tokens, return_type="reward", attention_mask=batch.attention_mask)
-            out.sum().backward()
-        extra: dict[str, Any] = {}
-    else:
-        res = edge_attribution(model, pairs, method=what, ablation="mean",
-                               ig_steps=ig_steps, batch_size=batch_size)
-        top = res.to_dataframe().head(5)
-        extra = {"edges": res.graph.n_edges,
-                 "top": [f"{r.src}->{r.dst}{'<' + r.qkv + '>' if r.qkv else ''} {r.score:+.4f}"
-                         for r in top.itertuples()]}
+            out.float().sum().backward()
+        model.zero_grad(set_to_none=True)
+        return {}
+    res = edge_attribution(model, pairs, method=what, ablation="mean", ig_steps=ig_steps,
+                           batch_size=batch_size)
+    top = res.to_dataframe().head(n_top)
+    return {"edges": res.graph.n_edges,
+            "top": [f"{r.src}->{r.dst}{'<' + r.qkv + '>' if r.qkv else ''} {r.score:+.4f}"
+                    for r in top.itertuples()]}
+
+
+def measure(what: str, n_pairs: int, max_tokens: int, threads: int, ig_steps: int,
+            batch_size: int) -> dict[str, Any]:
+    """One measurement in this (fresh) process: seconds and peak RSS above the loaded model."""
+    import torch
+
+    model = setup(threads)
+    pairs = pick_pairs(model, n_pairs, max_tokens)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    extra = run(model, what, pairs, ig_steps, batch_size, n_top=5)
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     rows = 2 * len(pairs)
@@ -131,7 +138,6 @@ def measure_device(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from vocab_sweep import build_shape
 
-    from tl_reward.circuits import edge_attribution
 
     dtype = getattr(torch, args.dtype)
     t0 = time.perf_counter()
@@ -146,23 +152,9 @@ def measure_device(args: argparse.Namespace) -> dict[str, Any]:
     for what in ("warm-up", "forward+backward", "eap", "eap-ig"):
         base = _sync_peak(args.device, reset=True)
         t0 = time.perf_counter()
-        if what in ("warm-up", "forward+backward"):
-            per = max(1, args.batch_size // 2)
-            for i in range(0, len(pairs) if what != "warm-up" else per, per):
-                ids = [x for tp in pairs[i:i + per] for x in (tp.chosen_ids, tp.rejected_ids)]
-                batch = model.make_batch(ids)
-                model.zero_grad(set_to_none=True)
-                r = model(batch.tokens, return_type="reward", attention_mask=batch.attention_mask)
-                r.float().sum().backward()
-            model.zero_grad(set_to_none=True)
-            extra: dict[str, Any] = {}
-        else:
-            res = edge_attribution(model, pairs, method=what, ablation="mean",
-                                   ig_steps=args.ig_steps, batch_size=args.batch_size)
-            top = res.to_dataframe().head(3)
-            extra = {"edges": res.graph.n_edges,
-                     "top": [f"{r.src}->{r.dst}{'<' + r.qkv + '>' if r.qkv else ''} "
-                             f"{r.score:+.4f}" for r in top.itertuples()]}
+        some = pairs[: max(1, args.batch_size // 2)] if what == "warm-up" else pairs
+        extra = run(model, "forward+backward" if what == "warm-up" else what, some,
+                    args.ig_steps, args.batch_size, n_top=3)
         peak = _sync_peak(args.device, reset=False)
         out[what] = {"seconds": time.perf_counter() - t0, "peak_gib_above_weights": peak - base,
                      "peak_gib": peak, **extra}
