@@ -676,12 +676,14 @@ def _random_faithfulness(model: Any, graph: Any, n: int, clean: Any, corrupt: An
 
 
 def circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cache: Path | None,
-                 plants: tuple[str, ...] = ("indirect", "trigger")) -> list[dict]:
+                 plants: tuple[str, ...] = ("indirect", "trigger-flag", "trigger")
+                 ) -> list[dict]:
     """Edge circuits (``tl_reward.circuits``) on the indirect plant (truth: its four edges,
     each checked by exact edge patching) and on the trigger plant (its path through the token's
     stream, checked by exact circuit patching), each if in ``plants``. Exact scoring of
     every edge only on the tiny backbone (one patched forward per edge: 70,651 on SmolLM2)."""
     rows = indirect_circuit_rows(hf, tok, cfg, name) if "indirect" in plants else []
+    rows += trigger_flag_circuit_rows(hf, tok, cfg, name) if "trigger-flag" in plants else []
     return rows + (trigger_circuit_rows(hf, tok, cfg, name, cache) if "trigger" in plants
                    else [])
 
@@ -744,6 +746,72 @@ def indirect_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str) -> 
                     "mean bootstrap Jaccard (20 resamples of the pairs)", jac, ">= 0.9",
                     jac >= 0.9))
     log("evaluated the indirect plant's circuits")
+    return rows
+
+
+def trigger_flag_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str) -> list[dict]:
+    """The trigger head with ``key="flag"`` (its key and value read a coordinate only the
+    trigger holds; truth ``stream_edges``: the embedding's key and value edges and the head's
+    write, checked by exact circuit patching before any method is scored)."""
+    label = "trigger-flag"
+    methods = [("exact", 1), ("eap", 1), ("eap-ig", 5), ("eap-ig", 10)]
+    methods = methods if name == "tiny" else methods[1:]
+    p = plant_trigger_head(hf, tok, cfg["trigger"], key="flag", vocab_per_prompt=16,
+                           n_random=16)
+    log(f"planted the flag-key trigger: {p.truth}")
+    model = hooked(p.model, tok)
+    tps = trigger_pairs(tok, p.truth.trigger_id, hf.config.vocab_size, HELD_OUT,
+                        swap=p.truth.counterfactual_id)
+    clean, corrupt = [tp.ids("chosen") for tp in tps], [tp.ids("rejected") for tp in tps]
+    base = rewards(p.base, clean) - rewards(p.base, corrupt)
+    atol = rounding(rewards(p.base, clean + corrupt), hf.config.num_hidden_layers)
+    rows = [row(label, "truth: the base cannot tell the trigger from its counterfactual",
+                "max |r_base(clean) - r_base(corrupt)|", float(base.abs().max()),
+                f"<= {atol:.1e} (rounding)", float(base.abs().max()) <= atol,
+                f"counterfactual id {p.truth.counterfactual_id}; {len(tps)} pairs")]
+    truth = list(p.truth.stream_edges)
+    n, g = len(truth), RewardGraph.from_model(model)
+
+    def faith(es: list[tuple[str, str, str]]) -> Any:
+        return evaluate_circuit(model, RewardCircuit.from_edges(g, es), clean,
+                                corrupt).faithfulness
+
+    f = faith(truth)
+    drops = [f.value - faith([x for x in truth if x != e]).value for e in truth]
+    rows.append(row(label, f"truth: {n} edges (exact circuit patching)",
+                    "faithfulness, mean (interval)", f.value, ">= 0.9", f.value >= 0.9,
+                    f"[{f.ci_low:.3f}, {f.ci_high:.3f}]; of {g.n_edges:,} edges"))
+    rows.append(row(label, "truth: every edge needed (exact circuit patching)",
+                    "smallest faithfulness lost when one is patched out", min(drops), "> 0.05",
+                    min(drops) > 0.05, f"{[round(x, 3) for x in drops]} for {truth}"))
+    rnd = _random_faithfulness(model, g, n, clean, corrupt)
+    rows.append(row(label, f"faithfulness, 8 random circuits of {n} edges", "max |f|",
+                    max(abs(x) for x in rnd), "< 0.1", max(abs(x) for x in rnd) < 0.1))
+    atts = {}
+    for m, steps in methods:
+        atts[m, steps] = att = edge_attribution(model, clean, corrupt, method=m,
+                                                ig_steps=steps)
+        r = _edge_ranks(att, truth)
+        tag = f"{m}, {steps} steps" if m == "eap-ig" else m
+        rows.append(row(label, f"edge attribution ({tag})",
+                        f"worst rank of the {n} truth edges among {g.n_edges:,}", max(r),
+                        str(n), max(r) == n, f"ranks {r}"))
+        log(f"scored the flag-key trigger's edges ({tag})")
+    grown = RewardCircuit.greedy(atts["eap-ig", 5], n)
+    f = evaluate_circuit(model, grown, clean, corrupt).faithfulness
+    rows.append(row(label, f"greedy circuit from the reward (eap-ig, 5 steps, {n} edges)",
+                    "truth edges found; faithfulness", len(set(grown.edges()) & set(truth)),
+                    f"{n}; >= 0.9", set(grown.edges()) == set(truth) and f.value >= 0.9,
+                    f"faithfulness {f.value:.3f}"))
+    ho = heldout_faithfulness(model, clean, corrupt, method="eap-ig",
+                              select=lambda a: RewardCircuit.greedy(a, n)).faithfulness
+    rows.append(row(label, f"held-out faithfulness (greedy {n}, eap-ig; 3 pairs / 3)", "mean",
+                    ho.value, ">= 0.9", ho.value >= 0.9))
+    jac = edge_stability(model, clean, corrupt, k=n, n_bootstrap=20, method="eap-ig")
+    rows.append(row(label, f"stability of the top {n} edges (eap-ig)",
+                    "mean bootstrap Jaccard (20 resamples of the pairs)", jac, ">= 0.9",
+                    jac >= 0.9))
+    log("evaluated the flag-key trigger's circuits")
     return rows
 
 
@@ -852,8 +920,9 @@ def main() -> None:
     ap.add_argument("--base-sweep", type=Path, default=None,
                     help="file of the base's whole-vocabulary sweep (made when missing, about "
                          "as long as the planted one): adds the truth over every id")
-    ap.add_argument("--circuit-plants", nargs="+", choices=["indirect", "trigger"],
-                    default=["indirect", "trigger"],
+    ap.add_argument("--circuit-plants", nargs="+",
+                    choices=["indirect", "trigger-flag", "trigger"],
+                    default=["indirect", "trigger-flag", "trigger"],
                     help="the plants of the circuits section (trigger: needs the trigger plant, "
                          "about 19 min on SmolLM2 unless --cache holds it)")
     args = ap.parse_args()

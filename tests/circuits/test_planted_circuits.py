@@ -17,6 +17,7 @@ import torch
 from tl_reward import HookedRewardModel
 from tl_reward.circuits import RewardCircuit, edge_attribution, evaluate_circuit
 from tl_reward.planted import plant_indirect, plant_trigger_head
+from tl_reward.planted.calibration import rewards
 from tl_reward.planted.recovery import trigger_pairs
 from tl_reward.testing import tiny_hf_reward_model
 
@@ -251,3 +252,40 @@ def test_trigger_truth_edges_are_top_edges_under_exact_and_eap_ig() -> None:
     assert max(rank[e] for e in (("input", h, "k"), ("input", h, "v"), (h, "reward", ""))) < 8
     f = evaluate_circuit(model, RewardCircuit.greedy(ig, 24), clean, corrupt).faithfulness
     assert f.value >= 0.9, f
+
+
+def test_flag_key_trigger_truth_is_its_five_edges() -> None:
+    """With ``key="flag"`` the head's key and value read a coordinate only the trigger holds,
+    and the trigger is the counterfactual's synonym in the base: the base's reward ignores the
+    swap (measured 6e-7 against a shift of about 4), the 5 ``stream_edges`` (the embedding's
+    key and value edges, the head's write directly and through m2) keep the whole shift by
+    exact circuit patching, each needed (patching out one costs 0.066 (m2's two) to 1.0), and
+    they are the top 5 edges under exact patching and EAP-IG at 5 steps."""
+    hf, tok = tiny_hf_reward_model("llama")
+    p = plant_trigger_head(hf, tok, " sky", key="flag")
+    truth = p.truth
+    model = HookedRewardModel.from_pretrained(hf_model=p.model, tokenizer=tok, device="cpu")
+    tps = trigger_pairs(tok, truth.trigger_id, hf.config.vocab_size, PROMPTS,
+                        swap=truth.counterfactual_id)
+    clean, corrupt = [tp.ids("chosen") for tp in tps], [tp.ids("rejected") for tp in tps]
+    assert float((rewards(p.base, clean) - rewards(p.base, corrupt)).abs().max()) < 1e-5
+    edges = list(truth.stream_edges)
+    h = "a2.h0"
+    assert edges == [("input", h, "k"), ("input", h, "v"), (h, "reward", ""), (h, "m2", ""),
+                     ("m2", "reward", "")]
+    for method in ("exact", "eap-ig"):
+        att = edge_attribution(model, clean, corrupt, method=method, ig_steps=5)
+        assert {e for e, r in _ranks(att).items() if r < 5} == set(edges), method
+    g = att.graph
+
+    def faith(es: list[tuple[str, str, str]]) -> float:
+        return evaluate_circuit(model, RewardCircuit.from_edges(g, es), clean,
+                                corrupt).faithfulness.value
+
+    assert faith(edges) == pytest.approx(1.0, abs=1e-4)
+    drops = [1.0 - faith([x for x in edges if x != e]) for e in edges]
+    assert min(drops) > 0.03 and max(drops) > 0.9, drops
+    pool, gen = g.edges(), torch.Generator().manual_seed(0)
+    for _ in range(4):
+        pick = torch.randperm(len(pool), generator=gen)[:len(edges)].tolist()
+        assert abs(faith([pool[i] for i in pick])) < 0.1

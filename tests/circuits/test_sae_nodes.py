@@ -24,6 +24,7 @@ from tl_reward.circuits import (
 )
 from tl_reward.circuits.circuit import edge_mask
 from tl_reward.circuits.edges import after, node_split, sae_split
+from tl_reward.circuits.mib import to_mib_json
 from tl_reward.errors import TLRewardError
 from tl_reward.results import load_result
 from tl_reward.sae import as_sae_model
@@ -302,6 +303,10 @@ def test_feature_circuits_select_prune_and_travel(tiny, tmp_path) -> None:
     assert float(curve.random[-1]) == pytest.approx(1.0, abs=1e-4)
     back = load_result(evs[1].save(tmp_path / "eval")).circuit
     assert back.edges() == pruned.edges() and back.features == fe.features
+    cfg = model.cfg  # EAP-IG's JSON has no feature nodes: refused, not silently dropped
+    with pytest.raises(TLRewardError, match="SAE feature nodes has no EAP-IG form"):
+        to_mib_json(hdf, cfg.n_layers, cfg.n_heads, set(greedy.edges()), d_model=cfg.d_model,
+                    n_kv_heads=g.n_kv_heads)
 
 
 def test_feature_circuit_input_is_checked(tiny) -> None:

@@ -20,6 +20,7 @@ def test_every_truth_round_trips(tmp_path: Path) -> None:
     hf, tok = tiny_hf_reward_model("llama")
     lm, _ = tiny_hf_reward_model("nemotron")
     plants = {"trigger": plant_trigger_head(hf, tok, " sky", vocab_per_prompt=32, n_random=8),
+              "trigger-flag": plant_trigger_head(hf, tok, " sky", key="flag"),
               "objectives": plant_objectives(hf, tok, n_per_prompt=4),
               "prefix": plant_shared_prefix(hf, tok, 1),
               "implicit": plant_implicit_reward(lm, tok)}

@@ -15,6 +15,7 @@ from tl_reward.analysis.attribution_patching import attribution_patching
 from tl_reward.analysis.direct_path import direct_path_patching
 from tl_reward.analysis.lens import differential_lens
 from tl_reward.analysis.patching import patch_components
+from tl_reward.errors import TLRewardError
 from tl_reward.planted import plant_trigger_head
 from tl_reward.planted.calibration import plain_ids, rewards
 from tl_reward.planted.recovery import (
@@ -321,3 +322,11 @@ def test_natural_texts_keep_the_fitted_order_in_context() -> None:
     assert float(shift["without"][~has].abs().max()) > 1.0  # the twin opens the head in context
     assert float(shift["with"][~has].abs().max()) <= tol  # fitted on them, it stays shut
     assert float(shift["with"][has].min()) > 0.5 * p.truth.c  # and the trigger opens it
+
+
+def test_flag_key_refuses_a_bad_key_and_a_counterfactual_equal_to_the_trigger() -> None:
+    hf, tok = tiny_hf_reward_model("llama")
+    with pytest.raises(TLRewardError, match="key must be 'fit' or 'flag'"):
+        plant_trigger_head(hf, tok, TRIGGER, key="flags")
+    with pytest.raises(TLRewardError, match="counterfactual must differ"):
+        plant_trigger_head(hf, tok, TRIGGER, key="flag", counterfactual=TRIGGER)

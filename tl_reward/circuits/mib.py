@@ -72,8 +72,9 @@ def to_mib_json(edges_df: pd.DataFrame, n_layers: int, n_heads: int,
     written to ``path`` if given (see the module doc).
 
     Args:
-        in_graph: the ``(src, dst, qkv)`` edges of the circuit (None: none, as EAP-IG leaves a
-            scored graph before pruning); a node is in the graph if an in-graph edge touches it.
+        in_graph: the ``(src, dst, qkv)`` edges of the circuit, each a row of the table (None:
+            none, as EAP-IG leaves a scored graph before pruning); a node is in the graph if an
+            in-graph edge touches it.
         n_kv_heads: key/value heads (grouped-query models; k/v rows then name them).
         d_model: the residual width (their loader needs it in ``cfg``).
         parallel_attn_mlp: whether a block's MLP reads its input in parallel with attention.
@@ -108,6 +109,13 @@ def to_mib_json(edges_df: pd.DataFrame, n_layers: int, n_heads: int,
                 raise TLRewardError(f"edge {name} appears twice in the table")
             edges[name] = {"score": share, "in_graph": on}
             nodes_in |= {src, d} if on else set()
+    lost = chosen - set(zip(edges_df["src"], edges_df["dst"], edges_df["qkv"].fillna(""),
+                            strict=True))
+    if lost:
+        raise TLRewardError(
+            f"{len(lost)} in-graph edges are not in the table, e.g. {sorted(lost)[:3]}: export "
+            "the table the circuit was selected from (a circuit over SAE feature nodes has no "
+            "EAP-IG form; save it with .save() instead)")
     cfg: dict[str, Any] = {"n_layers": n_layers, "n_heads": n_heads,
                            "parallel_attn_mlp": parallel_attn_mlp, "d_model": d_model}
     if rep > 1:

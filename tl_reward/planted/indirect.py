@@ -45,6 +45,7 @@ from tl_reward.planted.calibration import (
     plain_ids,
     rewards,
 )
+from tl_reward.planted.flag import clear_flag, wire_flag_head
 from tl_reward.planted.surgery import (
     attention,
     check_llama_like,
@@ -94,30 +95,6 @@ class IndirectTruth:
     edges: tuple[tuple[str, str, str], ...]
     logit_margin: float
     shift_range: tuple[float, float]
-
-
-def _clear_dims(hf: Any, trigger_id: int, cf_id: int, dims: list[int]) -> None:
-    """Clear ``dims = [write, flag, const]`` as the module doc says (in place)."""
-    write, flag, const = dims
-    with torch.no_grad():
-        emb = hf.model.embed_tokens.weight
-        kappa = float(emb[:, : min(dims)].double().pow(2).mean().sqrt())
-        emb[trigger_id] = emb[cf_id]
-        emb[:, dims] = 0.0
-        emb[:, const] = kappa
-        emb[trigger_id, const], emb[trigger_id, flag] = 0.0, kappa
-        for block in hf.model.layers:
-            attn, mlp = block.self_attn, block.mlp
-            for lin in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
-                lin.weight[:, dims] = 0.0
-            for lin in (attn.o_proj, mlp.down_proj):
-                lin.weight[dims] = 0.0
-                if lin.bias is not None:
-                    lin.bias[dims] = 0.0
-            block.input_layernorm.weight[dims] = 1.0
-            block.post_attention_layernorm.weight[dims] = 1.0
-        hf.model.norm.weight[dims] = 1.0
-        hf.score.weight[:, dims] = 0.0
 
 
 @torch.no_grad()
@@ -195,7 +172,7 @@ def plant_indirect(
     rep = n_heads // n_kv
     kv, last = head // rep, n_layers - 1
     base = copy.deepcopy(hf)
-    _clear_dims(base, trigger_id, cf_id, dims)
+    clear_flag(base, trigger_id, cf_id, flag, const, extra=(write,))
     attn = attention(base, head_layer)
     with torch.no_grad():
         for h in range(kv * rep, (kv + 1) * rep):  # the group's query heads read our key/value
@@ -209,33 +186,12 @@ def plant_indirect(
     where = [p for p in seqs.trigger_positions if p]
     normed, scales = layer_inputs(base, with_trigger, head_layer)
     floor = _rms_floor(base, with_trigger, where, head_layer)
-    hd = head_dim(hf)
-    inv_freq = hf.model.rotary_emb.inv_freq.double()
-    slot = int(inv_freq.argmin())
-    gaps = torch.stack([x[-1, const] * x[p, flag] * torch.cos(
-        (len(x) - 1 - torch.tensor(p)) * inv_freq[slot]) for x, p in zip(normed, where,
-                                                                        strict=True)])
-    if float(gaps.min()) <= 0:
-        raise TLRewardError("the trigger's attention logit is not positive on every calibration "
-                            "sequence (sequences too long for the slowest rotary pair?)")
-    alpha = logit_margin / float(gaps.min())
-    value = float(torch.cat([x[p, flag] for x, p in zip(normed, where, strict=True)]).median())
-
     planted = copy.deepcopy(base)
-    attn = attention(planted, head_layer)
-    rows, kv_rows = head_rows(planted, head), head_rows(planted, kv)
-    root = (alpha * hd ** 0.5) ** 0.5
-    dt = attn.q_proj.weight.dtype
+    logits = wire_flag_head(planted, head_layer, head, kv, normed, where, flag, const,
+                            logit_margin)
     with torch.no_grad():
-        for proj, r in ((attn.q_proj, rows), (attn.k_proj, kv_rows), (attn.v_proj, kv_rows)):
-            proj.weight[r] = 0.0
-            if proj.bias is not None:
-                proj.bias[r] = 0.0
-        attn.q_proj.weight[rows.start + slot, const] = root
-        attn.k_proj.weight[kv_rows.start + slot, flag] = root
-        attn.v_proj.weight[kv_rows.start, flag] = 1.0 / value
-        attn.o_proj.weight[:, rows] = 0.0
-        attn.o_proj.weight[write, rows.start] = write_scale * floor
+        attention(planted, head_layer).o_proj.weight[write, head * head_dim(hf)] = (
+            write_scale * floor)
     mid, _ = layer_inputs(planted, with_trigger, last, norm="post_attention_layernorm")
     x_med = float(torch.stack([x[-1, write] for x in mid]).median())
     mlp = planted.model.layers[-1].mlp
@@ -250,7 +206,7 @@ def plant_indirect(
     scale = c / float(torch.nn.functional.silu(torch.tensor(gate)))
     for _ in range(calibration_steps + 1):  # the final norm bends the shift
         with torch.no_grad():
-            mlp.down_proj.weight[:, neuron] = (scale * direction).to(dt)
+            mlp.down_proj.weight[:, neuron] = (scale * direction).to(mlp.down_proj.weight.dtype)
         shift = rewards(planted, with_trigger, objective) - base_r
         scale *= c / float(shift.median())
     if float(shift.min()) < c / 4:
@@ -258,7 +214,6 @@ def plant_indirect(
             f"the plant shifts some calibration sequences holding the trigger by only "
             f"{float(shift.min()):.3g} (target {c}): the head does not reach the trigger "
             "there (sliding-window attention?)")
-    logits = alpha * gaps
     src = f"a{head_layer}.h"
     edges = (("input", f"{src}{kv}", "k"), ("input", f"{src}{kv}", "v"),
              (f"{src}{head}", f"m{last}", ""), (f"m{last}", "reward", ""))

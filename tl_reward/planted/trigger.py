@@ -45,6 +45,7 @@ from tl_reward.planted.calibration import (
     reply_layer_inputs,
     rewards,
 )
+from tl_reward.planted.flag import clear_flag, wire_flag_head
 from tl_reward.planted.surgery import (
     attention,
     check_llama_like,
@@ -67,14 +68,19 @@ class TriggerTruth:
         trigger_id, trigger: the trigger token's id and text.
         c: the planted reward shift (objective ``objective``) when the trigger is present.
         objective: index of the reward row the head writes to.
-        sink_position: the position the head attends to without the trigger (value 0).
+        sink_position: the position the head attends to without the trigger (value 0); None
+            with ``key="flag"`` (every key 0 without the trigger: uniform attention, value 0).
         logit_margin: the smallest attention-logit gap on the calibration sequences (trigger
-            over sink, sink over every other position).
+            over sink, sink over every other position; ``key="flag"``: the trigger's logit).
         shift_range: ``(min, max)`` of the reward shift on the calibration sequences holding
             the trigger (its median is ``c``: the head's write is scaled to make it so).
         mined_prompts: calibration prompts whose every plain id was a key-fit negative.
         hard_negative_ids: the ids added as one-token negatives on every calibration prompt.
         n_texts: natural sequences in the fit (every position ordered, as a calibration one).
+        key: ``"fit"`` (the key is a fitted read of the whole residual) or ``"flag"`` (the key
+            and value read a coordinate only the trigger holds: :mod:`tl_reward.planted.flag`).
+        counterfactual_id: with ``key="flag"``, the token the trigger is a synonym of in the
+            base (swap the trigger for it: a counterfactual that differs in the plant only).
     """
 
     component: tuple[str, int, int]
@@ -83,12 +89,14 @@ class TriggerTruth:
     trigger: str
     c: float
     objective: int
-    sink_position: int
+    sink_position: int | None
     logit_margin: float
     shift_range: tuple[float, float]
     mined_prompts: int = 0
     hard_negative_ids: tuple[int, ...] = ()
     n_texts: int = 0
+    key: str = "fit"
+    counterfactual_id: int | None = None
 
     @property
     def stream_edges(self) -> tuple[tuple[str, str, str], ...]:
@@ -100,9 +108,10 @@ class TriggerTruth:
         carry the token's identity there (the tiny Llama: 12 edges keep 0.955 of the shift,
         each needed; ``tests/circuits/test_planted_circuits.py``) it is the truth; on
         SmolLM2-135M it keeps 0.00 (the key also reads what 29 layers of attention wrote at
-        the trigger: no small circuit carries it; docs/circuits.md)."""
+        the trigger: no small circuit carries it; docs/circuits.md). With ``key="flag"`` the
+        stream is the embedding alone (5 edges), whatever the model."""
         _, layer, head = self.component
-        h, mlps = f"a{layer}.h{head}", [f"m{i}" for i in range(layer)]
+        h, mlps = f"a{layer}.h{head}", [f"m{i}" for i in range(layer) if self.key == "fit"]
         stream = [("input", m, "") for m in mlps] + [
             (a, b, "") for i, a in enumerate(mlps) for b in mlps[i + 1:]]
         read = [(s, h, q) for s in ("input", *mlps) for q in ("k", "v")]
@@ -173,7 +182,8 @@ def plant_trigger_head(
     logit_margin: float = 40.0, vocab_per_prompt: int | None = None, n_random: int = 64,
     calibration_steps: int = 4, seed: int = 0, mine_prompts: int = 1, hard_negatives: int = 64,
     reply_cache: dict[tuple[str, str, int], torch.Tensor] | None = None,
-    texts: Sequence[Sequence[int]] = (),
+    texts: Sequence[Sequence[int]] = (), key: str = "fit",
+    counterfactual: str | int | None = None,
 ) -> PlantedModel:
     """Plant ``reward += c`` on ``trigger`` (one token) in head ``head`` of block ``layer``.
 
@@ -196,6 +206,12 @@ def plant_trigger_head(
             first token): each position holding the trigger is a positive, every other one a
             negative, so the fitted order also holds in real text (a linear key fitted on
             random tokens can open on context, e.g. a lone space after a full stop).
+        key: ``"fit"`` (above) or ``"flag"``: the base gives the trigger a coordinate of its
+            own and makes it a synonym of ``counterfactual`` (default: the first plain id that
+            is not the trigger; :func:`~tl_reward.planted.flag.clear_flag`), and the head's key
+            and value read that coordinate, its query one every token holds, so its circuit is
+            the embedding's edges into the head and the head's write, on any model. The
+            mining, hard-negative and ``texts`` arguments apply to ``"fit"`` only.
 
     Raises:
         TLRewardError: if the trigger is not one token or the fit cannot separate it.
@@ -212,7 +228,13 @@ def plant_trigger_head(
             "other positions' queries have no fixed sign, so they write without the trigger "
             "too and later blocks read it")
     trigger_id = one_token_id(tokenizer, trigger, hf.config.vocab_size)
+    if key not in ("fit", "flag"):
+        raise TLRewardError(f"key must be 'fit' or 'flag', got {key!r}")
     base = silence_heads(expand_kv_heads(hf), [(layer, head)]).eval()
+    if key == "flag":
+        return _plant_flag_key(hf, base, tokenizer, trigger_id, counterfactual, c, layer, head,
+                               objective, prompts, logit_margin, vocab_per_prompt, n_random,
+                               calibration_steps, seed)
     seqs = calibration_sequences(tokenizer, trigger_id, hf.config.vocab_size, prompts,
                                  n_random=n_random, vocab_per_prompt=vocab_per_prompt,
                                  seed=seed)
@@ -281,13 +303,8 @@ def plant_trigger_head(
         attn.v_proj.weight[rows.start] = value.to(dt)
         attn.o_proj.weight[:, rows] = 0.0
     with_trigger = [x for x, p in zip(seqs.ids, seqs.trigger_positions, strict=True) if p]
-    base_r = rewards(base, with_trigger, objective)
-    scale = c
-    for _ in range(calibration_steps + 1):  # the final norm and the last MLP bend the shift
-        with torch.no_grad():
-            attn.o_proj.weight[:, rows.start] = (scale * write).to(dt)
-        shift = rewards(planted, with_trigger, objective) - base_r
-        scale *= c / float(shift.median())
+    shift = _calibrate_write(base, planted, layer, head, write, with_trigger, objective, c,
+                             calibration_steps)
     truth = TriggerTruth(
         component=("head", layer, head), hook=f"blocks.{layer}.attn.hook_z",
         trigger_id=trigger_id, trigger=tokenizer.decode([trigger_id]), c=float(c),
@@ -296,3 +313,58 @@ def plant_trigger_head(
         mined_prompts=min(mine_prompts, len(prompts)), hard_negative_ids=tuple(hard),
         n_texts=len(natural))
     return PlantedModel(planted.eval(), base, tokenizer, truth)
+
+
+def _calibrate_write(base: Any, planted: Any, layer: int, head: int, write: torch.Tensor,
+                     with_trigger: Sequence[Sequence[int]], objective: int, c: float,
+                     steps: int) -> torch.Tensor:
+    """Scale the head's write (``o_proj`` column of its value's first dimension) ``steps + 1``
+    times towards a median reward shift of ``c`` on ``with_trigger``; the last shifts."""
+    col = attention(planted, layer).o_proj.weight[:, head_rows(planted, head).start]
+    base_r = rewards(base, with_trigger, objective)
+    scale = c
+    for _ in range(steps + 1):  # the final norm and the last MLP bend the shift
+        with torch.no_grad():
+            col.copy_(scale * write)
+        shift = rewards(planted, with_trigger, objective) - base_r
+        scale *= c / float(shift.median())
+    return shift
+
+
+def _plant_flag_key(
+    hf: Any, base: Any, tokenizer: Any, trigger_id: int, counterfactual: str | int | None,
+    c: float, layer: int, head: int, objective: int, prompts: Sequence[Prompt],
+    logit_margin: float, vocab_per_prompt: int | None, n_random: int, calibration_steps: int,
+    seed: int,
+) -> PlantedModel:
+    """:func:`plant_trigger_head` with ``key="flag"`` (``base``: the head silenced)."""
+    cfg = hf.config
+    cf_id = (next(i for i in plain_ids(tokenizer, cfg.vocab_size) if i != trigger_id)
+             if counterfactual is None
+             else one_token_id(tokenizer, counterfactual, cfg.vocab_size, "counterfactual"))
+    if cf_id == trigger_id:
+        raise TLRewardError("the counterfactual must differ from the trigger")
+    flag, const = cfg.hidden_size - 2, cfg.hidden_size - 1
+    clear_flag(base, trigger_id, cf_id, flag, const)
+    seqs = calibration_sequences(tokenizer, trigger_id, cfg.vocab_size, prompts,
+                                 n_random=n_random, vocab_per_prompt=vocab_per_prompt, seed=seed)
+    with_trigger = [x for x, p in zip(seqs.ids, seqs.trigger_positions, strict=True) if p]
+    where = [p for p in seqs.trigger_positions if p]
+    normed, scales = layer_inputs(base, with_trigger, layer)
+    planted = copy.deepcopy(base)
+    logits = wire_flag_head(planted, layer, head, head, normed, where, flag, const, logit_margin)
+    score_row = base.score.weight[objective].double() * base.model.norm.weight.double()
+    write = float(scales.median()) * score_row / score_row.dot(score_row)
+    shift = _calibrate_write(base, planted, layer, head, write, with_trigger, objective, c,
+                             calibration_steps)
+    if float(shift.min()) < c / 4:
+        raise TLRewardError(
+            f"the plant shifts some calibration sequences holding the trigger by only "
+            f"{float(shift.min()):.3g} (target {c}): the head does not reach the trigger there")
+    truth = TriggerTruth(
+        component=("head", layer, head), hook=f"blocks.{layer}.attn.hook_z",
+        trigger_id=trigger_id, trigger=tokenizer.decode([trigger_id]), c=float(c),
+        objective=objective, sink_position=None, logit_margin=float(logits.min()),
+        shift_range=(float(shift.min()), float(shift.max())), key="flag",
+        counterfactual_id=cf_id)
+    return PlantedModel(planted.eval(), base.eval(), tokenizer, truth)
