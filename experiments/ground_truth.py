@@ -751,8 +751,9 @@ def indirect_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str) -> 
 
 def trigger_flag_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str) -> list[dict]:
     """The trigger head with ``key="flag"`` (its key and value read a coordinate only the
-    trigger holds; truth ``stream_edges``: the embedding's key and value edges and the head's
-    write, checked by exact circuit patching before any method is scored)."""
+    trigger holds). Truth, measured by exact circuit patching before any method is scored: the
+    candidates ``stream_edges`` (the embedding's key and value edges, the head's write directly
+    and through the last MLP) each of whose removal moves the faithfulness by more than 0.05."""
     label = "trigger-flag"
     methods = [("exact", 1), ("eap", 1), ("eap-ig", 5), ("eap-ig", 10)]
     methods = methods if name == "tiny" else methods[1:]
@@ -769,21 +770,25 @@ def trigger_flag_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str)
                 "max |r_base(clean) - r_base(corrupt)|", float(base.abs().max()),
                 f"<= {atol:.1e} (rounding)", float(base.abs().max()) <= atol,
                 f"counterfactual id {p.truth.counterfactual_id}; {len(tps)} pairs")]
-    truth = list(p.truth.stream_edges)
-    n, g = len(truth), RewardGraph.from_model(model)
+    cands, g = list(p.truth.stream_edges), RewardGraph.from_model(model)
 
     def faith(es: list[tuple[str, str, str]]) -> Any:
         return evaluate_circuit(model, RewardCircuit.from_edges(g, es), clean,
                                 corrupt).faithfulness
 
+    f = faith(cands)
+    drops = [f.value - faith([x for x in cands if x != e]).value for e in cands]
+    rows.append(row(label, f"candidates: stream_edges, {len(cands)} edges (exact circuit "
+                    "patching)", "faithfulness, mean (interval)", f.value, ">= 0.9",
+                    f.value >= 0.9, f"[{f.ci_low:.3f}, {f.ci_high:.3f}]; of {g.n_edges:,} edges; "
+                    f"faithfulness lost when one is patched out: "
+                    f"{dict(zip(map(str, cands), (round(x, 3) for x in drops), strict=True))}"))
+    truth = [e for e, d in zip(cands, drops, strict=True) if abs(d) > 0.05]
+    n = len(truth)
     f = faith(truth)
-    drops = [f.value - faith([x for x in truth if x != e]).value for e in truth]
-    rows.append(row(label, f"truth: {n} edges (exact circuit patching)",
-                    "faithfulness, mean (interval)", f.value, ">= 0.9", f.value >= 0.9,
-                    f"[{f.ci_low:.3f}, {f.ci_high:.3f}]; of {g.n_edges:,} edges"))
-    rows.append(row(label, "truth: every edge needed (exact circuit patching)",
-                    "smallest faithfulness lost when one is patched out", min(drops), "> 0.05",
-                    min(drops) > 0.05, f"{[round(x, 3) for x in drops]} for {truth}"))
+    rows.append(row(label, f"truth: the {n} candidates each moving it by > 0.05 when patched "
+                    "out", "faithfulness, mean (interval)", f.value, ">= 0.9", f.value >= 0.9,
+                    f"[{f.ci_low:.3f}, {f.ci_high:.3f}]; {truth}"))
     rnd = _random_faithfulness(model, g, n, clean, corrupt)
     rows.append(row(label, f"faithfulness, 8 random circuits of {n} edges", "max |f|",
                     max(abs(x) for x in rnd), "< 0.1", max(abs(x) for x in rnd) < 0.1))

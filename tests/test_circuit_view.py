@@ -21,17 +21,19 @@ L, H, KV = 3, 4, 2
 
 
 def _table(seed: int = 0) -> tuple[pd.DataFrame, dict[str, float]]:
-    """Every edge of a 3-layer, 4-head, 2-KV-head graph with an SAE at layer 1, random scores."""
+    """Every edge of a 3-layer, 4-head, 2-KV-head graph with SAE nodes splitting m1 and the
+    residual entering layer 2, random scores."""
     rng = np.random.default_rng(seed)
-    order = ["input", *(n for la in range(L) for n in [*(f"a{la}.h{h}" for h in range(H)),
-                                                         f"m{la}"]
-                        + ([f"f{la}.0", f"f{la}.7", f"err{la}"] if la == 1 else []))]
+    order = ["input", *(n for la in range(L) for n in
+                        ([f"r{la}.f3", f"r{la}.err"] if la == 2 else [])
+                        + [*(f"a{la}.h{h}" for h in range(H)), f"m{la}"]
+                        + ([f"m{la}.f0", f"m{la}.f7", f"m{la}.err"] if la == 1 else []))]
     rows = []
     for i, src in enumerate(order):
         for dst in [*order[i + 1:], "reward"]:
             if dst.startswith("a"):
                 la, h = map(int, dst[1:].split(".h"))
-                if src.startswith(f"a{la}.") or (src[0] in "fe" and src.endswith(str(la))):
+                if src.startswith((f"a{la}.", f"m{la}.")):
                     continue  # a head reads the layers before its own
                 rows.append((src, dst, "q"))
                 if h < KV:
@@ -61,8 +63,11 @@ def test_embeds_the_top_edges_and_nothing_external() -> None:
     for (_, _, _, title), q, s in zip(drawn, top["qkv"], top["score"], strict=True):
         assert title.endswith(f"{f' ({q})' if q else ''}: score {s:+.4g}")
     assert text.count("display:none") == 40  # shown before any script runs: the top 10
-    for name in ("a1.h2", "f1.7", "err1", "m0"):  # every node's direct effect on hover
+    for name in ("a1.h2", "m1.f7", "m1.err", "r2.f3", "m0"):  # direct effects on hover
         assert f"{name}: direct effect on the reward {eff[name]:+.4g}" in text
+    rows = re.findall(r'<text x="8" y="([\d.]+)" class="lab">([^<]+)</text>', text)
+    assert [n for _, n in sorted(rows, key=lambda r: -float(r[0]))] == [
+        "L0 heads", "L0 MLP", "L1 heads", "L1 MLP", "m1 SAE", "r2 SAE", "L2 heads", "L2 MLP"]
 
 
 def test_notebook_and_page(tmp_path: Path) -> None:

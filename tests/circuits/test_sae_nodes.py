@@ -6,6 +6,8 @@ hand (activation change x decoder row . HF's head row through the frozen final n
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -275,6 +277,13 @@ def test_feature_circuits_select_prune_and_travel(tiny, tmp_path) -> None:
     df = df.iloc[np.argsort(-df.score.abs().to_numpy(), kind="stable")]
     edges = list(map(tuple, df[["src", "dst", "qkv"]].values.tolist()))
     assert RewardCircuit.fraction(att, 1.0).n_edges == len(df) > len(hdf)
+    view = str(att.view(max_edges=len(df)))  # the view draws the edges circuits select from
+    drawn = re.findall(r'<path class="e" data-rank="\d+" data-src="([^"]+)" data-dst="([^"]+)"',
+                       view)
+    assert sorted(drawn) == sorted(zip(df.src, df.dst, strict=True))
+    f0 = f"m1.f{fe.features[0]}"
+    fdf = fe.to_dataframe().set_index(["src", "dst"])
+    assert f"{f0}: direct effect on the reward {fdf.score[f0, 'reward']:+.4g}" in view
     for n in (5, 40):
         top = RewardCircuit.top(att, n)
         assert set(top.edges()) <= set(edges[:n])

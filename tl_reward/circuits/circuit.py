@@ -26,10 +26,10 @@ from tl_reward.circuits.edges import (
     EdgeAttribution,
     Inputs,
     _is_pairs,
-    after,
     batches,
     corrupted_metric,
     edge_attribution,
+    edge_mask,
     forward,
     lifted_saes,
     node_names,
@@ -54,29 +54,6 @@ def _ranking(scores: torch.Tensor, absolute: bool) -> torch.Tensor:
     """What edges are ranked by: ``|score|`` (``absolute``) or the score; -inf where no edge."""
     s = scores.nan_to_num(nan=-torch.inf)
     return s.abs().masked_fill(s == -torch.inf, -torch.inf) if absolute else s
-
-
-def edge_mask(graph: RewardGraph, prefix: str | None = None, n_nodes: int = 0) -> torch.Tensor:
-    """``[n_dests, n_sources (+ n_nodes)]`` bool: the edges of ``graph``, or with ``n_nodes``
-    SAE nodes at ``prefix`` (columns after the sources), whose edges replace those of the
-    sources they split into the destinations after the hook."""
-    full = graph.edge_mask()
-    if prefix is None:
-        return full
-    lo, hi = node_split(graph, prefix)
-    dests = after(graph, hi)
-    full[:, lo:hi] &= ~dests[:, None]
-    return torch.cat([full, dests[:, None].expand(-1, n_nodes)], 1)
-
-
-def _scores(attribution: EdgeAttribution) -> torch.Tensor:
-    """The scores circuits select by, NaN where no edge: with SAE nodes, theirs in place of
-    the edges they split (:func:`edge_mask`)."""
-    fe = attribution.features
-    if fe is None:
-        return attribution.scores
-    split = edge_mask(attribution.graph, fe.prefix)
-    return torch.cat([attribution.scores.masked_fill(~split, torch.nan), fe.scores], 1)
 
 
 @dataclass(repr=False)
@@ -131,7 +108,7 @@ class RewardCircuit(ShortRepr):
     def top(cls, attribution: EdgeAttribution, n: int, absolute: bool = True) -> RewardCircuit:
         """The ``n`` edges of largest ``|score|`` (``absolute=False``: largest score), then
         pruned (so possibly fewer)."""
-        s = _ranking(_scores(attribution), absolute).flatten()
+        s = _ranking(attribution.circuit_scores(), absolute).flatten()
         mask = torch.zeros(s.numel(), dtype=torch.bool)
         mask[s.topk(max(0, min(int(n), int((s > -torch.inf).sum())))).indices] = True
         return cls._of(attribution, mask)
@@ -142,14 +119,14 @@ class RewardCircuit(ShortRepr):
         """The top ``round(f * n_edges)`` edges (``0 <= f <= 1``)."""
         if not 0 <= f <= 1:
             raise TLRewardError(f"the fraction of edges must be in [0, 1], got {f}")
-        return cls.top(attribution, round(f * int((~_scores(attribution).isnan()).sum())),
+        return cls.top(attribution, round(f * int((~attribution.circuit_scores().isnan()).sum())),
                        absolute)
 
     @classmethod
     def threshold(cls, attribution: EdgeAttribution, t: float,
                   absolute: bool = True) -> RewardCircuit:
         """Every edge with ``|score| >= t`` (``absolute=False``: ``score >= t``)."""
-        s = _scores(attribution)
+        s = attribution.circuit_scores()
         return cls._of(attribution, ((s.abs() if absolute else s) >= t).nan_to_num(False))
 
     @classmethod
@@ -161,7 +138,7 @@ class RewardCircuit(ShortRepr):
         (which drops edges from nodes ``input`` does not reach) keeps at least ``n`` edges
         (more when one step connects several), or every step."""
         g, fe = attribution.graph, attribution.features
-        s = _ranking(_scores(attribution), absolute)
+        s = _ranking(attribution.circuit_scores(), absolute)
         prefix = None if fe is None else fe.prefix
         feeds = _feeds(g, prefix, s.shape[1])
         n = max(0, min(int(n), int((s > -torch.inf).sum())))
@@ -379,7 +356,7 @@ def faithfulness_curve(model: Any, attribution: EdgeAttribution, clean: Any,
     inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
     gen = torch.Generator().manual_seed(seed)
     top = [RewardCircuit.fraction(attribution, f) for f in sizes]
-    rand, edges = [], ~_scores(attribution).isnan()
+    rand, edges = [], ~attribution.circuit_scores().isnan()
     n_all = int(edges.sum())
     for f in sizes:
         pick = torch.zeros(n_all, dtype=torch.bool)

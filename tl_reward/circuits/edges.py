@@ -435,6 +435,19 @@ def after(graph: RewardGraph, hi: int) -> torch.Tensor:
                          for _ in range(count)])
 
 
+def edge_mask(graph: RewardGraph, prefix: str | None = None, n_nodes: int = 0) -> torch.Tensor:
+    """``[n_dests, n_sources (+ n_nodes)]`` bool: the edges of ``graph``, or with ``n_nodes``
+    SAE nodes at ``prefix`` (columns after the sources), whose edges replace those of the
+    sources they split into the destinations after the hook."""
+    full = graph.edge_mask()
+    if prefix is None:
+        return full
+    lo, hi = node_split(graph, prefix)
+    dests = after(graph, hi)
+    full[:, lo:hi] &= ~dests[:, None]
+    return torch.cat([full, dests[:, None].expand(-1, n_nodes)], 1)
+
+
 @contextmanager
 def lifted_saes(model: Any, sae: Any) -> Iterator[Any]:
     """The SAE to make nodes of (``sae``, else the one attached to ``model``, else None), with
@@ -529,23 +542,39 @@ class EdgeAttribution(ShortRepr):
         (the SAE nodes' edges: ``features.to_dataframe()``)."""
         return _table(self.graph.edges(), self.edge_scores())
 
+    def circuit_scores(self) -> torch.Tensor:
+        """The scores circuits select by, ``[n_dests, n_sources (+ SAE nodes)]``, NaN where
+        no edge: with SAE nodes, theirs in place of the edges they split (:func:`edge_mask`)."""
+        fe = self.features
+        if fe is None:
+            return self.scores
+        split = edge_mask(self.graph, fe.prefix)
+        return torch.cat([self.scores.masked_fill(~split, torch.nan), fe.scores], 1)
+
     def view(self, title: str | None = None, max_edges: int = 200, shown: int = 30) -> Any:
         """The circuit view (:func:`~tl_reward.viz.circuit.circuit_html`) of the top
-        ``max_edges`` edges, ``shown`` of them at first; ``.save(path)`` writes it offline."""
+        ``max_edges`` edges (with SAE nodes: theirs in place of the edges they split, as
+        circuits select), ``shown`` of them at first; ``.save(path)`` writes it offline."""
         from tl_reward.viz.circuit import circuit_html
 
-        g = self.graph
-        return circuit_html(self.to_dataframe().head(max_edges), self.node_effects, g.n_layers,
-                            g.n_heads, title or f"Reward circuit ({self.method})", max_edges,
-                            shown, g.n_kv_heads)
+        g, s = self.graph, self.circuit_scores()
+        src = g.sources + ([] if self.features is None else self.features.nodes)
+        has = ~s.isnan()
+        table = _table([(src[i], *g.dests[j]) for j, i in has.nonzero().tolist()], s[has])
+        return circuit_html(table.head(max_edges), self.node_effects, g.n_layers, g.n_heads,
+                            title or f"Reward circuit ({self.method})", max_edges, shown,
+                            g.n_kv_heads)
 
     plot = view
 
     @property
     def node_effects(self) -> dict[str, float]:
-        """Each source's direct effect on the metric: the score of its edge into ``reward``
-        (its output on the direct path to the readout, every other path clean)."""
-        return dict(zip(self.graph.sources, self.scores[-1].tolist(), strict=True))
+        """Each source's (and SAE node's) direct effect on the metric: the score of its edge
+        into ``reward`` (its output on the direct path to the readout, every other path
+        clean)."""
+        fe = self.features
+        nodes = {} if fe is None else dict(zip(fe.nodes, fe.scores[-1].tolist(), strict=True))
+        return dict(zip(self.graph.sources, self.scores[-1].tolist(), strict=True)) | nodes
 
 
 def edge_attribution(

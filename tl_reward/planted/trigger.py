@@ -109,7 +109,8 @@ class TriggerTruth:
         each needed; ``tests/circuits/test_planted_circuits.py``) it is the truth; on
         SmolLM2-135M it keeps 0.00 (the key also reads what 29 layers of attention wrote at
         the trigger: no small circuit carries it; docs/circuits.md). With ``key="flag"`` the
-        stream is the embedding alone (5 edges), whatever the model."""
+        stream is the embedding alone (5 edges, whatever the model; the tiny Llama needs all
+        five, SmolLM2's last MLP carries -0.008 of the shift, its other three 1.008)."""
         _, layer, head = self.component
         h, mlps = f"a{layer}.h{head}", [f"m{i}" for i in range(layer) if self.key == "fit"]
         stream = [("input", m, "") for m in mlps] + [

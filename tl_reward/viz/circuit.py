@@ -2,8 +2,10 @@
 JavaScript: no CDN, no server, no graphviz) that displays in notebooks and saves with
 :func:`tl_reward.viz.html.save_html`.
 
-Rows from the bottom: ``input``, then per layer its heads, its MLP and (if the table has any)
-its SAE features ``f{l}.{i}`` and error term ``err{l}``, and ``reward`` on top. Edges are
+Rows from the bottom: ``input``, then per layer its heads and its MLP, and ``reward`` on top;
+SAE nodes (:mod:`tl_reward.circuits` names: ``m{l}.f{i}`` and ``m{l}.err`` split ``m{l}``,
+``r{l}.f{i}`` and ``r{l}.err`` the residual entering layer ``l``) get a row of their own where
+their hook reads: after layer ``l``'s MLP, or before layer ``l``'s heads. Edges are
 coloured by the sign of their score (blue +, orange -), as wide as ``|score|``, dashed by the
 input they enter (q, k, v, or an MLP's / the reward's); a slider shows the top-k edges by
 ``|score|``; hovering an edge or a node shows its score or direct effect on the reward.
@@ -26,7 +28,7 @@ from tl_reward.errors import TLRewardError
 POS, NEG = "#0072B2", "#E66100"
 #: stroke-dasharray per destination input ("": an MLP's input or the reward)
 DASH = {"": "", "q": "9 3", "k": "2 3", "v": "9 3 2 3"}
-_NODE = re.compile(r"^(?:(input|reward)|a(\d+)\.h(\d+)|m(\d+)|f(\d+)\.(\d+)|err(\d+))$")
+_NODE = re.compile(r"^(?:(input|reward)|a(\d+)\.h(\d+)|m(\d+)|([mr])(\d+)\.(?:f(\d+)|(err)))$")
 _LEFT, _TOP = 92, 24
 
 
@@ -47,16 +49,20 @@ class CircuitHTML(str):
 
 
 def _parse(name: str, n_layers: int, n_heads: int) -> tuple[str, int, int]:
-    """``(kind, layer, index)`` of a node name; kinds: input, reward, head, mlp, feat, err."""
+    """``(kind, layer, index)`` of a node name; kinds: input, reward, head, mlp, feat, err (an
+    SAE node's ``layer`` is its row slot: ``2 l`` for ``r{l}``, ``2 l + 1`` for ``m{l}``)."""
     m = _NODE.match(name)
     if m is None:
         raise TLRewardError(f"unknown node {name!r}: expected input, reward, a{{l}}.h{{h}}, "
-                            "m{l}, f{l}.{i} or err{l}")
+                            "m{l}, or an SAE node m{l}.f{i}, m{l}.err, r{l}.f{i}, r{l}.err")
     if m[1]:
         return m[1], -1 if m[1] == "input" else n_layers, 0
-    kind, layer, index = next((k, int(m[i]), int(m[j]) if j else 0) for k, i, j in
-                              (("head", 2, 3), ("mlp", 4, 0), ("feat", 5, 6), ("err", 7, 0))
-                              if m[i] is not None)
+    if m[5]:
+        layer = int(m[6])
+        if not 0 <= layer < n_layers + (m[5] == "r"):
+            raise TLRewardError(f"node {name!r} is outside the model ({n_layers} layers)")
+        return ("err" if m[8] else "feat"), 2 * layer + (m[5] == "m"), int(m[7] or 0)
+    kind, layer, index = ("head", int(m[2]), int(m[3])) if m[2] else ("mlp", int(m[4]), 0)
     if not 0 <= layer < n_layers or (kind == "head" and not 0 <= index < n_heads):
         raise TLRewardError(f"node {name!r} is outside the model ({n_layers} layers, "
                             f"{n_heads} heads)")
@@ -107,16 +113,19 @@ def circuit_html(edges: pd.DataFrame, node_effects: Mapping[str, float] | None, 
     kv_rows = top["dst"][qkv.isin(["k", "v"]).to_numpy()]
     if rep > 1 and any(int(d.split(".h")[1]) >= n_kv for d in kv_rows if ".h" in d):
         raise TLRewardError(f"a k/v edge names a key/value head >= n_kv_heads {n_kv}")
-    names = set(top["src"]) | set(top["dst"]) | set(effects)
-    parsed = {n: _parse(n, n_layers, n_heads) for n in names}
+    names = set(top["src"]) | set(top["dst"])  # SAE nodes: drawn where an edge touches them
+    parsed = {n: _parse(n, n_layers, n_heads) for n in names | set(effects)}
     feats: dict[int, list[str]] = {}
-    for n, (kind, layer, _) in sorted(parsed.items(), key=lambda kv: kv[1]):
+    for n, (kind, layer, _) in sorted(((n, parsed[n]) for n in names), key=lambda kv: kv[1]):
         if kind in ("feat", "err"):
             feats.setdefault(layer, []).append(n)
-    # rows bottom-up: input, then per layer heads, MLP, features; reward on top
+    # rows bottom-up: input, then per layer (residual SAE), heads, MLP, (MLP SAE); reward
     rows: list[tuple[str, int]] = [("input", -1)]
-    for layer in range(n_layers):
-        rows += [("attn", layer), ("mlp", layer)] + ([("feat", layer)] if layer in feats else [])
+    for layer in range(n_layers + 1):
+        rows += [("feat", 2 * layer)] if 2 * layer in feats else []
+        if layer < n_layers:
+            rows += [("attn", layer), ("mlp", layer)]
+            rows += [("feat", 2 * layer + 1)] if 2 * layer + 1 in feats else []
     rows.append(("reward", n_layers))
     kv_gap, row_h = (14 if rep > 1 else 0), (46 if n_layers <= 8 else 34)
     y_of: dict[tuple[str, int], float] = {}
@@ -128,8 +137,9 @@ def circuit_html(edges: pd.DataFrame, node_effects: Mapping[str, float] | None, 
     height = _TOP - y_of[rows[-1]] + 40
     y_of = {r: v - y_of[rows[-1]] + _TOP for r, v in y_of.items()}
     dx = max(30.0, min(90.0, 720 / n_heads))
-    widest = max([n_heads, *(len(v) for v in feats.values())])
-    width = _LEFT + (widest + 1) * dx + 60
+    fdx = min(dx, 52.0)  # SAE nodes' spacing
+    widest = max([n_heads * dx, *(len(v) * fdx for v in feats.values())])
+    width = _LEFT + widest + dx + 60
     centre, mlp_x = _LEFT + (n_heads - 1) * dx / 2, _LEFT + n_heads * dx + 10
 
     def pos(name: str, kv_dst: bool = False) -> tuple[float, float]:
@@ -142,9 +152,9 @@ def circuit_html(edges: pd.DataFrame, node_effects: Mapping[str, float] | None, 
             return _LEFT + index * dx, y_of[("attn", layer)]
         if kind == "mlp":  # a column right of the heads
             return mlp_x, y_of[("mlp", layer)]
-        row = feats[layer]
-        return (centre + (row.index(name) - (len(row) - 1) / 2) * dx,
-                y_of[("feat", layer)])
+        row = feats[layer]  # centred under the heads, or from the left edge if wider
+        start = max(float(_LEFT), centre - (len(row) - 1) * fdx / 2)
+        return start + row.index(name) * fdx, y_of[("feat", layer)]
 
     limit_e = float(top["_abs"].max()) if len(top) else 1.0
     limit_n = max([abs(float(v)) for v in effects.values()] or [0.0]) or 1.0
@@ -206,9 +216,11 @@ def circuit_html(edges: pd.DataFrame, node_effects: Mapping[str, float] | None, 
                              f'height="6" fill="#ddd" stroke="#777"><title>a{la}.h{kv}: '
                              f"key/value head {kv} (query heads {kv * rep}-{kv * rep + rep - 1})"
                              "</title></rect>")
-    row_name = {"attn": "heads", "mlp": "MLP", "feat": "SAE"}
-    labels = [f'<text x="8" y="{y_of[r] + 4:.1f}" class="lab">L{r[1]} {row_name[r[0]]}</text>'
-              for r in rows if r[0] in row_name]
+    row_name = {"attn": "L{} heads", "mlp": "L{} MLP"}
+    labels = [f'<text x="8" y="{y_of[r] + 4:.1f}" class="lab">'
+              + (row_name[r[0]].format(r[1]) if r[0] in row_name
+                 else f"{'rm'[r[1] % 2]}{r[1] // 2} SAE") + "</text>"
+              for r in rows if r[0] in (*row_name, "feat")]
     labels += [f'<text x="{_LEFT + h * dx:.1f}" y="{y_of[("attn", 0)] + 22 + kv_gap:.1f}" '
                f'class="lab" text-anchor="middle">h{h}</text>' for h in range(n_heads)]
     uid = "tlrc" + hashlib.sha1(json.dumps([title, top[["src", "dst"]].values.tolist(),
