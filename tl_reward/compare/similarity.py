@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,7 +38,6 @@ from jaxtyping import Float
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr
 
-Measure = Literal["rv", "rv2", "linear_cka", "debiased_cka"]
 MEASURES: tuple[str, ...] = ("rv", "rv2", "linear_cka", "debiased_cka")
 Matrix = np.ndarray | torch.Tensor
 

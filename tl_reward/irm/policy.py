@@ -15,7 +15,6 @@ import torch
 from tl_reward.errors import TLRewardError
 from tl_reward.irm.lora import load_adapter, merge_lora
 
-VADER_PAIR_NAME = "tl-reward/smollm2-135m-vader-dpo"
 VADER_ADAPTER_FILE = (
     Path(__file__).resolve().parent.parent / "assets" / "smollm2_vader_lora.safetensors"
 )
