@@ -207,14 +207,12 @@ def run_patched(
                     pos = positions(s) - p
                     if p and bool((pos < 0).any()):
                         raise TLRewardError("a patch writes inside the cached prefix")
-                    cur = act[j, pos] if s.unit is None else act[j, pos, s.unit]
+                    at = (j, pos) if s.unit is None else (j, pos, s.unit)
+                    cur = act[at]
                     new = values(s, cur).to(act.dtype)
                     if fraction != 1.0:
                         new = cur + fraction * (new - cur)
-                    if s.unit is None:
-                        act[j, pos] = new
-                    else:
-                        act[j, pos, s.unit] = new
+                    act[at] = new
                 return act
             return hook
 
@@ -432,14 +430,11 @@ def activation_patching(
                 rows = whole_s if s.row is None else src_rows[s.row : s.row + 1]
                 act = src[s.hook][0, rows]
                 return act if s.unit is None else act[:, s.unit]
-            if mode == "zero" and s.hook.endswith("attn.hook_z"):
-                # a head's zero is that of its processed z, the value bias counted with b_O
-                # (0 on HookedTransformer, which folds it there; HF's b_V on a bridge)
-                b = _value_bias(model, s.layer, cur)
-                return (b if s.unit is None else b[s.unit]).expand_as(cur)
-            if mode == "zero":
+            if mode == "zero" and not s.hook.endswith("attn.hook_z"):
                 return torch.zeros_like(cur)
-            m = means[s.hook]
+            # a head's zero is that of its processed z, the value bias counted with b_O
+            # (0 on HookedTransformer, which folds it there; HF's b_V on a bridge)
+            m = _value_bias(model, s.layer, cur) if mode == "zero" else means[s.hook]
             return (m if s.unit is None else m[s.unit]).expand_as(cur)
 
         # a swap inside the shared prompt writes the value already there: the clean reward
