@@ -185,6 +185,11 @@ class PairSides:
     def objectives(self) -> list[str]:
         return self.chosen.objectives  # type: ignore[attr-defined]
 
+    @property
+    def margin(self) -> Any:
+        """``r(chosen) - r(rejected)`` per objective (``[N, n_obj]``)."""
+        return self.chosen.reward - self.rejected.reward  # type: ignore[attr-defined]
+
 
 def _name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
