@@ -278,9 +278,8 @@ def _decode(v: Any, blobs: dict[str, Any]) -> Any:
         obj = cls(**{k: x for k, x in fields.items() if known[k]})
     except TypeError as e:
         raise ResultFileError(f"{_name(cls)}: {e}") from None
-    init = {k for k, i in known.items() if i}
     for k, x in fields.items():
-        if k not in init:
+        if not known[k]:
             object.__setattr__(obj, k, x)
     return obj
 

@@ -85,16 +85,12 @@ def _row_index(positions: Positions, batch_pos: torch.Tensor, lengths: torch.Ten
                starts: Sequence[int | None], offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if positions == "pooled":
         return torch.arange(len(batch_pos)), batch_pos.cpu()
-    rows, cols = [], []
-    for i, (length, start) in enumerate(zip(lengths.tolist(), starts, strict=True)):
-        if start is None:
-            raise TLRewardError("positions='response' needs inputs that end with an assistant "
-                                "reply (conversations or (prompt, response) tuples)")
-        off = int(offsets[i])
-        idx = torch.arange(start + off, length + off)
-        rows.append(torch.full_like(idx, i))
-        cols.append(idx)
-    return torch.cat(rows), torch.cat(cols)
+    if None in starts:
+        raise TLRewardError("positions='response' needs inputs that end with an assistant "
+                            "reply (conversations or (prompt, response) tuples)")
+    cols = [torch.arange(s + o, n + o)
+            for n, s, o in zip(lengths.tolist(), starts, offsets.tolist(), strict=True)]
+    return torch.cat([torch.full_like(c, i) for i, c in enumerate(cols)]), torch.cat(cols)
 
 
 @dataclass

@@ -65,8 +65,8 @@ def objective_slot(objectives: Sequence[str], objective: int | str,
     names = list(objectives)
     if isinstance(objective, bool) or not isinstance(objective, (int, str)):
         raise UnknownObjectiveError(
-            f"objective must be a name or an integer index, got {objective!r}; {owner} has "
-            f"{names}")
+            f"objective {objective!r} is out of range: pass a name or an integer index; {owner} "
+            f"has {names}")
     if isinstance(objective, int):
         if not -len(names) <= objective < len(names):
             raise UnknownObjectiveError(
