@@ -42,7 +42,7 @@ from jaxtyping import Float, Int
 
 from tl_reward.analysis.components import _value_bias
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.model.inputs import EncodedInput, input_batches
 from tl_reward.model.readout import (
     accumulation_dtype,
@@ -70,6 +70,7 @@ class Site:
 
 def site_hook(model: Any, site: str, layer: int) -> tuple[str, int]:
     """``(hook name, block it is computed in)`` for a site kind at ``layer``."""
+    check_choice(site, SITES, "site")
     n = model.cfg.n_layers
     if site == "resid":
         if not 0 <= layer <= n:
@@ -80,8 +81,6 @@ def site_hook(model: Any, site: str, layer: int) -> tuple[str, int]:
         raise TLRewardError(f"layer must be in 0..{n - 1}, got {layer}")
     hooks = {"attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out", "head": "attn.hook_z",
              "neuron": "mlp.hook_post"}
-    if site not in hooks:
-        raise TLRewardError(f"unknown site {site!r}; choose from {SITES}")
     return f"blocks.{layer}.{hooks[site]}", layer
 
 
@@ -391,10 +390,8 @@ def activation_patching(
         reuse_prefix: for denoising and noising, recompute only the positions after the shared
             prompt (which no swap can change), attending to its cached keys and values.
     """
-    if mode not in MODES:
-        raise TLRewardError(f"unknown mode {mode!r}; choose from {MODES}")
-    if positions not in ("each", "all"):
-        raise TLRewardError(f"positions must be 'each' or 'all', got {positions!r}")
+    check_choice(mode, MODES, "mode")
+    check_choice(positions, ("each", "all"), "positions")
     tp: TokenizedPair = as_tokenized_pair(model, pair)
     obj = resolve_objectives(model, objective)[0]
     sites, layer_list, unit_list, dims, shape = _grid(model, site, positions, layers, units,
@@ -474,9 +471,7 @@ def patch_components(
     """Whole-sequence denoising or noising of named components (``"embed"``, ``"L3.attn"``,
     ``"L3.mlp"``, ``"L3.H2"``) on the aligned positions, batched; normalised effects ``[C]``.
     Attention biases (equal in both runs) get 0. ``by_layer``: see :func:`run_patched`."""
-    if mode not in ("denoising", "noising"):
-        raise TLRewardError(f"component patching mode must be 'denoising' or 'noising', "
-                            f"got {mode!r}")
+    check_choice(mode, ("denoising", "noising"), "component patching mode")
     tp = as_tokenized_pair(model, pair)
     obj = resolve_objectives(model, objective)[0]
     keep = [i for i, nm in enumerate(names) if not nm.endswith("attn_bias")]

@@ -38,7 +38,7 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.compare.similarity import MEASURES, permutations, transform_gram
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.model.inputs import EncodedInput, collate, encode
 from tl_reward.model.pooling import pool_positions as pool_by_rule
 from tl_reward.results import ShortRepr
@@ -278,8 +278,7 @@ def compare_grams(
     """Similarity maps from precomputed :class:`LayerGrams` (``grams_b=None``: A with itself)."""
     measures = [measure] if isinstance(measure, str) else list(measure)
     for m in measures:
-        if m not in MEASURES:
-            raise TLRewardError(f"unknown measure {m!r}; choose from {MEASURES}")
+        check_choice(m, MEASURES, "measure")
     b = grams_a if grams_b is None else grams_b
     if grams_a.n_rows != b.n_rows or not np.array_equal(grams_a.row_item, b.row_item):
         raise TLRewardError(
@@ -387,8 +386,7 @@ def _run(jobs: Sequence[tuple[Spec, Sequence[int] | None]], inputs: Sequence[Any
          cache_dir: str | Path | None, batches_per_unit: int, max_gram_bytes: float,
          progress: bool | None, callback: Callable[[int, int, int], None] | None
          ) -> list[LayerGrams]:
-    if positions not in ("pooled", "response"):
-        raise TLRewardError(f"positions must be 'pooled' or 'response', got {positions!r}")
+    check_choice(positions, ("pooled", "response"), "positions")
     inputs = list(inputs)
     if len(inputs) < 4:
         raise TLRewardError(f"need at least 4 inputs to compare representations, got "

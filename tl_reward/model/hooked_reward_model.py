@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from tl_reward.errors import TLRewardError, UnknownObjectiveError
+from tl_reward.errors import TLRewardError, UnknownObjectiveError, check_choice
 from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead, objective_names_of
 from tl_reward.model.inputs import as_items, is_single
 from tl_reward.model.loading import load_reward_model
@@ -196,8 +196,7 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
                 "a reward model has no language-modelling loss; use return_type 'logits', "
                 "'reward' or 'score'"
             )
-        if return_type not in ("logits", "reward", "score", None):
-            raise TLRewardError(f"unknown return_type {return_type!r}")
+        check_choice(return_type, ("logits", "reward", "score", None), "return_type")
         if not isinstance(input, torch.Tensor):  # text, pairs, conversations: one builder
             batch = self.build(input, padding_side="left")
             input, attention_mask = batch.tokens, batch.attention_mask
