@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Any
+
 
 class TLRewardError(ValueError):
     """Base class for tl_reward's input and configuration errors."""
+
+
+def check_choice(value: Any, choices: Collection[Any], what: str) -> None:
+    """Refuse ``value`` unless it is one of ``choices`` (``what`` names it in the error)."""
+    if value not in choices:
+        raise TLRewardError(f"unknown {what} {value!r}; {what} must be one of {tuple(choices)}")
 
 
 class UnsupportedArchitectureError(TLRewardError):

@@ -185,6 +185,11 @@ class PairSides:
     def objectives(self) -> list[str]:
         return self.chosen.objectives  # type: ignore[attr-defined]
 
+    @property
+    def margin(self) -> Any:
+        """``r(chosen) - r(rejected)`` per objective (``[N, n_obj]``)."""
+        return self.chosen.reward - self.rejected.reward  # type: ignore[attr-defined]
+
 
 def _name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
@@ -273,9 +278,8 @@ def _decode(v: Any, blobs: dict[str, Any]) -> Any:
         obj = cls(**{k: x for k, x in fields.items() if known[k]})
     except TypeError as e:
         raise ResultFileError(f"{_name(cls)}: {e}") from None
-    init = {k for k, i in known.items() if i}
     for k, x in fields.items():
-        if k not in init:
+        if not known[k]:
             object.__setattr__(obj, k, x)
     return obj
 

@@ -214,11 +214,6 @@ class PairAttribution(PairSides, ShortRepr):
         r, _ = self.rejected.components(level)
         return c - r, names
 
-    @property
-    def margin(self) -> Float[torch.Tensor, "n n_obj"]:
-        """``r(chosen) - r(rejected)`` per objective."""
-        return self.chosen.reward - self.rejected.reward
-
     def headline(self) -> dict[str, Any]:
         """The reward margin per pair and objective."""
         return {"margin": self.margin}

@@ -61,10 +61,6 @@ class PooledActivations(dict):  # type: ignore[type-arg]
         self.full = full
 
 
-#: hooks whose whole sequence a decomposition reads; every other hook is read at ``t*`` only
-FULL_SEQUENCE_HOOKS = ("hook_resid_post", "attn.hook_v")
-
-
 @torch.no_grad()
 def pooled_run(
     model: Any, tokens: Int[torch.Tensor, "batch pos"], mask: Int[torch.Tensor, "batch pos"],

@@ -24,7 +24,7 @@ import torch
 
 from tl_reward.analysis.components import final_components, merge_embed, pooled_run
 from tl_reward.data.pairs import as_tokenized_pair
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import check_choice
 from tl_reward.model.readout import (
     norm_scale,
     normalised_effect,
@@ -77,11 +77,8 @@ def direct_path_patching(
     Embedding terms are merged into one ``"embed"`` component (what ``hook_resid_pre`` of
     block 0 holds), so names match whole-sublayer activation patching.
     """
-    if mode not in ("denoising", "noising"):
-        raise TLRewardError(f"direct-path patching mode must be 'denoising' or 'noising', "
-                            f"got {mode!r}")
-    if scale not in ("frozen", "recompute"):
-        raise TLRewardError(f"scale must be 'frozen' or 'recompute', got {scale!r}")
+    check_choice(mode, ("denoising", "noising"), "direct-path patching mode")
+    check_choice(scale, ("frozen", "recompute"), "scale")
     tp = as_tokenized_pair(model, pair)
     obj = resolve_objectives(model, objective)[0]
     runs = {}

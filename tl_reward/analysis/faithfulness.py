@@ -43,7 +43,7 @@ from tl_reward.analysis.components import merge_embed
 from tl_reward.analysis.direct_path import direct_path_patching
 from tl_reward.analysis.patching import patch_components
 from tl_reward.data.pairs import TokenizedPair, as_pair_batch
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.model.readout import resolve_objectives
 from tl_reward.results import ShortRepr
 from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
@@ -230,8 +230,7 @@ def run_faithfulness(
             :class:`~tl_reward.scale.executors.RayExecutor`.
         callback: called with a pair's index after its record has arrived (and been written).
     """
-    if level not in ("sublayer", "head"):
-        raise TLRewardError(f"level must be 'sublayer' or 'head', got {level!r}")
+    check_choice(level, ("sublayer", "head"), "level")
     spec, pairs = as_spec(model), list(pairs)
     cache = EntryCache(cache_dir) if cache_dir is not None else None
     results: dict[int, tuple[dict[str, Any] | None, str | None]] = {}

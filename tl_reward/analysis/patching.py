@@ -42,7 +42,7 @@ from jaxtyping import Float, Int
 
 from tl_reward.analysis.components import _value_bias
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.model.inputs import EncodedInput, input_batches
 from tl_reward.model.readout import (
     accumulation_dtype,
@@ -70,6 +70,7 @@ class Site:
 
 def site_hook(model: Any, site: str, layer: int) -> tuple[str, int]:
     """``(hook name, block it is computed in)`` for a site kind at ``layer``."""
+    check_choice(site, SITES, "site")
     n = model.cfg.n_layers
     if site == "resid":
         if not 0 <= layer <= n:
@@ -80,8 +81,6 @@ def site_hook(model: Any, site: str, layer: int) -> tuple[str, int]:
         raise TLRewardError(f"layer must be in 0..{n - 1}, got {layer}")
     hooks = {"attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out", "head": "attn.hook_z",
              "neuron": "mlp.hook_post"}
-    if site not in hooks:
-        raise TLRewardError(f"unknown site {site!r}; choose from {SITES}")
     return f"blocks.{layer}.{hooks[site]}", layer
 
 
@@ -207,14 +206,12 @@ def run_patched(
                     pos = positions(s) - p
                     if p and bool((pos < 0).any()):
                         raise TLRewardError("a patch writes inside the cached prefix")
-                    cur = act[j, pos] if s.unit is None else act[j, pos, s.unit]
+                    at = (j, pos) if s.unit is None else (j, pos, s.unit)
+                    cur = act[at]
                     new = values(s, cur).to(act.dtype)
                     if fraction != 1.0:
                         new = cur + fraction * (new - cur)
-                    if s.unit is None:
-                        act[j, pos] = new
-                    else:
-                        act[j, pos, s.unit] = new
+                    act[at] = new
                 return act
             return hook
 
@@ -393,10 +390,8 @@ def activation_patching(
         reuse_prefix: for denoising and noising, recompute only the positions after the shared
             prompt (which no swap can change), attending to its cached keys and values.
     """
-    if mode not in MODES:
-        raise TLRewardError(f"unknown mode {mode!r}; choose from {MODES}")
-    if positions not in ("each", "all"):
-        raise TLRewardError(f"positions must be 'each' or 'all', got {positions!r}")
+    check_choice(mode, MODES, "mode")
+    check_choice(positions, ("each", "all"), "positions")
     tp: TokenizedPair = as_tokenized_pair(model, pair)
     obj = resolve_objectives(model, objective)[0]
     sites, layer_list, unit_list, dims, shape = _grid(model, site, positions, layers, units,
@@ -432,14 +427,11 @@ def activation_patching(
                 rows = whole_s if s.row is None else src_rows[s.row : s.row + 1]
                 act = src[s.hook][0, rows]
                 return act if s.unit is None else act[:, s.unit]
-            if mode == "zero" and s.hook.endswith("attn.hook_z"):
-                # a head's zero is that of its processed z, the value bias counted with b_O
-                # (0 on HookedTransformer, which folds it there; HF's b_V on a bridge)
-                b = _value_bias(model, s.layer, cur)
-                return (b if s.unit is None else b[s.unit]).expand_as(cur)
-            if mode == "zero":
+            if mode == "zero" and not s.hook.endswith("attn.hook_z"):
                 return torch.zeros_like(cur)
-            m = means[s.hook]
+            # a head's zero is that of its processed z, the value bias counted with b_O
+            # (0 on HookedTransformer, which folds it there; HF's b_V on a bridge)
+            m = _value_bias(model, s.layer, cur) if mode == "zero" else means[s.hook]
             return (m if s.unit is None else m[s.unit]).expand_as(cur)
 
         # a swap inside the shared prompt writes the value already there: the clean reward
@@ -479,9 +471,7 @@ def patch_components(
     """Whole-sequence denoising or noising of named components (``"embed"``, ``"L3.attn"``,
     ``"L3.mlp"``, ``"L3.H2"``) on the aligned positions, batched; normalised effects ``[C]``.
     Attention biases (equal in both runs) get 0. ``by_layer``: see :func:`run_patched`."""
-    if mode not in ("denoising", "noising"):
-        raise TLRewardError(f"component patching mode must be 'denoising' or 'noising', "
-                            f"got {mode!r}")
+    check_choice(mode, ("denoising", "noising"), "component patching mode")
     tp = as_tokenized_pair(model, pair)
     obj = resolve_objectives(model, objective)[0]
     keep = [i for i, nm in enumerate(names) if not nm.endswith("attn_bias")]

@@ -79,8 +79,9 @@ def require_false(hf_config: Any, *flags: str) -> None:
 
 def gated_rms_fields(hf_config: Any, d_head: int, rope_config: Any = None) -> dict[str, Any]:
     """The fields every Llama-like body shares (RMSNorm, gated MLP, rotary; grouped-query
-    attention only when there are fewer key/value heads than query heads). ``rope_config``
-    overrides where the rotary settings are read from (default ``hf_config``)."""
+    attention only when there are fewer key/value heads than query heads; Gemma's
+    ``hidden_activation`` over ``hidden_act``). ``rope_config`` overrides where the rotary
+    settings are read from (default ``hf_config``)."""
     n_kv = hf_config.num_key_value_heads or hf_config.num_attention_heads
     return {
         "d_model": hf_config.hidden_size,
@@ -92,7 +93,7 @@ def gated_rms_fields(hf_config: Any, d_head: int, rope_config: Any = None) -> di
         "n_ctx": hf_config.max_position_embeddings,
         "eps": hf_config.rms_norm_eps,
         "d_vocab": hf_config.vocab_size,
-        "act_fn": hf_config.hidden_act,
+        "act_fn": getattr(hf_config, "hidden_activation", None) or hf_config.hidden_act,
         "normalization_type": "RMS",
         "final_rms": True,
         "gated_mlp": True,

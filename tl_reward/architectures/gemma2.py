@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tl_reward.architectures.common import head_dim, rotary_fields
+from tl_reward.architectures.common import gated_rms_fields, head_dim
 from tl_reward.architectures.registry import Architecture, register_architecture
 from tl_reward.tl_backend import tl_converter
 
@@ -24,26 +24,14 @@ def gemma2_config(hf_config: Any) -> dict[str, Any]:
     attn_types = ["local" if t == "sliding_attention" else "global" for t in layer_types]
     softcap = getattr(hf_config, "attn_logit_softcapping", None)
     out: dict[str, Any] = {
-        "d_model": hf_config.hidden_size,
-        "d_head": d_head,
-        "n_heads": hf_config.num_attention_heads,
+        **gated_rms_fields(hf_config, d_head),
         "n_key_value_heads": hf_config.num_key_value_heads,
-        "d_mlp": hf_config.intermediate_size,
-        "n_layers": n,
-        "n_ctx": hf_config.max_position_embeddings,
-        "eps": hf_config.rms_norm_eps,
-        "d_vocab": hf_config.vocab_size,
-        "act_fn": getattr(hf_config, "hidden_activation", None) or hf_config.hidden_act,
-        "normalization_type": "RMS",
-        "final_rms": True,
-        "gated_mlp": True,
         "use_normalization_before_and_after": True,
         "use_attn_scale": True,
         "attn_scale": math.sqrt(hf_config.query_pre_attn_scalar),
         "use_local_attn": True,
         "window_size": hf_config.sliding_window,
         "attn_types": attn_types,
-        **rotary_fields(hf_config, d_head),
     }
     if softcap:
         out["attn_scores_soft_cap"] = float(softcap)

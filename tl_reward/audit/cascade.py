@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.results import ShortRepr
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import benjamini_hochberg
@@ -62,8 +62,7 @@ def permutation_correlation(x: Sequence[float] | np.ndarray, y: Sequence[float] 
     permutation shuffles ``x``'s residuals and residualises them again before correlating with
     ``y``'s. Permuting the residuals alone (without the second projection) ignores the degree
     of freedom the fit used and rejects too often at small n (6.8 % at n = 9, alpha = 0.05)."""
-    if kind not in ("pearson", "spearman"):
-        raise TLRewardError(f"kind must be 'pearson' or 'spearman', got {kind!r}")
+    check_choice(kind, ("pearson", "spearman"), "kind")
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     c = None if control is None else np.asarray(control, dtype=np.float64)
     ok = ~(np.isnan(a) | np.isnan(b)) if c is None else ~(np.isnan(a) | np.isnan(b) | np.isnan(c))

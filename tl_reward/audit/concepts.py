@@ -66,11 +66,6 @@ class ConceptVector(ShortRepr):
         """``vector / |vector|``."""
         return self.vector / self.vector.norm()
 
-    @property
-    def separation(self) -> float:
-        """``|vector| / spread``: the class means' distance in units of the spread (a d')."""
-        return float(self.vector.norm()) / self.spread
-
 
 def concept_from_activations(name: str, layer: int, h_pos: torch.Tensor,
                              h_neg: torch.Tensor) -> ConceptVector:

@@ -228,12 +228,6 @@ class ProbeReport(ShortRepr):
         """One row per dimension with every statistic (see :class:`DimensionStats`)."""
         return pd.DataFrame([s.__dict__ for s in self.stats])
 
-    def for_objective(self, objective: str, **kwargs: Any) -> ProbeReport:
-        """The same rows summarised for another recorded reward name."""
-        return summarise(self.rows, objective, self.reward_names, self.descriptions,
-                         model_name=self.model_name, model_fingerprint=self.model_fingerprint,
-                         run_dir=self.run_dir, **kwargs)
-
     def plot(self, standardised: bool = False) -> Any:
         """Forest plot: mean delta with its CI per dimension (``standardised``: in natural sd)."""
         from tl_reward.viz.audit import probe_forest

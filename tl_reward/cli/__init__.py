@@ -25,18 +25,12 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every available subcommand."""
+    """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="tl-reward",
                                      description="Mechanistic interpretability for reward models.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS.values():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name == module:
-                continue  # subcommand not built yet
-            raise
-        mod.add_parser(sub)
+        importlib.import_module(module).add_parser(sub)
     return parser
 
 

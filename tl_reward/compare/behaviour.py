@@ -238,9 +238,7 @@ def compare_features(
         for a, b in combinations(names, 2):
             pref.append(preference_agreement(features[a].margins, features[b].margins, (a, b),
                                              confidence))
-    vocabulary = None
-    if sweeps is not None:
-        vocabulary = model_agreement(dict(sweeps), p=rbo_p)
+    vocabulary = None if sweeps is None else model_agreement(dict(sweeps), p=rbo_p)
     return BehaviourComparison(names, rewards, rank, pref, read, vocabulary)
 
 

@@ -38,7 +38,7 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.compare.similarity import MEASURES, permutations, transform_gram
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.model.inputs import EncodedInput, collate, encode
 from tl_reward.model.pooling import pool_positions as pool_by_rule
 from tl_reward.results import ShortRepr
@@ -85,16 +85,12 @@ def _row_index(positions: Positions, batch_pos: torch.Tensor, lengths: torch.Ten
                starts: Sequence[int | None], offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if positions == "pooled":
         return torch.arange(len(batch_pos)), batch_pos.cpu()
-    rows, cols = [], []
-    for i, (length, start) in enumerate(zip(lengths.tolist(), starts, strict=True)):
-        if start is None:
-            raise TLRewardError("positions='response' needs inputs that end with an assistant "
-                                "reply (conversations or (prompt, response) tuples)")
-        off = int(offsets[i])
-        idx = torch.arange(start + off, length + off)
-        rows.append(torch.full_like(idx, i))
-        cols.append(idx)
-    return torch.cat(rows), torch.cat(cols)
+    if None in starts:
+        raise TLRewardError("positions='response' needs inputs that end with an assistant "
+                            "reply (conversations or (prompt, response) tuples)")
+    cols = [torch.arange(s + o, n + o)
+            for n, s, o in zip(lengths.tolist(), starts, offsets.tolist(), strict=True)]
+    return torch.cat([torch.full_like(c, i) for i, c in enumerate(cols)]), torch.cat(cols)
 
 
 @dataclass
@@ -282,8 +278,7 @@ def compare_grams(
     """Similarity maps from precomputed :class:`LayerGrams` (``grams_b=None``: A with itself)."""
     measures = [measure] if isinstance(measure, str) else list(measure)
     for m in measures:
-        if m not in MEASURES:
-            raise TLRewardError(f"unknown measure {m!r}; choose from {MEASURES}")
+        check_choice(m, MEASURES, "measure")
     b = grams_a if grams_b is None else grams_b
     if grams_a.n_rows != b.n_rows or not np.array_equal(grams_a.row_item, b.row_item):
         raise TLRewardError(
@@ -391,8 +386,7 @@ def _run(jobs: Sequence[tuple[Spec, Sequence[int] | None]], inputs: Sequence[Any
          cache_dir: str | Path | None, batches_per_unit: int, max_gram_bytes: float,
          progress: bool | None, callback: Callable[[int, int, int], None] | None
          ) -> list[LayerGrams]:
-    if positions not in ("pooled", "response"):
-        raise TLRewardError(f"positions must be 'pooled' or 'response', got {positions!r}")
+    check_choice(positions, ("pooled", "response"), "positions")
     inputs = list(inputs)
     if len(inputs) < 4:
         raise TLRewardError(f"need at least 4 inputs to compare representations, got "

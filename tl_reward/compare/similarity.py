@@ -28,17 +28,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
 
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.results import ShortRepr
 
-Measure = Literal["rv", "rv2", "linear_cka", "debiased_cka"]
 MEASURES: tuple[str, ...] = ("rv", "rv2", "linear_cka", "debiased_cka")
 Matrix = np.ndarray | torch.Tensor
 
@@ -105,8 +104,7 @@ def transform_gram(k: np.ndarray, measure: str) -> np.ndarray:
     (idempotent on an already centred Gram)."""
     transforms = {"rv": np.asarray, "rv2": zero_diagonal, "linear_cka": double_centre,
                   "debiased_cka": u_centre}
-    if measure not in transforms:
-        raise TLRewardError(f"unknown measure {measure!r}; choose one of {MEASURES}")
+    check_choice(measure, transforms, "measure")
     return transforms[measure](k)
 
 

@@ -22,14 +22,13 @@ import torch
 from jaxtyping import Int
 
 from tl_reward.data.preference import PreferencePair
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 
 SIDES = ("chosen", "rejected")
 
 
 def _check_side(side: str) -> int:
-    if side not in SIDES:
-        raise TLRewardError(f"side must be 'chosen' or 'rejected', got {side!r}")
+    check_choice(side, SIDES, "side")
     return SIDES.index(side)
 
 

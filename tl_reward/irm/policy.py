@@ -12,10 +12,9 @@ from typing import Any
 
 import torch
 
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.irm.lora import load_adapter, merge_lora
 
-VADER_PAIR_NAME = "tl-reward/smollm2-135m-vader-dpo"
 VADER_ADAPTER_FILE = (
     Path(__file__).resolve().parent.parent / "assets" / "smollm2_vader_lora.safetensors"
 )
@@ -42,8 +41,7 @@ def load_vader_pair(
     from tl_reward.irm.models import hooked_causal_lm
     from tl_reward.model.demo import load_smollm2
 
-    if backend not in ("tl", "hf"):
-        raise TLRewardError(f"backend must be 'tl' or 'hf', got {backend!r}")
+    check_choice(backend, ("tl", "hf"), "backend")
     path = Path(adapter_path or VADER_ADAPTER_FILE)
     if not path.exists():
         raise TLRewardError(f"the VADER policy adapter {path.name} is missing; "

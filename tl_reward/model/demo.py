@@ -87,8 +87,7 @@ def _load_head(path: Path, script: str) -> tuple[torch.Tensor, dict[str, Any]]:
     with safe_open(str(path), framework="pt") as fh:
         weight = fh.get_tensor("weight")
         meta = dict(fh.metadata() or {})
-    parsed = {k: json.loads(v) for k, v in meta.items()}
-    return weight, parsed
+    return weight, {k: json.loads(v) for k, v in meta.items()}
 
 
 def load_demo_head() -> tuple[torch.Tensor, dict[str, Any]]:

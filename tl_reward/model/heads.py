@@ -57,14 +57,16 @@ def objective_names_of(hf_config: Any, k: int, default: Sequence[str] | None) ->
     return ["reward"] if k == 1 else [f"objective_{i}" for i in range(k)]
 
 
-def objective_slot(objectives: Sequence[str], objective: int | str) -> int:
+def objective_slot(objectives: Sequence[str], objective: int | str,
+                   owner: str = "this result") -> int:
     """Position of ``objective`` (a name, or an index counted as Python counts, negative from
-    the end) among a result's ``objectives``; a clear error when it is not there."""
+    the end) among the ``objectives`` of ``owner`` (for the errors); a clear error when it is
+    not there."""
     names = list(objectives)
     if isinstance(objective, bool) or not isinstance(objective, (int, str)):
         raise UnknownObjectiveError(
-            f"objective must be a name or an integer index, got {objective!r}; this result has "
-            f"{names}")
+            f"objective {objective!r} is out of range: pass a name or an integer index; {owner} "
+            f"has {names}")
     if isinstance(objective, int):
         if not -len(names) <= objective < len(names):
             raise UnknownObjectiveError(
@@ -72,8 +74,7 @@ def objective_slot(objectives: Sequence[str], objective: int | str) -> int:
                 f"{names}; pass an index in [{-len(names)}, {len(names) - 1}] or a name")
         return objective % len(names)
     if objective not in names:
-        raise UnknownObjectiveError(
-            f"objective {objective!r} is not in this result; it has {names}")
+        raise UnknownObjectiveError(f"objective {objective!r} is not in {owner}; it has {names}")
     return names.index(objective)
 
 
@@ -109,21 +110,8 @@ class RewardHead(nn.Module):
         return len(self.objectives)
 
     def objective_index(self, objective: int | str) -> int:
-        """Index of an objective given by name or position (clear error otherwise)."""
-        if isinstance(objective, str):
-            if objective in self.objectives:
-                return self.objectives.index(objective)
-            raise UnknownObjectiveError(
-                f"unknown objective {objective!r}; this model's objectives are "
-                f"{self.objectives} (or 'score' for the combined reward)"
-            )
-        if (isinstance(objective, int) and not isinstance(objective, bool)
-                and -self.n_objectives <= objective < self.n_objectives):
-            return objective % self.n_objectives
-        raise UnknownObjectiveError(
-            f"objective index {objective!r} is out of range for {self.n_objectives} objectives "
-            f"{self.objectives}"
-        )
+        """Index of an objective given by name or position (:func:`objective_slot`)."""
+        return objective_slot(self.objectives, objective, "this model")
 
     @property
     def has_score(self) -> bool:

@@ -21,8 +21,8 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from tl_reward.errors import TLRewardError, UnknownObjectiveError
-from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead
+from tl_reward.errors import TLRewardError, UnknownObjectiveError, check_choice
+from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead, objective_names_of
 from tl_reward.model.inputs import as_items, is_single
 from tl_reward.model.loading import load_reward_model
 from tl_reward.model.pooling import check_rule, implied_mask
@@ -53,10 +53,8 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
             warnings.simplefilter("ignore", DeprecationWarning)
             super().__init__(cfg, tokenizer, move_to_device,
                              default_padding_side if tokenizer is not None else None)
-        k = self.cfg.d_vocab_out
         self.reward_head = reward_head or LinearRewardHead(
-            ["reward"] if k == 1 else [f"objective_{i}" for i in range(k)]
-        )
+            objective_names_of(None, self.cfg.d_vocab_out, None))  # reward, or objective_<i>
         self.pooling = check_rule(pooling)
         if pad_token_id is None and tokenizer is not None:
             pad_token_id = tokenizer.pad_token_id
@@ -198,8 +196,7 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
                 "a reward model has no language-modelling loss; use return_type 'logits', "
                 "'reward' or 'score'"
             )
-        if return_type not in ("logits", "reward", "score", None):
-            raise TLRewardError(f"unknown return_type {return_type!r}")
+        check_choice(return_type, ("logits", "reward", "score", None), "return_type")
         if not isinstance(input, torch.Tensor):  # text, pairs, conversations: one builder
             batch = self.build(input, padding_side="left")
             input, attention_mask = batch.tokens, batch.attention_mask

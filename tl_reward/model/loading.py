@@ -90,17 +90,6 @@ def load_hf_reward_model(
     )
 
 
-def _check_tokenizer(tokenizer: Any, d_vocab: int) -> None:
-    if tokenizer is None:
-        return
-    size = len(tokenizer)
-    if size > d_vocab:
-        raise TokenizerMismatchError(
-            f"the tokenizer has {size} tokens but the model's embedding has {d_vocab} rows; "
-            "this tokenizer does not belong to this model (load the one saved with it)"
-        )
-
-
 _BODY_LAYER = re.compile(r"^(?:model\.layers|transformer\.h|model\.model\.layers)\.(\d+)\.")
 
 
@@ -162,7 +151,11 @@ def from_hf_model(
         device=str(device),
     )
     cfg = tl_backend.make_config(**fields)
-    _check_tokenizer(tokenizer, cfg.d_vocab)
+    if tokenizer is not None and len(tokenizer) > cfg.d_vocab:
+        raise TokenizerMismatchError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has "
+            f"{cfg.d_vocab} rows; this tokenizer does not belong to this model (load the one "
+            "saved with it)")
     with torch.no_grad():
         state_dict = tl_backend.convert_state_dict(arch.convert, hf_model, head_layer,
                                                    tl_backend.cpu_config(cfg))

@@ -163,11 +163,6 @@ class PairSAEAttribution(PairSides, ShortRepr):
     def hook_name(self) -> str:
         return self.chosen.hook_name
 
-    @property
-    def margin(self) -> Float[torch.Tensor, "n n_obj"]:
-        """``r(chosen) - r(rejected)`` per objective."""
-        return self.chosen.reward - self.rejected.reward
-
     def difference(self) -> Float[torch.Tensor, "n d_sae n_obj"]:
         """``a_i(chosen) - a_i(rejected)`` per feature. Features are global, so no position
         alignment is needed; with the ``b_dec``, error and bias differences they sum to the

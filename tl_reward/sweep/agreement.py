@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.results import ShortRepr
 from tl_reward.stats.ranks import kendall_tau_b, rank_biased_overlap, spearman_rho, top_ranking
 from tl_reward.sweep.vocab_sweep import VocabSweep
@@ -65,8 +65,7 @@ class ModelAgreement(ShortRepr):
         """2-D metric MDS of the models from the dissimilarity ``1 - metric``."""
         from sklearn.manifold import MDS
 
-        if metric not in METRICS:
-            raise TLRewardError(f"metric must be one of {METRICS}, got {metric!r}")
+        check_choice(metric, METRICS, "metric")
         dist = (1 - getattr(self, metric).double().numpy()).clip(min=0)
         np.fill_diagonal(dist, 0.0)
         if len(self.models) < 3:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 
 SCALES = ("z", "raw", "percentile")
 _WORD = re.compile(r"^[^\W\d_]+(?:['’-][^\W\d_]+)*$")
@@ -90,10 +90,9 @@ def word_table(token_ids: np.ndarray, tokens: list[str], values: np.ndarray,
 def per_word(table: pd.DataFrame, aggregate: str = "mean") -> pd.DataFrame:
     """One row per word (``aggregate`` over its tokens: mean, max, min or first) with the
     number of tokens; ``"none"`` keeps every token."""
+    check_choice(aggregate, ("mean", "max", "min", "first", "none"), "aggregate")
     if aggregate == "none":
         return table.assign(n_tokens=1)
-    if aggregate not in ("mean", "max", "min", "first"):
-        raise TLRewardError(f"aggregate must be mean, max, min, first or none; got {aggregate!r}")
     grouped = table.groupby("word", sort=True)
     out = grouped["value"].agg(aggregate).to_frame("value")
     out["n_tokens"] = grouped.size()

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from tl_reward import tl_backend
 from tl_reward.data.conversation import Conversation, Message, is_conversation
-from tl_reward.errors import ContextLengthError, TLRewardError, UnknownObjectiveError
+from tl_reward.errors import ContextLengthError, TLRewardError, UnknownObjectiveError, check_choice
 from tl_reward.model.fingerprint import model_fingerprint, tokenizer_fingerprint
 from tl_reward.model.heads import objective_slot
 from tl_reward.model.inputs import EncodedInput
@@ -88,8 +88,7 @@ class VocabSweep(ShortRepr):
     def prompt_index(self, prompt: int | str) -> int:
         """Index of a prompt given by label or position."""
         if isinstance(prompt, str):
-            if prompt not in self.labels:
-                raise TLRewardError(f"unknown prompt label {prompt!r}; labels are {self.labels}")
+            check_choice(prompt, self.labels, "prompt label")
             return self.labels.index(prompt)
         if not -len(self.labels) <= prompt < len(self.labels):
             raise TLRewardError(f"prompt index {prompt} out of range for {len(self.labels)}")
@@ -310,8 +309,7 @@ TEXT_PATHS = ("paper", "template")
 def text_path_ids(tokenizer: Any, conversation: Conversation, token_id: int,
                   path: str = "paper") -> list[int]:
     """Ids the text path gives for ``token_id`` as the assistant reply to ``conversation``."""
-    if path not in TEXT_PATHS:
-        raise TLRewardError(f"path must be one of {TEXT_PATHS}, got {path!r}")
+    check_choice(path, TEXT_PATHS, "path")
     text = tokenizer.decode([int(token_id)])
     conv = [*conversation, Message(role="assistant", content=text)]
     if path == "paper":
@@ -481,8 +479,7 @@ def plan_sweep(
     """Validate a sweep's arguments (as :func:`score_vocabulary` takes them) and split it into
     chunks. Executors score the chunks anywhere with :func:`score_chunk`; the chunks, and so the
     file, are the same however they are spread."""
-    if mode not in MODES:
-        raise TLRewardError(f"mode must be one of {MODES}, got {mode!r}")
+    check_choice(mode, MODES, "mode")
     if batch_size < 1:
         raise TLRewardError(f"batch_size must be positive, got {batch_size}")
     if shard is not None and id_range is not None:
@@ -505,8 +502,7 @@ def plan_sweep(
     if not 0 <= lo < hi <= d_vocab:
         raise TLRewardError(f"id_range must satisfy 0 <= lo < hi <= {d_vocab}; got {(lo, hi)}")
     todo = [i for i in candidates if lo <= i < hi]
-    if cache not in CACHES:
-        raise TLRewardError(f"cache must be one of {CACHES}, got {cache!r}")
+    check_choice(cache, CACHES, "cache")
     method = ("none" if mode == "text" or cache == "none"
               else tl_backend.continuation_method(model, cache))
     spec = SweepSpec(

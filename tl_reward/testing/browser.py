@@ -151,16 +151,12 @@ def outline(html: str) -> _Outline:
     return parser
 
 
-def source_outline(source: str) -> _Outline:
-    """The headings and containers the source declares (scripts' text ignored)."""
-    return outline(re.sub(r"<script\b.*?</script>", "", source, flags=re.S | re.I))
-
-
 def page_problems(page: RenderedPage) -> list[str]:
     """What a reader would miss: each heading or container of the source absent from the
     rendered page, each container left empty, each console message, each table column out of
     reach (right of the window, with no sideways scrollbar on screen), each external address."""
-    want, got = source_outline(page.source), outline(page.dom)
+    want = outline(re.sub(r"<script\b.*?</script>", "", page.source, flags=re.S | re.I))
+    got = outline(page.dom)  # want: what the source declares, its scripts' text ignored
     problems = [f"heading missing: {h!r}" for h in want.headings if h not in got.headings]
     for cid in want.containers:
         if cid not in got.containers:
