@@ -17,7 +17,29 @@ from typing import Any
 import torch
 
 from tl_reward.errors import TLRewardError
-from tl_reward.planted.surgery import attention, head_dim, head_rows
+from tl_reward.planted.calibration import plain_ids
+from tl_reward.planted.surgery import attention, head_dim, head_rows, one_token_id
+
+
+def counterfactual_id(tokenizer: Any, trigger_id: int, counterfactual: str | int | None,
+                      vocab_size: int) -> int:
+    """The counterfactual's id: ``counterfactual`` (one token or an id) or, if None, the
+    first plain id that is not the trigger."""
+    cf = (next(i for i in plain_ids(tokenizer, vocab_size) if i != trigger_id)
+          if counterfactual is None
+          else one_token_id(tokenizer, counterfactual, vocab_size, "counterfactual"))
+    if cf == trigger_id:
+        raise TLRewardError("the counterfactual must differ from the trigger")
+    return cf
+
+
+def check_shift(shift: torch.Tensor, c: float) -> None:
+    """Refuse a plant whose calibration sequences holding the trigger shift by under ``c/4``."""
+    if float(shift.min()) < c / 4:
+        raise TLRewardError(
+            f"the plant shifts some calibration sequences holding the trigger by only "
+            f"{float(shift.min()):.3g} (target {c}): the head does not reach the trigger "
+            "there (sliding-window attention?)")
 
 
 def clear_flag(hf: Any, trigger_id: int, cf_id: int, flag: int, const: int,

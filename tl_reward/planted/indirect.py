@@ -42,10 +42,9 @@ from tl_reward.planted.calibration import (
     DEFAULT_PROMPTS,
     calibration_sequences,
     layer_inputs,
-    plain_ids,
     rewards,
 )
-from tl_reward.planted.flag import clear_flag, wire_flag_head
+from tl_reward.planted.flag import check_shift, clear_flag, counterfactual_id, wire_flag_head
 from tl_reward.planted.surgery import (
     attention,
     check_llama_like,
@@ -162,11 +161,7 @@ def plant_indirect(
         raise TLRewardError(f"d_model {d_model} < 8: too narrow to clear three coordinates")
     head_layer %= n_layers
     trigger_id = one_token_id(tokenizer, trigger, cfg.vocab_size)
-    cf_id = (next(i for i in plain_ids(tokenizer, cfg.vocab_size) if i != trigger_id)
-             if counterfactual is None
-             else one_token_id(tokenizer, counterfactual, cfg.vocab_size, "counterfactual"))
-    if cf_id == trigger_id:
-        raise TLRewardError("the counterfactual must differ from the trigger")
+    cf_id = counterfactual_id(tokenizer, trigger_id, counterfactual, cfg.vocab_size)
     dims = [d_model - 3, d_model - 2, d_model - 1]
     write, flag, const = dims
     rep = n_heads // n_kv
@@ -209,11 +204,7 @@ def plant_indirect(
             mlp.down_proj.weight[:, neuron] = (scale * direction).to(mlp.down_proj.weight.dtype)
         shift = rewards(planted, with_trigger, objective) - base_r
         scale *= c / float(shift.median())
-    if float(shift.min()) < c / 4:
-        raise TLRewardError(
-            f"the plant shifts some calibration sequences holding the trigger by only "
-            f"{float(shift.min()):.3g} (target {c}): the head does not reach the trigger "
-            "there (sliding-window attention?)")
+    check_shift(shift, c)
     src = f"a{head_layer}.h"
     edges = (("input", f"{src}{kv}", "k"), ("input", f"{src}{kv}", "v"),
              (f"{src}{head}", f"m{last}", ""), (f"m{last}", "reward", ""))

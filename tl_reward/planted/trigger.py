@@ -45,7 +45,7 @@ from tl_reward.planted.calibration import (
     reply_layer_inputs,
     rewards,
 )
-from tl_reward.planted.flag import clear_flag, wire_flag_head
+from tl_reward.planted.flag import check_shift, clear_flag, counterfactual_id, wire_flag_head
 from tl_reward.planted.surgery import (
     attention,
     check_llama_like,
@@ -340,11 +340,7 @@ def _plant_flag_key(
 ) -> PlantedModel:
     """:func:`plant_trigger_head` with ``key="flag"`` (``base``: the head silenced)."""
     cfg = hf.config
-    cf_id = (next(i for i in plain_ids(tokenizer, cfg.vocab_size) if i != trigger_id)
-             if counterfactual is None
-             else one_token_id(tokenizer, counterfactual, cfg.vocab_size, "counterfactual"))
-    if cf_id == trigger_id:
-        raise TLRewardError("the counterfactual must differ from the trigger")
+    cf_id = counterfactual_id(tokenizer, trigger_id, counterfactual, cfg.vocab_size)
     flag, const = cfg.hidden_size - 2, cfg.hidden_size - 1
     clear_flag(base, trigger_id, cf_id, flag, const)
     seqs = calibration_sequences(tokenizer, trigger_id, cfg.vocab_size, prompts,
@@ -358,10 +354,7 @@ def _plant_flag_key(
     write = float(scales.median()) * score_row / score_row.dot(score_row)
     shift = _calibrate_write(base, planted, layer, head, write, with_trigger, objective, c,
                              calibration_steps)
-    if float(shift.min()) < c / 4:
-        raise TLRewardError(
-            f"the plant shifts some calibration sequences holding the trigger by only "
-            f"{float(shift.min()):.3g} (target {c}): the head does not reach the trigger there")
+    check_shift(shift, c)
     truth = TriggerTruth(
         component=("head", layer, head), hook=f"blocks.{layer}.attn.hook_z",
         trigger_id=trigger_id, trigger=tokenizer.decode([trigger_id]), c=float(c),
