@@ -42,7 +42,7 @@ from jaxtyping import Float, Int
 
 from tl_reward.analysis.components import _value_bias
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
-from tl_reward.errors import TLRewardError, check_choice
+from tl_reward.errors import TLRewardError, check_choice, check_range
 from tl_reward.model.inputs import EncodedInput, input_batches
 from tl_reward.model.readout import (
     accumulation_dtype,
@@ -73,12 +73,10 @@ def site_hook(model: Any, site: str, layer: int) -> tuple[str, int]:
     check_choice(site, SITES, "site")
     n = model.cfg.n_layers
     if site == "resid":
-        if not 0 <= layer <= n:
-            raise TLRewardError(f"resid layer must be in 0..{n} ({n} = final residual)")
+        check_range(f"resid layer ({n} = final residual)", layer, 0, n, closed=True)
         return (f"blocks.{n - 1}.hook_resid_post", n - 1) if layer == n else (
             f"blocks.{layer}.hook_resid_pre", layer)
-    if not 0 <= layer < n:
-        raise TLRewardError(f"layer must be in 0..{n - 1}, got {layer}")
+    check_range("layer", layer, 0, n)
     hooks = {"attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out", "head": "attn.hook_z",
              "neuron": "mlp.hook_post"}
     return f"blocks.{layer}.{hooks[site]}", layer

@@ -56,14 +56,13 @@ def scale_values(values: torch.Tensor | np.ndarray, scale: str = "z") -> np.ndar
     or ``"percentile"`` (0-100, ties averaged)."""
     v = values.detach().cpu().double().numpy() if isinstance(values, torch.Tensor) else (
         np.asarray(values, dtype=np.float64))
+    check_choice(scale, SCALES, "scale")
     if scale == "raw":
         return v
     if scale == "z":
         sd = v.std()
         return (v - v.mean()) / (sd if sd > 0 else 1.0)
-    if scale == "percentile":
-        return percentile_of(v, v)
-    raise TLRewardError(f"scale must be one of {SCALES}, got {scale!r}")
+    return percentile_of(v, v)
 
 
 def percentile_of(reference: np.ndarray, values: np.ndarray) -> np.ndarray:
