@@ -282,7 +282,6 @@ def _project_qkv(attn: Any, x: torch.Tensor, qkv: FusedQKV
     return q, k, v
 
 
-
 def _mlp(block: Any, x: torch.Tensor) -> torch.Tensor:
     """``block.apply_mlp``, every hook firing; a gated MLP runs on its weights in place
     (TransformerLens copies each transposed weight on every call, a real cost when only a few
