@@ -16,6 +16,12 @@ def check_choice(value: Any, choices: Collection[Any], what: str) -> None:
         raise TLRewardError(f"unknown {what} {value!r}; {what} must be one of {tuple(choices)}")
 
 
+def check_range(name: str, value: float, lo: float, hi: float, closed: bool = False) -> None:
+    """Raise :class:`TLRewardError` unless ``lo <= value < hi`` (``<= hi`` if ``closed``)."""
+    if not (lo <= value <= hi if closed else lo <= value < hi):
+        raise TLRewardError(f"{name} must lie in [{lo}, {hi}{']' if closed else ')'}, got {value}")
+
+
 class UnsupportedArchitectureError(TLRewardError):
     """The HF architecture has no registered converter."""
 

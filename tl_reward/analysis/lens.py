@@ -36,7 +36,7 @@ from jaxtyping import Float
 
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.model.heads import objective_slot
-from tl_reward.model.inputs import as_items, input_batches
+from tl_reward.model.inputs import as_items, cached_batches
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, normalise, reward_readout
 from tl_reward.results import PairSides, ShortRepr
 
@@ -73,9 +73,7 @@ def pooled_residuals(
     names.append(f"blocks.{n_layers - 1}.hook_resid_post")
     keep = set(names)
     parts = []
-    for batch in input_batches(model, encoded, batch_size, "reward lens", progress):
-        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
-                                        return_type=None, names_filter=lambda n: n in keep)
+    for batch, cache in cached_batches(model, encoded, batch_size, keep, "reward lens", progress):
         ro = reward_readout(model, cache[names[-1]], batch.tokens, batch.attention_mask,
                             objectives)
         rows = torch.arange(batch.tokens.shape[0], device=batch.tokens.device)

@@ -42,8 +42,8 @@ from jaxtyping import Float, Int
 
 from tl_reward.analysis.components import _value_bias
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
-from tl_reward.errors import TLRewardError, check_choice
-from tl_reward.model.inputs import EncodedInput, input_batches
+from tl_reward.errors import TLRewardError, check_choice, check_range
+from tl_reward.model.inputs import EncodedInput, cached_batches
 from tl_reward.model.readout import (
     accumulation_dtype,
     normalised_effect,
@@ -73,12 +73,10 @@ def site_hook(model: Any, site: str, layer: int) -> tuple[str, int]:
     check_choice(site, SITES, "site")
     n = model.cfg.n_layers
     if site == "resid":
-        if not 0 <= layer <= n:
-            raise TLRewardError(f"resid layer must be in 0..{n} ({n} = final residual)")
+        check_range(f"resid layer ({n} = final residual)", layer, 0, n, closed=True)
         return (f"blocks.{n - 1}.hook_resid_post", n - 1) if layer == n else (
             f"blocks.{layer}.hook_resid_pre", layer)
-    if not 0 <= layer < n:
-        raise TLRewardError(f"layer must be in 0..{n - 1}, got {layer}")
+    check_range("layer", layer, 0, n)
     hooks = {"attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out", "head": "attn.hook_z",
              "neuron": "mlp.hook_post"}
     return f"blocks.{layer}.{hooks[site]}", layer
@@ -313,17 +311,13 @@ def mean_activations(model: Any, reference: Sequence[Any], hooks: Sequence[str],
     sums: dict[str, torch.Tensor] = {}
     count = torch.zeros(n_cls)
     encoded = [x if isinstance(x, EncodedInput) else model.encode(x) for x in reference]
-    with torch.no_grad():
-        for batch in input_batches(model, encoded, batch_size):
-            _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
-                                            return_type=None, names_filter=lambda n: n in hooks)
-            cls = (batch.position_classes() if by_class
-                   else batch.attention_mask.long() - 1).cpu()
-            for h in hooks:
-                tot = torch.stack([cache[h][(cls == c).to(cache[h].device)].sum(0)
-                                   for c in range(n_cls)])
-                sums[h] = sums[h] + tot if h in sums else tot
-            count += torch.bincount(cls[cls >= 0].flatten(), minlength=n_cls)[:n_cls]
+    for batch, cache in cached_batches(model, encoded, batch_size, hooks):
+        cls = (batch.position_classes() if by_class else batch.attention_mask.long() - 1).cpu()
+        for h in hooks:
+            tot = torch.stack([cache[h][(cls == c).to(cache[h].device)].sum(0)
+                               for c in range(n_cls)])
+            sums[h] = sums[h] + tot if h in sums else tot
+        count += torch.bincount(cls[cls >= 0].flatten(), minlength=n_cls)[:n_cls]
     if count.sum() == 0:
         raise TLRewardError("the reference set for mean ablation is empty")
     out = {}

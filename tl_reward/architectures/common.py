@@ -77,11 +77,13 @@ def require_false(hf_config: Any, *flags: str) -> None:
             )
 
 
-def gated_rms_fields(hf_config: Any, d_head: int, rope_config: Any = None) -> dict[str, Any]:
+def gated_rms_fields(hf_config: Any, d_head: int | None = None, rope_config: Any = None
+                     ) -> dict[str, Any]:
     """The fields every Llama-like body shares (RMSNorm, gated MLP, rotary; grouped-query
     attention only when there are fewer key/value heads than query heads; Gemma's
-    ``hidden_activation`` over ``hidden_act``). ``rope_config`` overrides where the rotary
-    settings are read from (default ``hf_config``)."""
+    ``hidden_activation`` over ``hidden_act``). ``d_head``: default :func:`head_dim`;
+    ``rope_config`` overrides where the rotary settings are read from (default ``hf_config``)."""
+    d_head = d_head or head_dim(hf_config)
     n_kv = hf_config.num_key_value_heads or hf_config.num_attention_heads
     return {
         "d_model": hf_config.hidden_size,

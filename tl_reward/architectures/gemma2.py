@@ -9,14 +9,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tl_reward.architectures.common import gated_rms_fields, head_dim
+from tl_reward.architectures.common import gated_rms_fields
 from tl_reward.architectures.registry import Architecture, register_architecture
 from tl_reward.tl_backend import tl_converter
 
 
 def gemma2_config(hf_config: Any) -> dict[str, Any]:
     """HookedTransformerConfig fields for a Gemma-2 config."""
-    d_head = head_dim(hf_config)
     n = hf_config.num_hidden_layers
     layer_types = getattr(hf_config, "layer_types", None) or [
         "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)
@@ -24,7 +23,7 @@ def gemma2_config(hf_config: Any) -> dict[str, Any]:
     attn_types = ["local" if t == "sliding_attention" else "global" for t in layer_types]
     softcap = getattr(hf_config, "attn_logit_softcapping", None)
     out: dict[str, Any] = {
-        **gated_rms_fields(hf_config, d_head),
+        **gated_rms_fields(hf_config),
         "n_key_value_heads": hf_config.num_key_value_heads,
         "use_normalization_before_and_after": True,
         "use_attn_scale": True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tl_reward.architectures.common import gated_rms_fields, head_dim, require_false
+from tl_reward.architectures.common import gated_rms_fields, require_false
 from tl_reward.architectures.registry import Architecture, register_architecture
 from tl_reward.tl_backend import tl_converter
 
@@ -12,8 +12,7 @@ from tl_reward.tl_backend import tl_converter
 def llama_config(hf_config: Any) -> dict[str, Any]:
     """HookedTransformerConfig fields for a Llama-family config."""
     require_false(hf_config, "attention_bias", "mlp_bias")
-    d_head = head_dim(hf_config)
-    return gated_rms_fields(hf_config, d_head)
+    return gated_rms_fields(hf_config)
 
 
 LLAMA = register_architecture(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tl_reward.architectures.common import gated_rms_fields, head_dim
+from tl_reward.architectures.common import gated_rms_fields
 from tl_reward.architectures.registry import Architecture, register_architecture
 from tl_reward.errors import UnsupportedArchitectureError
 from tl_reward.tl_backend import tl_converter
@@ -17,7 +17,7 @@ def qwen2_config(hf_config: Any) -> dict[str, Any]:
             "Qwen2 with use_sliding_window=True is not supported (its per-layer window "
             "schedule has no TransformerLens equivalent yet)"
         )
-    return {**gated_rms_fields(hf_config, head_dim(hf_config)),
+    return {**gated_rms_fields(hf_config),
             "n_key_value_heads": hf_config.num_key_value_heads}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tl_reward.architectures.common import gated_rms_fields, head_dim, require_false
+from tl_reward.architectures.common import gated_rms_fields, require_false
 from tl_reward.architectures.registry import Architecture, register_architecture
 from tl_reward.errors import UnsupportedArchitectureError
 from tl_reward.tl_backend import tl_converter
@@ -25,8 +25,7 @@ def qwen3_config(hf_config: Any) -> dict[str, Any]:
             "Qwen3 with use_sliding_window=True is not supported (its per-layer window "
             "schedule has no TransformerLens equivalent yet)"
         )
-    d_head = head_dim(hf_config)
-    return {**gated_rms_fields(hf_config, d_head), "use_qk_norm": True}
+    return {**gated_rms_fields(hf_config), "use_qk_norm": True}
 
 
 QWEN3 = register_architecture(

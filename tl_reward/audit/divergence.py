@@ -39,7 +39,7 @@ from tl_reward.analysis.patching import PatchingResult, activation_patching, sit
 from tl_reward.audit.covariance import GaussianFit, fit_gaussian
 from tl_reward.data.pairs import as_tokenized_pair
 from tl_reward.errors import TLRewardError
-from tl_reward.model.inputs import input_batches
+from tl_reward.model.inputs import cached_batches
 from tl_reward.results import ShortRepr
 
 SiteKey = tuple[str, int | None]  # (hook name, unit or None)
@@ -105,9 +105,7 @@ def _collect(model: Any, inputs: Sequence[Any], hooks: set[str], skip_first: boo
              batch_size: int) -> dict[str, torch.Tensor]:
     out: dict[str, list[torch.Tensor]] = {h: [] for h in hooks}
     encoded = [model.encode(x) for x in inputs]
-    for batch in input_batches(model, encoded, batch_size):
-        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
-                                        return_type=None, names_filter=lambda n: n in hooks)
+    for batch, cache in cached_batches(model, encoded, batch_size, hooks):
         mask = batch.attention_mask.bool().clone()
         if skip_first:
             mask[:, 0] = False

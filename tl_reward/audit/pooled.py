@@ -15,7 +15,7 @@ from jaxtyping import Float
 
 from tl_reward.analysis.patching import site_hook
 from tl_reward.errors import TLRewardError
-from tl_reward.model.inputs import input_batches
+from tl_reward.model.inputs import cached_batches
 from tl_reward.model.readout import normalise
 
 
@@ -34,9 +34,7 @@ def residual_batches(
         raise TLRewardError("no inputs: pass at least one text, conversation or (prompt, reply)")
     hook = resid_hook(model, layer)
     encoded = [model.encode(x) for x in inputs]
-    for batch in input_batches(model, encoded, batch_size):
-        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
-                                        return_type=None, names_filter=lambda n: n == hook)
+    for batch, cache in cached_batches(model, encoded, batch_size, (hook,)):
         yield batch, cache[hook], batch.pooled
 
 

@@ -237,10 +237,9 @@ class LayerComparison(ShortRepr):
         """``[layers_a, layers_b]`` of ``kind``: observed, null_mean, excess or p_value."""
         if measure not in self.measures:
             raise TLRewardError(f"measure {measure!r} was not computed; have {self.measures}")
+        check_choice(kind, ("observed", "null_mean", "excess", "p_value"), "kind")
         if kind == "excess":
             return self.excess(measure)
-        if kind not in ("observed", "null_mean", "p_value"):
-            raise TLRewardError("kind must be observed, null_mean, excess or p_value")
         return getattr(self, kind)[measure]
 
     def to_dataframe(self) -> pd.DataFrame:

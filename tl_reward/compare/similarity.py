@@ -37,6 +37,7 @@ from jaxtyping import Float
 
 from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.results import ShortRepr
+from tl_reward.stats.ranks import as_array
 
 MEASURES: tuple[str, ...] = ("rv", "rv2", "linear_cka", "debiased_cka")
 Matrix = np.ndarray | torch.Tensor
@@ -44,8 +45,7 @@ Matrix = np.ndarray | torch.Tensor
 
 def _check_pair(X: Matrix, Y: Matrix) -> tuple[np.ndarray, np.ndarray]:
     """X and Y as 2-D float64 numpy copies (a 1-D input becomes one column), checked."""
-    x, y = (a.detach().cpu().double().numpy() if isinstance(a, torch.Tensor)
-            else np.asarray(a, dtype=np.float64) for a in (X, Y))
+    x, y = as_array(X), as_array(Y)
     for name, arr in (("X", x), ("Y", y)):
         if arr.ndim not in (1, 2):
             raise TLRewardError(f"{name} must be a [n, p] matrix, got shape {arr.shape}")

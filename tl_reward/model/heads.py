@@ -116,14 +116,16 @@ class RewardHead(nn.Module):
     @property
     def has_score(self) -> bool:
         """Whether the head combines its objectives into one score (the one place this is
-        decided: a plain multi-column head has none)."""
-        return False
+        decided: a head with fixed ``weights`` has one; a plain multi-column head has none)."""
+        return getattr(self, "weights", None) is not None
 
     def combination(
         self, normed: Normed, tokens: Tokens
     ) -> Float[torch.Tensor, "batch K"] | None:
-        """``c(x)`` with ``score = rewards @ c(x)``; ``None`` when the head has no score."""
-        return None
+        """``c(x)`` with ``score = rewards @ c(x)`` (the fixed ``weights`` for every row);
+        ``None`` when the head has no score."""
+        w = getattr(self, "weights", None)
+        return None if w is None else w.to(normed.device, normed.dtype).expand(tokens.shape[0], -1)
 
     def objective_weights(
         self,
@@ -171,17 +173,6 @@ class LinearRewardHead(RewardHead):
         if weights is None and len(self.objectives) == 1:
             weights = torch.ones(1)
         self.register_buffer("weights", weights, persistent=False)
-
-    @property
-    def has_score(self) -> bool:
-        return self.weights is not None
-
-    def combination(
-        self, normed: Normed, tokens: Tokens
-    ) -> Float[torch.Tensor, "batch K"] | None:
-        if self.weights is None:
-            return None
-        return self.weights.to(normed.device, normed.dtype).expand(tokens.shape[0], -1)
 
 
 class ArmoRMHead(RewardHead):

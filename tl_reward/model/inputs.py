@@ -9,7 +9,7 @@ to ids, never via a string, so BOS is never duplicated); a ``(prompt, response)`
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,3 +263,15 @@ def input_batches(model: Any, encoded: Sequence[EncodedInput], batch_size: int, 
     show = progress if progress is not None else len(starts) > 4
     for s in tqdm(starts, disable=not show, desc=desc, unit="batch"):
         yield model.collate(encoded[s : s + batch_size], "right")
+
+
+@torch.no_grad()
+def cached_batches(model: Any, encoded: Sequence[EncodedInput], batch_size: int,
+                   names: Collection[str], desc: str = "", progress: bool | None = False,
+                   **run_kwargs: Any) -> Iterator[tuple[RewardBatch, Any]]:
+    """:func:`input_batches`, each with its activations at the hooks ``names`` (a no-grad
+    ``run_with_cache``; ``run_kwargs`` such as ``stop_at_layer`` go to it)."""
+    for batch in input_batches(model, encoded, batch_size, desc, progress):
+        yield batch, model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
+                                          names_filter=lambda n: n in names, return_type=None,
+                                          **run_kwargs)[1]

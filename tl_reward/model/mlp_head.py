@@ -51,10 +51,6 @@ class MLPRewardHead(RewardHead):
                              persistent=False)
 
     @property
-    def has_score(self) -> bool:
-        return self.weights is not None
-
-    @property
     def d_hidden(self) -> int:
         return self.hidden.out_features
 
@@ -98,8 +94,3 @@ class MLPRewardHead(RewardHead):
         b2 = self.out.bias.to(acc) if self.out.bias is not None else 0.0
         b_eff = gated @ b1 + b2
         return w_eff, b_eff
-
-    def combination(self, normed: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor | None:
-        if self.weights is None:
-            return None
-        return self.weights.to(normed.device, normed.dtype).expand(tokens.shape[0], -1)

@@ -16,9 +16,8 @@ from typing import Any
 
 import torch
 
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_range
 from tl_reward.planted.calibration import plain_ids
-from tl_reward.planted.surgery import check_range
 from tl_reward.planted.trigger import PlantedModel
 
 

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from tl_reward.audit.conflict import Thresholds, verdict
+from tl_reward.errors import check_range
 from tl_reward.model.response_template import Prompt
 from tl_reward.planted.calibration import DEFAULT_PROMPTS, pooled_normed, random_replies
-from tl_reward.planted.surgery import check_llama_like, check_range
+from tl_reward.planted.surgery import check_llama_like
 from tl_reward.planted.trigger import PlantedModel
 
 #: The three planted relations and their correlations with the base objective.

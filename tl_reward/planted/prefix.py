@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from tl_reward.planted.surgery import check_llama_like, check_range
+from tl_reward.errors import check_range
+from tl_reward.planted.surgery import check_llama_like
 from tl_reward.planted.trigger import PlantedModel
 
 

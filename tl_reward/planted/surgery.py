@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_range
 
 
 def attention(hf: Any, layer: int) -> Any:
@@ -73,12 +73,6 @@ def silence_heads(hf: Any, heads: Sequence[tuple[int, int]]) -> Any:
         for layer, head in heads:
             attention(new, layer).o_proj.weight[:, head_rows(new, head)] = 0.0
     return new
-
-
-def check_range(name: str, value: float, lo: float, hi: float, closed: bool = False) -> None:
-    """Raise :class:`TLRewardError` unless ``lo <= value < hi`` (``<= hi`` if ``closed``)."""
-    if not (lo <= value <= hi if closed else lo <= value < hi):
-        raise TLRewardError(f"{name} must lie in [{lo}, {hi}{']' if closed else ')'}, got {value}")
 
 
 def one_token_id(tokenizer: Any, token: str | int, vocab_size: int, name: str = "trigger") -> int:

@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from tl_reward.model.inputs import as_items, input_batches
+from tl_reward.model.inputs import as_items, cached_batches
 from tl_reward.model.readout import ObjectiveSpec, resolve_objectives, reward_readout
 from tl_reward.results import ShortRepr
 from tl_reward.sae.ablation import ablate_rows
@@ -214,13 +214,10 @@ def feature_views(
     acc = _Acc(fired=torch.zeros(len(feats)), act_sum=torch.zeros(len(feats)),
                top=[[] for _ in feats], item_max=[{} for _ in feats])
     final = final_hook(model)
-    for k, batch in enumerate(input_batches(model, encoded, batch_size, "feature views",
-                                            progress)):
+    for k, (batch, cache) in enumerate(cached_batches(model, encoded, batch_size, (hook, final),
+                                                      "feature views", progress)):
         s = k * batch_size
         with torch.no_grad():
-            _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
-                                            names_filter=lambda n: n in (hook, final),
-                                            return_type=None)
             f = sae.encode(cache[hook].to(sae.dtype))[..., feats].float().cpu()  # [b, pos, F]
             ro = reward_readout(model, cache[final], batch.tokens, batch.attention_mask, [name])
         w = ro.directions[:, 0].float().cpu()  # [b, d_model]

@@ -39,7 +39,7 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.errors import SAEError, require_sae_lens
-from tl_reward.model.inputs import EncodedInput, input_batches
+from tl_reward.model.inputs import EncodedInput, cached_batches
 from tl_reward.results import ShortRepr
 
 
@@ -92,14 +92,11 @@ def collect_activations(
     encoded.sort(key=lambda e: len(e.ids))  # less padding; rows are a bag of tokens anyway
     out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
     total = 0
-    for batch in input_batches(model, encoded, batch_size, "collecting activations", progress):
+    for batch, cache in cached_batches(model, encoded, batch_size, names,
+                                       "collecting activations", progress, stop_at_layer=stop_at):
         keep = batch.attention_mask.bool()
         if exclude_special_tokens and special.numel():
             keep &= ~torch.isin(batch.tokens, special.to(batch.tokens.device))
-        with torch.no_grad():
-            _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
-                                            names_filter=lambda n: n in names,
-                                            stop_at_layer=stop_at, return_type=None)
         for n in names:
             out[n].append(cache[n][keep].detach().float().cpu())
         total += int(keep.sum())

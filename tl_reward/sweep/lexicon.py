@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from tl_reward.errors import TLRewardError, check_choice
+from tl_reward.stats.ranks import as_array
 
 SCALES = ("z", "raw", "percentile")
 _WORD = re.compile(r"^[^\W\d_]+(?:['’-][^\W\d_]+)*$")
@@ -54,16 +55,14 @@ def zipf_frequency(words: list[str], lang: str = "en") -> np.ndarray:
 def scale_values(values: torch.Tensor | np.ndarray, scale: str = "z") -> np.ndarray:
     """Scores on a common scale: ``"z"`` (standardised over all swept tokens), ``"raw"``,
     or ``"percentile"`` (0-100, ties averaged)."""
-    v = values.detach().cpu().double().numpy() if isinstance(values, torch.Tensor) else (
-        np.asarray(values, dtype=np.float64))
+    v = as_array(values)
+    check_choice(scale, SCALES, "scale")
     if scale == "raw":
         return v
     if scale == "z":
         sd = v.std()
         return (v - v.mean()) / (sd if sd > 0 else 1.0)
-    if scale == "percentile":
-        return percentile_of(v, v)
-    raise TLRewardError(f"scale must be one of {SCALES}, got {scale!r}")
+    return percentile_of(v, v)
 
 
 def percentile_of(reference: np.ndarray, values: np.ndarray) -> np.ndarray:

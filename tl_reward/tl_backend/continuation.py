@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from jaxtyping import Float, Int
+from transformer_lens.utilities import apply_softcap
 
 from tl_reward.tl_backend.prefix_cache import (
     FusedQKV,
@@ -42,10 +43,7 @@ def _cached_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, values: to
     if qkv is None:
         q, k, v = attn.calculate_qkv_matrices(x, x, x)  # fires hook_q, hook_k, hook_v
     else:
-        q, k, v = _project_qkv(x, qkv)
-        if attn.cfg.use_qk_norm:  # as calculate_qkv_matrices does (Qwen3's per-head norms)
-            q = attn._apply_qk_norm(q, attn.q_norm)
-            k = attn._apply_qk_norm(k, attn.k_norm)
+        q, k, v = _project_qkv(attn, x, qkv)
     if attn.cfg.positional_embedding_type == "rotary":
         q = attn.hook_rot_q(attn.apply_rotary(q, past))
         k = attn.hook_rot_k(attn.apply_rotary(k, past))
@@ -55,9 +53,7 @@ def _cached_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, values: to
     scores = torch.cat([torch.einsum("bsngd,npd->bngsp", qg, keys),
                         torch.einsum("bsngd,btnd->bngst", qg, k)], dim=-1)
     scores = scores.reshape(b, h, s, past + s) / attn.attn_scale
-    cap = attn.cfg.attn_scores_soft_cap
-    if cap is not None and cap > 0:
-        scores = cap * torch.tanh(scores / cap)
+    scores = apply_softcap(scores, attn.cfg.attn_scores_soft_cap)
     allowed = _suffix_mask(attn, past, s, scores.device)
     scores = attn.hook_attn_scores(scores.masked_fill(~allowed, float("-inf")))
     pattern = attn.hook_pattern(torch.softmax(scores, dim=-1)).to(values.dtype)
@@ -175,10 +171,7 @@ def _lean_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, qkv: FusedQK
     b, s, _ = x.shape
     h, n_kv = qkv.n_heads, qkv.n_kv
     g, past, d = h // n_kv, keys.shape[1], keys.shape[-1]
-    q, k, v = _project_qkv(x, qkv)
-    if attn.cfg.use_qk_norm:  # as calculate_qkv_matrices does (Qwen3's per-head norms)
-        q = attn._apply_qk_norm(q, attn.q_norm)
-        k = attn._apply_qk_norm(k, attn.k_norm)
+    q, k, v = _project_qkv(attn, x, qkv)
     qr = _rotate_into(q.reshape(b, s, n_kv, g, d).permute(2, 0, 1, 3, 4), t.cos_q, t.sin_q,
                       t.q_scale, attn)
     kr = _rotate_into(k.permute(2, 0, 1, 3), t.cos, t.sin, 1.0, attn)  # [n_kv, b, s, d]
@@ -189,9 +182,7 @@ def _lean_attention(attn: Any, x: torch.Tensor, keys: torch.Tensor, qkv: FusedQK
         dim=-1)
     if not t.folded:
         scores = scores.div_(attn.attn_scale)
-    cap = attn.cfg.attn_scores_soft_cap
-    if cap is not None and cap > 0:
-        scores = cap * torch.tanh(scores / cap)
+    scores = apply_softcap(scores, attn.cfg.attn_scores_soft_cap)
     if t.prefix_blocked:
         scores.masked_fill_(t.blocked, float("-inf"))
     else:  # only the causal triangle of the new keys
@@ -277,16 +268,18 @@ def _lean_block(block: Any, cache: PrefixCache, i: int, resid: torch.Tensor,
     return _lean_mlp(block, _lean_norm(block.ln2, resid), f, resid)
 
 
-def _project_qkv(x: torch.Tensor, qkv: FusedQKV
+def _project_qkv(attn: Any, x: torch.Tensor, qkv: FusedQKV
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q, K, V ``[batch, pos, heads, d_head]`` (views into one matmul's output)."""
+    """Q, K, V ``[batch, pos, heads, d_head]`` (views into one matmul's output), Q and K
+    normed per head as ``calculate_qkv_matrices`` does when ``use_qk_norm`` (Qwen3)."""
     b, s, _ = x.shape
     d = qkv.weight.shape[0] // (qkv.n_heads + 2 * qkv.n_kv)
     out = torch.nn.functional.linear(x, qkv.weight, qkv.bias)
     q, k, v = out.split([qkv.n_heads * d, qkv.n_kv * d, qkv.n_kv * d], dim=-1)
-    return (q.view(b, s, qkv.n_heads, d), k.view(b, s, qkv.n_kv, d),
-            v.view(b, s, qkv.n_kv, d))
-
+    q, k, v = q.view(b, s, qkv.n_heads, d), k.view(b, s, qkv.n_kv, d), v.view(b, s, qkv.n_kv, d)
+    if attn.cfg.use_qk_norm:
+        return attn._apply_qk_norm(q, attn.q_norm), attn._apply_qk_norm(k, attn.k_norm), v
+    return q, k, v
 
 
 def _mlp(block: Any, x: torch.Tensor) -> torch.Tensor:
