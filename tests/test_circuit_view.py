@@ -65,6 +65,9 @@ def test_embeds_the_top_edges_and_nothing_external() -> None:
     assert text.count("display:none") == 40  # shown before any script runs: the top 10
     for name in ("a1.h2", "m1.f7", "m1.err", "r2.f3", "m0"):  # direct effects on hover
         assert f"{name}: direct effect on the reward {eff[name]:+.4g}" in text
+    m1_nodes = re.findall(r'data-name="(m1\.[^"]+)"', text)  # each linked to m1, r2's not
+    assert len(m1_nodes) == text.count('<line class="split"') > 0
+    assert 'data-name="r2.f3"' in text
     rows = re.findall(r'<text x="8" y="([\d.]+)" class="lab">([^<]+)</text>', text)
     assert [n for _, n in sorted(rows, key=lambda r: -float(r[0]))] == [
         "L0 heads", "L0 MLP", "L1 heads", "L1 MLP", "m1 SAE", "r2 SAE", "L2 heads", "L2 MLP"]

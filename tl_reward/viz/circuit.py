@@ -208,6 +208,13 @@ def circuit_html(edges: pd.DataFrame, node_effects: Mapping[str, float] | None, 
             + (f'<text x="{x:.1f}" y="{y + (19 if below else 4):.1f}" text-anchor="middle" '
                f'stroke="none" fill="#000">{html.escape(text or name)}</text>'
                if text or below else "") + "</g>")
+    splits = []  # an MLP's SAE nodes read its output whole: a grey link from it to each
+    for slot, row in feats.items():
+        if slot % 2:
+            x1, y1 = pos(f"m{slot // 2}")
+            splits += [f'<line class="split" x1="{x1:.1f}" y1="{y1 - 7:.1f}" '
+                       f'x2="{pos(n)[0]:.1f}" y2="{pos(n)[1] + 23:.1f}" stroke="#bbb" '
+                       'stroke-dasharray="1 3"/>' for n in row]
     if rep > 1:  # key/value head markers
         for la in range(n_layers):
             for kv in range(n_kv):
@@ -237,8 +244,9 @@ def circuit_html(edges: pd.DataFrame, node_effects: Mapping[str, float] | None, 
     legend += ("<span>width \u221d |score|; node fill: the node's direct effect on the reward "
                "(same colours); circles: heads" + ("; grey squares: their key/value heads"
                                                   if rep > 1 else "")
-               + "; boxes: MLPs" + ("; diamonds: SAE features, squares: SAE errors"
-                                    if feats else "") + "</span>")
+               + "; boxes: MLPs" + ("; diamonds: SAE features, squares: SAE errors (grey "
+                                    "dots: the MLP output they split)" if feats else "")
+               + "</span>")
     style = (f"#{uid}{{font-family:sans-serif;font-size:13px}}#{uid} .lab{{font-size:11px;"
              f"fill:#555}}#{uid} .n.idle{{opacity:.35}}#{uid} .legend{{display:flex;"
              f"flex-wrap:wrap;gap:.4em 1.4em;margin:.3em 0}}#{uid} .e:hover{{stroke-opacity:1}}"
@@ -275,7 +283,7 @@ def circuit_html(edges: pd.DataFrame, node_effects: Mapping[str, float] | None, 
             '<div class="info">hover an edge or a node</div>'
             f'<svg width="{width:.0f}" height="{height:.0f}" viewBox="0 0 {width:.0f} '
             f'{height:.0f}">'
-            + "".join(labels) + "".join(paths) + "".join(nodes) + "</svg>" + script + "</div>")
+            + "".join(labels + splits + paths + nodes) + "</svg>" + script + "</div>")
     out = CircuitHTML(body)
     out.title = title
     return out
