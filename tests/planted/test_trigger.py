@@ -324,9 +324,11 @@ def test_natural_texts_keep_the_fitted_order_in_context() -> None:
     assert float(shift["with"][has].min()) > 0.5 * p.truth.c  # and the trigger opens it
 
 
-def test_flag_key_refuses_a_bad_key_and_a_counterfactual_equal_to_the_trigger() -> None:
+def test_flag_key_refuses_a_bad_key_a_counterfactual_equal_to_the_trigger_and_texts() -> None:
     hf, tok = tiny_hf_reward_model("llama")
     with pytest.raises(TLRewardError, match="key must be 'fit' or 'flag'"):
         plant_trigger_head(hf, tok, TRIGGER, key="flags")
     with pytest.raises(TLRewardError, match="counterfactual must differ"):
         plant_trigger_head(hf, tok, TRIGGER, key="flag", counterfactual=TRIGGER)
+    with pytest.raises(TLRewardError, match="drop texts"):
+        plant_trigger_head(hf, tok, TRIGGER, key="flag", texts=[[1, 2, 3]])

@@ -231,6 +231,9 @@ def plant_trigger_head(
     trigger_id = one_token_id(tokenizer, trigger, hf.config.vocab_size)
     if key not in ("fit", "flag"):
         raise TLRewardError(f"key must be 'fit' or 'flag', got {key!r}")
+    if key == "flag" and texts:
+        raise TLRewardError("texts order a fitted key (key='fit'); a flag key reads a "
+                            "coordinate only the trigger holds and needs none: drop texts")
     base = silence_heads(expand_kv_heads(hf), [(layer, head)]).eval()
     if key == "flag":
         return _plant_flag_key(hf, base, tokenizer, trigger_id, counterfactual, c, layer, head,
