@@ -53,3 +53,29 @@ def test_circuit_command_names_bad_options(tmp_path, capsys):
     assert main(["circuit", "--model", str(rm), "--input", str(src), "--device", "cpu",
                  "--top", "0"]) == 1
     assert "--top must be at least 1" in capsys.readouterr().err
+
+
+def test_circuit_command_with_an_sae_equals_the_library(tmp_path, capsys):
+    """``--sae``: the SAE's features and error term are nodes of the scored circuit and the
+    view; ``--mib-json`` with it is refused (their graph has no feature nodes)."""
+    from tests.circuits.test_sae_nodes import make_sae
+    from tl_reward.sae import load_sae
+
+    rm = save_tiny_reward_model(tmp_path / "rm", "llama", seed=0)
+    model = HookedRewardModel.from_pretrained(str(rm), device="cpu")
+    make_sae(model.cfg.d_model, "blocks.1.hook_mlp_out").save_model(tmp_path / "sae")
+    src, out = tmp_path / "pairs.jsonl", tmp_path / "c.html"
+    src.write_text("\n".join(json.dumps(x) for x in LINES))
+    args = ["circuit", "--model", str(rm), "--input", str(src), "--device", "cpu",
+            "--method", "eap", "--top", "12", "--sae", str(tmp_path / "sae")]
+    assert main([*args, "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    sae = load_sae(model, str(tmp_path / "sae"))
+    want = edge_attribution(model, read_pairs(src), method="eap", ablation="mean", sae=sae)
+    circuit = RewardCircuit.top(want, 12)
+    assert any(e[0].startswith("m1.") for e in circuit.edges())
+    ev = evaluate_circuit(model, circuit, read_pairs(src), ablation="mean", sae=sae)
+    assert f"faithfulness {ev.faithfulness}" in printed
+    assert 'data-name="m1.err"' in out.read_text()
+    assert main([*args, "--mib-json", str(tmp_path / "g.json")]) == 1
+    assert "no SAE feature nodes" in capsys.readouterr().err

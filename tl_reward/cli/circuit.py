@@ -31,6 +31,10 @@ def add_parser(sub: Any) -> None:
                                        "several and no combined score)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--mib-json", type=Path, help="also write the scored graph as MIB JSON")
+    p.add_argument("--sae", help="a local SAELens SAE folder (or a release with --sae-id) at an "
+                                 "MLP output or residual hook: its features and error term "
+                                 "become nodes of the circuit")
+    p.add_argument("--sae-id", help="the SAE id within the release --sae (needs the hub)")
     p.add_argument("--output", type=Path, default=Path("circuit.html"), help="HTML view path")
     p.set_defaults(run=run)
 
@@ -41,13 +45,20 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise TLRewardError(f"--top must be at least 1, got {args.top}")
+    if args.sae and args.mib_json:
+        raise TLRewardError("--mib-json writes EAP-IG's graph, which has no SAE feature nodes: "
+                            "drop --sae or --mib-json")
     pairs = read_pairs(args.input, args.limit)
     model = load_model(args)
     require_objective(model, args.objective)
     kw: dict[str, Any] = {"ablation": args.ablation, "objective": args.objective,
                           "batch_size": args.batch_size}
+    if args.sae:
+        from tl_reward.sae import load_sae
+
+        kw["sae"] = load_sae(model, args.sae, args.sae_id)
     attr = edge_attribution(model, pairs, method=args.method, ig_steps=args.ig_steps, **kw)
-    circuit = RewardCircuit.top(attr, min(args.top, attr.graph.n_edges))
+    circuit = RewardCircuit.top(attr, args.top)
     ev = evaluate_circuit(model, circuit, pairs, **kw)
     print(attr)
     print(f"top {args.top} edges ({circuit.n_edges} after pruning): faithfulness "
