@@ -290,6 +290,16 @@ def test_feature_circuits_select_prune_and_travel(tiny, tmp_path) -> None:
         back = RewardCircuit.from_edges(g, top.edges())
         assert set(back.edges()) == set(top.edges()) and set(back.features) <= set(top.features)
     assert any(".f" in e[0] for e in top.edges())
+    view = str(top.view(att))  # the circuit alone, every edge shown, its nodes drawn
+    drawn = re.findall(r'<path class="e" data-rank="\d+" data-src="([^"]+)" data-dst="([^"]+)"',
+                       view)
+    assert sorted(drawn) == sorted((s, d) for s, d, _ in top.edges())
+    assert "display:none" not in view and f'data-name="{top.edges()[0][0]}"' in view
+    plain = edge_attribution(model, CLEAN, CORRUPT, method="eap")
+    with pytest.raises(TLRewardError, match="other SAE nodes"):
+        top.view(plain)
+    with pytest.raises(TLRewardError, match="other SAE nodes"):
+        RewardCircuit.top(plain, 5).view(att)
     assert set(RewardCircuit.threshold(att, float(df.score.abs().iloc[12])).edges()) <= set(
         edges[:13])
     greedy = RewardCircuit.greedy(att, 12)

@@ -104,6 +104,21 @@ class RewardCircuit(ShortRepr):
         src = src if self.prefix is None else src + node_names(self.prefix, self.features)
         return [(src[i], *dst[j]) for j, i in self.mask.nonzero().tolist()]
 
+    def view(self, attribution: EdgeAttribution, title: str | None = None) -> Any:
+        """The circuit view (:meth:`EdgeAttribution.view`) of this circuit's edges alone,
+        scored by ``attribution`` (of the same graph and SAE nodes), every edge shown."""
+        fe = attribution.features
+        if (attribution.graph.sources, attribution.graph.dests) != (
+                self.graph.sources, self.graph.dests) or (
+                None if fe is None else fe.prefix) != self.prefix:
+            raise TLRewardError("the attribution scores another graph (or other SAE nodes) "
+                                "than this circuit's: pass the one it was selected from")
+        table = attribution.circuit_table()
+        keep = table[["src", "dst", "qkv"]].apply(tuple, axis=1).isin(set(self.edges()))
+        n = max(int(keep.sum()), 1)
+        return attribution.view(title or f"Reward circuit: {self.n_edges} edges", n, n,
+                                table[keep.to_numpy()])
+
     @classmethod
     def top(cls, attribution: EdgeAttribution, n: int, absolute: bool = True) -> RewardCircuit:
         """The ``n`` edges of largest ``|score|`` (``absolute=False``: largest score), then

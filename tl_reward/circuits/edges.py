@@ -551,16 +551,22 @@ class EdgeAttribution(ShortRepr):
         split = edge_mask(self.graph, fe.prefix)
         return torch.cat([self.scores.masked_fill(~split, torch.nan), fe.scores], 1)
 
-    def view(self, title: str | None = None, max_edges: int = 200, shown: int = 30) -> Any:
-        """The circuit view (:func:`~tl_reward.viz.circuit.circuit_html`) of the top
-        ``max_edges`` edges (with SAE nodes: theirs in place of the edges they split, as
-        circuits select), ``shown`` of them at first; ``.save(path)`` writes it offline."""
-        from tl_reward.viz.circuit import circuit_html
-
+    def circuit_table(self) -> pd.DataFrame:
+        """:meth:`to_dataframe` of the edges circuits select from: with SAE nodes, theirs in
+        place of the edges they split (:meth:`circuit_scores`)."""
         g, s = self.graph, self.circuit_scores()
         src = g.sources + ([] if self.features is None else self.features.nodes)
         has = ~s.isnan()
-        table = _table([(src[i], *g.dests[j]) for j, i in has.nonzero().tolist()], s[has])
+        return _table([(src[i], *g.dests[j]) for j, i in has.nonzero().tolist()], s[has])
+
+    def view(self, title: str | None = None, max_edges: int = 200, shown: int = 30,
+             table: pd.DataFrame | None = None) -> Any:
+        """The circuit view (:func:`~tl_reward.viz.circuit.circuit_html`) of the top
+        ``max_edges`` edges of ``table`` (default :meth:`circuit_table`), ``shown`` of them at
+        first; ``.save(path)`` writes it offline."""
+        from tl_reward.viz.circuit import circuit_html
+
+        g, table = self.graph, self.circuit_table() if table is None else table
         return circuit_html(table.head(max_edges), self.node_effects, g.n_layers, g.n_heads,
                             title or f"Reward circuit ({self.method})", max_edges, shown,
                             g.n_kv_heads)
