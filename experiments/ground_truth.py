@@ -18,11 +18,14 @@ Plants (``tl_reward.planted``), each with its truth written down before any anal
   features ranked by differential attribution).
 * ``circuits``: edge circuits (``tl_reward.circuits``) on the indirect plant (a head detects
   the trigger, the last MLP turns it into reward; truth: its four edges, each checked by exact
-  edge patching) and on the trigger plant (the head's key and value reading the token's
-  stream at the trigger, ``TriggerTruth.stream_edges``, checked by exact circuit patching): ranks
+  edge patching), on the trigger head with a flag key (``trigger-flag``: its key and value
+  read a coordinate only the trigger holds; truth: the candidates ``stream_edges`` that each
+  carry > 0.05 of the shift, by exact circuit patching) and on the trigger plant (the head's key
+  and value reading the token's stream at the trigger, ``TriggerTruth.stream_edges``, checked
+  by exact circuit patching): ranks
   under exact (tiny backbone only), EAP and EAP-IG, greedy selection, faithfulness against
-  random circuits, held-out faithfulness and bootstrap stability (``--circuit-plants``: one
-  plant; the other's rows are kept from the results).
+  random circuits, held-out faithfulness and bootstrap stability (``--circuit-plants``: some
+  plants; the others' rows are kept from the results).
 
 For each plant and analysis it prints the recovery metric (the truth's rank among all heads,
 the trigger's rank in the vocabulary sweep, verdicts right, the identity region found) and
