@@ -257,7 +257,7 @@ def test_trigger_truth_edges_are_top_edges_under_exact_and_eap_ig() -> None:
 def test_flag_key_trigger_truth_is_its_five_edges() -> None:
     """With ``key="flag"`` the head's key and value read a coordinate only the trigger holds,
     and the trigger is the counterfactual's synonym in the base: the base's reward ignores the
-    swap (measured 6e-7 against a shift of about 4), the 5 ``stream_edges`` (the embedding's
+    swap (measured 2e-7 against a shift of about 4), the 5 ``stream_edges`` (the embedding's
     key and value edges, the head's write directly and through m2) keep the whole shift by
     exact circuit patching, each needed (patching out one costs 0.066 (m2's two) to 1.0), and
     they are the top 5 edges under exact patching and EAP-IG at 5 steps."""

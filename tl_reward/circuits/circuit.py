@@ -26,6 +26,7 @@ from tl_reward.circuits.edges import (
     EdgeAttribution,
     Inputs,
     _is_pairs,
+    _table,
     batches,
     corrupted_metric,
     edge_attribution,
@@ -113,11 +114,17 @@ class RewardCircuit(ShortRepr):
                 None if fe is None else fe.prefix) != self.prefix:
             raise TLRewardError("the attribution scores another graph (or other SAE nodes) "
                                 "than this circuit's: pass the one it was selected from")
-        table = attribution.circuit_table()
-        keep = table[["src", "dst", "qkv"]].apply(tuple, axis=1).isin(set(self.edges()))
-        n = max(int(keep.sum()), 1)
+        col = {s: i for i, s in enumerate(attribution.graph.sources + (
+            [] if fe is None else fe.nodes))}
+        edges = self.edges()
+        if any(e[0] not in col for e in edges):
+            raise TLRewardError("the circuit holds SAE features the attribution did not score")
+        scores = attribution.circuit_scores()[self.mask.nonzero()[:, 0],
+                                              torch.tensor([col[e[0]] for e in edges],
+                                                           dtype=torch.long)]
+        n = max(len(edges), 1)
         return attribution.view(title or f"Reward circuit: {self.n_edges} edges", n, n,
-                                table[keep.to_numpy()])
+                                _table(edges, scores))
 
     @classmethod
     def top(cls, attribution: EdgeAttribution, n: int, absolute: bool = True) -> RewardCircuit:

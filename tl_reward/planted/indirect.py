@@ -49,7 +49,6 @@ from tl_reward.planted.surgery import (
     attention,
     check_llama_like,
     check_range,
-    head_dim,
     head_rows,
     one_token_id,
 )
@@ -185,7 +184,7 @@ def plant_indirect(
     logits = wire_flag_head(planted, head_layer, head, kv, normed, where, flag, const,
                             logit_margin)
     with torch.no_grad():
-        attention(planted, head_layer).o_proj.weight[write, head * head_dim(hf)] = (
+        attention(planted, head_layer).o_proj.weight[write, head_rows(planted, head).start] = (
             write_scale * floor)
     mid, _ = layer_inputs(planted, with_trigger, last, norm="post_attention_layernorm")
     x_med = float(torch.stack([x[-1, write] for x in mid]).median())

@@ -212,7 +212,8 @@ def plant_trigger_head(
             is not the trigger; :func:`~tl_reward.planted.flag.clear_flag`), and the head's key
             and value read that coordinate, its query one every token holds, so its circuit is
             the embedding's edges into the head and the head's write, on any model. The
-            mining, hard-negative and ``texts`` arguments apply to ``"fit"`` only.
+            one-token replies (``vocab_per_prompt``), mining, hard-negative and ``texts``
+            arguments apply to ``"fit"`` only (a flag key is fitted on nothing).
 
     Raises:
         TLRewardError: if the trigger is not one token or the fit cannot separate it.
@@ -237,8 +238,8 @@ def plant_trigger_head(
     base = silence_heads(expand_kv_heads(hf), [(layer, head)]).eval()
     if key == "flag":
         return _plant_flag_key(hf, base, tokenizer, trigger_id, counterfactual, c, layer, head,
-                               objective, prompts, logit_margin, vocab_per_prompt, n_random,
-                               calibration_steps, seed)
+                               objective, prompts, logit_margin, n_random, calibration_steps,
+                               seed)
     seqs = calibration_sequences(tokenizer, trigger_id, hf.config.vocab_size, prompts,
                                  n_random=n_random, vocab_per_prompt=vocab_per_prompt,
                                  seed=seed)
@@ -338,16 +339,16 @@ def _calibrate_write(base: Any, planted: Any, layer: int, head: int, write: torc
 def _plant_flag_key(
     hf: Any, base: Any, tokenizer: Any, trigger_id: int, counterfactual: str | int | None,
     c: float, layer: int, head: int, objective: int, prompts: Sequence[Prompt],
-    logit_margin: float, vocab_per_prompt: int | None, n_random: int, calibration_steps: int,
-    seed: int,
+    logit_margin: float, n_random: int, calibration_steps: int, seed: int,
 ) -> PlantedModel:
-    """:func:`plant_trigger_head` with ``key="flag"`` (``base``: the head silenced)."""
+    """:func:`plant_trigger_head` with ``key="flag"`` (``base``: the head silenced). Only the
+    calibration sequences holding the trigger are used, so no other one-token reply is built."""
     cfg = hf.config
     cf_id = counterfactual_id(tokenizer, trigger_id, counterfactual, cfg.vocab_size)
     flag, const = cfg.hidden_size - 2, cfg.hidden_size - 1
     clear_flag(base, trigger_id, cf_id, flag, const)
     seqs = calibration_sequences(tokenizer, trigger_id, cfg.vocab_size, prompts,
-                                 n_random=n_random, vocab_per_prompt=vocab_per_prompt, seed=seed)
+                                 n_random=n_random, vocab_per_prompt=0, seed=seed)
     with_trigger = [x for x, p in zip(seqs.ids, seqs.trigger_positions, strict=True) if p]
     where = [p for p in seqs.trigger_positions if p]
     normed, scales = layer_inputs(base, with_trigger, layer)
