@@ -16,7 +16,8 @@ from tl_reward.circuits import (
     faithfulness_curve,
     prune,
 )
-from tl_reward.circuits.edges import batches, forward, prepare_inputs, read_metric
+from tl_reward.circuits.forward import forward, read_metric
+from tl_reward.circuits.inputs import batches, prepare_inputs
 from tl_reward.errors import TLRewardError
 
 

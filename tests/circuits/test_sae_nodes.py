@@ -25,8 +25,8 @@ from tl_reward.circuits import (
     faithfulness_curve,
 )
 from tl_reward.circuits.circuit import edge_mask
-from tl_reward.circuits.edges import after, node_split, sae_split
 from tl_reward.circuits.mib import to_mib_json
+from tl_reward.circuits.nodes import after, node_split, sae_split
 from tl_reward.errors import TLRewardError
 from tl_reward.results import load_result
 from tl_reward.sae import as_sae_model

@@ -6,7 +6,7 @@ Evaluating a circuit ``C`` is one forward in which every destination input reads
 circuit carries its corrupted contribution. With SAE nodes (an attribution's ``features``), a
 node's contribution is its share of the hook's activation (feature ``i``:
 ``enc(x)_i W_dec[i]``; the error node: the rest), and its change is
-:func:`~tl_reward.circuits.edges.sae_changes` at the current activation ``x``, as in the
+:func:`~tl_reward.circuits.nodes.sae_changes` at the current activation ``x``, as in the
 attribution. Faithfulness is
 ``(m(C) - m(empty)) / (m(full) - m(empty))`` per item; the full circuit is the clean forward and
 the empty one the corrupted forward (the counterfactual's, or every source ablated).
@@ -22,25 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from tl_reward.circuits.edges import (
-    EdgeAttribution,
-    Inputs,
-    _is_pairs,
-    _table,
-    batches,
-    corrupted_metric,
-    edge_attribution,
-    edge_mask,
-    forward,
-    lifted_saes,
-    node_names,
-    node_split,
-    per_item,
-    prepare_inputs,
-    read_metric,
-    sae_split,
-)
-from tl_reward.circuits.graph import RewardGraph
+from tl_reward.circuits.edges import EdgeAttribution, edge_attribution
+from tl_reward.circuits.forward import corrupted_metric, forward, per_item, read_metric
+from tl_reward.circuits.graph import RewardGraph, edge_table
+from tl_reward.circuits.inputs import Inputs, batches, is_pairs, prepare_inputs
+from tl_reward.circuits.nodes import edge_mask, lifted_saes, node_names, node_split, sae_split
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.errors import TLRewardError
 from tl_reward.model.inputs import as_items
@@ -124,7 +110,7 @@ class RewardCircuit(ShortRepr):
                                                            dtype=torch.long)]
         n = max(len(edges), 1)
         return attribution.view(title or f"Reward circuit: {self.n_edges} edges", n, n,
-                                _table(edges, scores))
+                                edge_table(edges, scores))
 
     @classmethod
     def top(cls, attribution: EdgeAttribution, n: int, absolute: bool = True) -> RewardCircuit:
@@ -399,7 +385,7 @@ def faithfulness_curve(model: Any, attribution: EdgeAttribution, clean: Any,
 # -- stability and held-out faithfulness --------------------------------------------------------
 def _items(model: Any, clean: Any, corrupt: Any) -> tuple[list[Any], list[Any] | None]:
     """``clean`` and ``corrupt`` as lists of single items (a pair or a sequence each)."""
-    items = list(as_pair_batch(model, clean)) if _is_pairs(clean) else as_items(clean)
+    items = list(as_pair_batch(model, clean)) if is_pairs(clean) else as_items(clean)
     bad = None if corrupt is None else as_items(corrupt)
     if bad is not None and len(bad) != len(items):
         raise TLRewardError(f"corrupt has {len(bad)} sequences for {len(items)} clean ones; "

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import pandas as pd
 import torch
 
 from tl_reward.errors import TLRewardError
@@ -140,3 +141,11 @@ class RewardGraph:
         """The query heads that key/value head ``kv_head`` feeds."""
         g = self.n_heads // self.n_kv_heads
         return range(kv_head * g, (kv_head + 1) * g)
+
+
+def edge_table(edges: list[tuple[str, str, str]], scores: torch.Tensor) -> pd.DataFrame:
+    """One row per edge (``src``, ``dst``, ``qkv``, ``score``), by ``|score|`` descending."""
+    df = pd.DataFrame(edges, columns=["src", "dst", "qkv"])
+    df["score"] = scores.double().numpy()
+    order = df["score"].abs().sort_values(ascending=False, kind="stable").index
+    return df.loc[order].reset_index(drop=True)
