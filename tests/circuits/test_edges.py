@@ -10,7 +10,7 @@ from helpers import CLEAN, CORRUPT, EDGE_ATOL, edge_input_hook, hf_rewards, patc
 from tl_reward import HookedRewardModel
 from tl_reward.analysis.direct_path import direct_path_patching
 from tl_reward.circuits import RewardGraph, edge_attribution
-from tl_reward.circuits.graph import split_inputs
+from tl_reward.circuits.graph import GRAPH_FLAGS, split_inputs
 from tl_reward.data.pairs import TokenizedPair
 from tl_reward.errors import TLRewardError
 from tl_reward.planted.surgery import expand_kv_heads
@@ -41,12 +41,49 @@ def test_from_model_names_and_flags_restored(tiny) -> None:
     assert (g.n_layers, g.n_heads, g.n_kv_heads) == (3, 4, 2)
     assert ("a1.h1", "k") in g.dests and ("a1.h2", "k") not in g.dests
     assert ("a1.h3", "q") in g.dests and g.dests[-1] == ("reward", "")
-    before = (model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in)
+    before = {f: getattr(model.cfg, f) for f in GRAPH_FLAGS}
+    assert any(before[f] != v for f, v in GRAPH_FLAGS.items())  # the forward changes some
     edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="eap")
-    assert (model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in) == before
+    assert {f: getattr(model.cfg, f) for f in GRAPH_FLAGS} == before
     with pytest.raises(RuntimeError), split_inputs(model):
+        assert {f: getattr(model.cfg, f) for f in GRAPH_FLAGS} == GRAPH_FLAGS
         raise RuntimeError
-    assert (model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in) == before
+    assert {f: getattr(model.cfg, f) for f in GRAPH_FLAGS} == before
+
+
+#: TransformerLens flags a user may have on, and their setters (HookedTransformer's own).
+USER_FLAGS = {"use_attn_result": "set_use_attn_result",
+              "use_split_qkv_input": "set_use_split_qkv_input",
+              "use_hook_mlp_in": "set_use_hook_mlp_in",
+              "ungroup_grouped_query_attention": "set_ungroup_grouped_query_attention"}
+
+
+@pytest.mark.parametrize("flags", [[f] for f in USER_FLAGS] + [list(USER_FLAGS)],
+                         ids=[*USER_FLAGS, "all"])
+def test_model_flags_do_not_change_results(tiny, flags: list[str]) -> None:
+    """Scores, metrics and a circuit's faithfulness are the same, to the bit, with the user's
+    TransformerLens flags on (the grouped tiny Llama: ungrouping changes the k/v inputs' shape,
+    per-head results the residual's sum order), and the flags are the user's again after."""
+    from tl_reward.circuits import RewardCircuit, evaluate_circuit
+
+    model, hf, tok = tiny("llama")
+    model = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu")
+
+    def run() -> list[torch.Tensor]:
+        ig = edge_attribution(model, CLEAN, CORRUPT, method="eap-ig", ig_steps=2)
+        ex = edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="exact")
+        mean = edge_attribution(model, CLEAN, ablation="mean", method="eap")
+        ev = evaluate_circuit(model, RewardCircuit.greedy(ig, 12), CLEAN, CORRUPT)
+        return [ig.scores, ig.clean_metric, ig.corrupt_metric, ex.scores, mean.scores,
+                ev.per_item]
+
+    ref = run()
+    for f in flags:
+        getattr(model, USER_FLAGS[f])(True)
+    got = run()
+    assert all(getattr(model.cfg, f) for f in flags)
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
 def _hand_patch(model: HookedRewardModel, clean: list[int], corrupt: list[int],
@@ -185,10 +222,11 @@ def test_unequal_lengths_refused_with_the_fix(tiny) -> None:
 
 
 def _hand_gradient(model: HookedRewardModel, clean: list[int], corrupt: list[int],
-                   src: str, dst: str, qkv: str, steps: int) -> float:
-    """(a_src(corrupt) - a_src(clean)) . dR/d(in_dst), the gradient averaged over ``steps``
-    points k/steps on the corrupt -> clean embedding line (steps=0: at the clean run), with
-    plain TransformerLens hooks and autograd on a zero added to the destination input."""
+                   src: str, dst: str, qkv: str, alphas: list[float] | None) -> float:
+    """(a_src(corrupt) - a_src(clean)) . dR/d(in_dst), the gradient averaged over the points
+    ``alphas`` on the line ``corrupt + alpha (clean - corrupt)`` of the embeddings (None: at
+    the clean run), with plain TransformerLens hooks and autograd on a zero added to the
+    destination input."""
     tok = torch.tensor([clean])
     _, c0 = model.run_with_cache(tok, return_type=None)
     _, c1 = model.run_with_cache(torch.tensor([corrupt]), return_type=None)
@@ -202,7 +240,7 @@ def _hand_gradient(model: HookedRewardModel, clean: list[int], corrupt: list[int
     hook = edge_input_hook(model, dst, qkv)
     h = int(dst.split(".h")[1]) if ".h" in dst else 0
     grads = []
-    for alpha in ([k / steps for k in range(1, steps + 1)] if steps else [1.0]):
+    for alpha in [None] if alphas is None else alphas:
         eps = torch.zeros_like(diff, requires_grad=True)
 
         def add(act: torch.Tensor, hook: object, eps: torch.Tensor = eps) -> torch.Tensor:
@@ -210,7 +248,7 @@ def _hand_gradient(model: HookedRewardModel, clean: list[int], corrupt: list[int
                 return torch.cat([act[:, :, :h], (act[:, :, h] + eps)[:, :, None],
                                   act[:, :, h + 1 :]], 2)
             return act + eps
-        emb = (e1 + alpha * (e0 - e1)).detach()
+        emb = e0 if alpha is None else (e1 + alpha * (e0 - e1)).detach()
         model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = True
         try:
             r = model.run_with_hooks(tok, return_type="reward", fwd_hooks=[
@@ -222,15 +260,68 @@ def _hand_gradient(model: HookedRewardModel, clean: list[int], corrupt: list[int
     return float((diff.detach() * torch.stack(grads).mean(0)).sum())
 
 
-@pytest.mark.parametrize(("method", "steps"), [("eap", 0), ("eap-ig", 3)])
-def test_eap_and_eap_ig_equal_hand_gradients(tiny, method: str, steps: int) -> None:
+def _reference_points(rule: str, steps: int) -> list[float]:
+    """Where each rule puts EAP-IG's points, written independently of the library: ``"left"``
+    as hannamw/EAP-IG's ``get_scores_eap_ig`` (and MIB's copy) does, ``for step in range(0,
+    steps)``, interpolating ``corrupted + (step / steps) * (clean - corrupted)``; ``"right"``
+    takes ``step`` in ``1..steps``; ``"midpoint"`` the centres ``(step + 1/2) / steps``."""
+    if rule == "left":
+        return [step / steps for step in range(0, steps)]
+    if rule == "right":
+        return [step / steps for step in range(1, steps + 1)]
+    return [(step + 0.5) / steps for step in range(0, steps)]
+
+
+#: Edges of every kind of destination (q, k, v, MLP, reward) from inputs and heads.
+GRADIENT_EDGES = [("a0.h1", "a1.h2", "q"), ("input", "a2.h1", "k"), ("a1.h3", "a2.h0", "v"),
+                  ("input", "m0", ""), ("a0.h2", "m1", ""), ("a2.h3", "reward", "")]
+
+
+@pytest.fixture(scope="module")
+def tiny64() -> HookedRewardModel:
+    """The tiny Llama RM in float64: the library and the hand gradients agree to ~1e-12, so
+    the rules (which move scores by ~10 %) are held to 1e-6 relative."""
+    from tl_reward.testing import tiny_hf_reward_model
+
+    hf, tok = tiny_hf_reward_model("llama")
+    return HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device="cpu",
+                                             dtype=torch.float64)
+
+
+@pytest.mark.parametrize(("rule", "steps"), [("left", 3), ("right", 3), ("midpoint", 3),
+                                             ("left", 1), ("right", 1)])
+def test_eap_ig_rules_equal_their_formula_by_hand(tiny64, rule: str, steps: int) -> None:
+    """Each rule's scores against the hand gradients at the reference's points: to 1e-6
+    relative (float64), and the rules differ (at m = 1 left is the corrupted input's gradient
+    and right is EAP at the clean run)."""
+    res = edge_attribution(tiny64, CLEAN[:1], CORRUPT[:1], method="eap-ig", ig_steps=steps,
+                           ig_rule=rule)
+    assert res.settings["ig_rule"] == rule and res.label == f"eap-ig ({rule} rule, {steps} steps)"
+    other = {"left": "right"}.get(rule, "left")
+    for e in GRADIENT_EDGES:
+        ref = _hand_gradient(tiny64, CLEAN[0], CORRUPT[0], *e, _reference_points(rule, steps))
+        assert abs(ref) > 1e-4, e
+        assert _score(res, *e) == pytest.approx(ref, rel=1e-6, abs=1e-12), e
+        wrong = _hand_gradient(tiny64, CLEAN[0], CORRUPT[0], *e, _reference_points(other, steps))
+        assert abs(wrong - ref) > 1e-4 * abs(ref), e  # the rules are told apart
+    if (rule, steps) == ("right", 1):
+        eap = edge_attribution(tiny64, CLEAN[:1], CORRUPT[:1], method="eap")
+        torch.testing.assert_close(res.scores, eap.scores, rtol=1e-9, atol=1e-12,
+                                   equal_nan=True)
+
+
+def test_eap_equals_hand_gradient_and_bad_rule_refused(tiny) -> None:
     model, _, _ = tiny("llama")
-    res = edge_attribution(model, CLEAN[:1], CORRUPT[:1], method=method, ig_steps=steps or 5)
-    for e in [("a0.h1", "a1.h2", "q"), ("input", "a2.h1", "k"), ("a1.h3", "a2.h0", "v"),
-              ("input", "m0", ""), ("a0.h2", "m1", ""), ("a2.h3", "reward", "")]:
-        ref = _hand_gradient(model, CLEAN[0], CORRUPT[0], *e, steps=steps)
+    res = edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="eap")
+    assert res.settings["ig_rule"] is None and res.label == "eap"
+    for e in GRADIENT_EDGES:
+        ref = _hand_gradient(model, CLEAN[0], CORRUPT[0], *e, None)
         assert abs(ref) > 1e-4, e
         assert _score(res, *e) == pytest.approx(ref, abs=EDGE_ATOL), e
+    with pytest.raises(TLRewardError, match="ig_rule must be one of"):
+        edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="eap-ig", ig_rule="trapezoid")
+    with pytest.raises(TLRewardError, match="ig_steps must be at least 1"):
+        edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="eap-ig", ig_steps=0)
 
 
 @pytest.mark.parametrize("method", ["exact", "eap"])

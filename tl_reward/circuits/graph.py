@@ -26,16 +26,27 @@ import torch
 from tl_reward.errors import TLRewardError
 from tl_reward.results import result_type
 
+#: TransformerLens flags the graph's forwards set, whatever the user's model has: per-head q/k/v
+#: inputs and ``hook_mlp_in`` on (the edges' destinations); per-head results, a shared
+#: ``hook_attn_in`` and ungrouped key/value heads off (they change the hooks' shapes or the sum
+#: order, not the function).
+GRAPH_FLAGS = {"use_split_qkv_input": True, "use_hook_mlp_in": True, "use_attn_result": False,
+               "use_attn_in": False, "ungroup_grouped_query_attention": False}
+
 
 @contextmanager
 def split_inputs(model: Any) -> Iterator[None]:
-    """Turn on TransformerLens's per-head q/k/v inputs and ``hook_mlp_in``; restore after."""
-    old = (model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in)
-    model.cfg.use_split_qkv_input = model.cfg.use_hook_mlp_in = True
+    """Set :data:`GRAPH_FLAGS` on ``model.cfg`` (those it has), and restore the user's after:
+    every circuit analysis runs under it, so its numbers do not depend on the model's flags."""
+    cfg = model.cfg
+    old = {k: getattr(cfg, k) for k in GRAPH_FLAGS if hasattr(cfg, k)}
     try:
+        for k in old:
+            setattr(cfg, k, GRAPH_FLAGS[k])
         yield
     finally:
-        model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in = old
+        for k, v in old.items():
+            setattr(cfg, k, v)
 
 
 @result_type
@@ -53,12 +64,14 @@ class RewardGraph:
     def from_model(cls, model: Any) -> RewardGraph:
         """The graph of a :class:`~tl_reward.HookedRewardModel` (pre-norm, with MLPs)."""
         cfg = model.cfg
-        if getattr(cfg, "use_normalization_before_and_after", False) or (
+        if getattr(model, "post_norms", None) is not None or getattr(
+                cfg, "use_normalization_before_and_after", False) or (
                 cfg.original_architecture in ("BertForMaskedLM", "BertModel")):
-            raise TLRewardError("this model normalises each attention and MLP output, so a "
-                                "head's output is not a fixed vector added to the residual: "
-                                "edge circuits do not apply; use node-level patching "
-                                "(tl_reward.analysis.patching)")
+            raise TLRewardError(
+                f"{cfg.original_architecture} normalises each attention and MLP output (a norm "
+                "after the sublayer: Gemma-2's sandwich norms, OLMo-2's post-norms), so a "
+                "head's output is not a fixed vector added to the residual: edge circuits do "
+                "not apply; use node-level patching (tl_reward.analysis.patching)")
         if cfg.attn_only:
             raise TLRewardError("edge circuits need MLP layers; this model is attention-only")
         return cls(cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads or cfg.n_heads,
@@ -137,6 +150,20 @@ class RewardGraph:
         src, dst = self.sources, self.dests
         return [(src[i], *dst[j]) for j, i in self.edge_mask().nonzero().tolist()]
 
+    def mask_of(self, edges: Any) -> torch.Tensor:
+        """``[n_dests, n_sources]`` bool of ``edges``: ``(src, dst, qkv)`` names or such a
+        mask (each must be an edge of this graph)."""
+        full = self.edge_mask()
+        if not isinstance(edges, torch.Tensor):
+            return named_mask(edges, self.sources, self.dests, full)
+        if edges.shape != full.shape:
+            raise TLRewardError(f"an edge mask of {tuple(full.shape)} (dests x sources) is "
+                                f"needed, got {tuple(edges.shape)}")
+        if bool((edges.bool().cpu() & ~full).any()):
+            raise TLRewardError("the mask holds pairs that are not edges of this graph (a "
+                                "source feeds only destinations downstream of it)")
+        return edges.bool().cpu()
+
     def kv_group(self, kv_head: int) -> range:
         """The query heads that key/value head ``kv_head`` feeds."""
         g = self.n_heads // self.n_kv_heads
@@ -149,3 +176,18 @@ def edge_table(edges: list[tuple[str, str, str]], scores: torch.Tensor) -> pd.Da
     df["score"] = scores.double().numpy()
     order = df["score"].abs().sort_values(ascending=False, kind="stable").index
     return df.loc[order].reset_index(drop=True)
+
+
+def named_mask(edges: Any, sources: list[str], dests: list[tuple[str, str]],
+               full: torch.Tensor, hint: str = "") -> torch.Tensor:
+    """``full``-shaped bool mask of the named ``(src, dst, qkv)`` edges, each one of ``full``'s
+    (columns: ``sources``, rows: ``dests``); an unknown one is refused, with ``hint``."""
+    si = {s: i for i, s in enumerate(sources)}
+    di = {d: j for j, d in enumerate(dests)}
+    out = torch.zeros_like(full)
+    for src, dst, qkv in edges:
+        if src not in si or (dst, qkv) not in di or not full[di[dst, qkv], si[src]]:
+            raise TLRewardError(f"({src!r}, {dst!r}, {qkv!r}) is not an edge of this graph "
+                                f"(see RewardGraph.edges(){hint})")
+        out[di[dst, qkv], si[src]] = True
+    return out

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from tl_reward.circuits.graph import split_inputs
 from tl_reward.circuits.sources import record, source_hooks
 from tl_reward.data.pairs import PairBatch, TokenizedPair, as_pair_batch
 from tl_reward.data.preference import PreferencePair
@@ -94,7 +95,9 @@ def prepare_inputs(model: Any, clean: Any, corrupt: Any = None, ablation: str | 
         from tl_reward.analysis.patching import mean_activations
 
         ref = rows if reference is None else _encode(model, reference)[0]
-        out.means = mean_activations(model, ref, source_hooks(model), batch_size, by_class=True)
+        with split_inputs(model):
+            out.means = mean_activations(model, ref, source_hooks(model), batch_size,
+                                         by_class=True)
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tl_reward.circuits.graph import RewardGraph
+from tl_reward.circuits.graph import RewardGraph, split_inputs
 from tl_reward.model.readout import accumulation_dtype
 
 
@@ -33,7 +33,7 @@ def record(model: Any, tokens: torch.Tensor, mask: torch.Tensor,
            extra: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     """Source activations (and those of the ``extra`` hooks) of one unpatched forward."""
     hooks = set(source_hooks(model)) | set(extra)
-    with torch.no_grad():
+    with torch.no_grad(), split_inputs(model):
         _, cache = model.run_with_cache(tokens, attention_mask=mask, return_type=None,
                                         names_filter=lambda n: n in hooks)
     return dict(cache.cache_dict)
