@@ -24,7 +24,7 @@ import torch
 
 from tl_reward.circuits.edges import EdgeAttribution, edge_attribution
 from tl_reward.circuits.forward import corrupted_metric, forward, per_item, read_metric
-from tl_reward.circuits.graph import RewardGraph, edge_table
+from tl_reward.circuits.graph import RewardGraph, edge_table, named_mask
 from tl_reward.circuits.inputs import Inputs, batches, is_pairs, prepare_inputs
 from tl_reward.circuits.nodes import edge_mask, lifted_saes, node_names, node_split, sae_split
 from tl_reward.data.pairs import as_pair_batch
@@ -189,17 +189,10 @@ class RewardCircuit(ShortRepr):
         prefix = found[0][1] if found else None
         features = sorted({int(m[2]) for m in found if m[2] and m[1] == prefix})
         names = graph.sources + ([] if prefix is None else node_names(prefix, features))
-        si = {s: i for i, s in enumerate(names)}
-        di = {d: j for j, d in enumerate(graph.dests)}
         full = edge_mask(graph, prefix, len(features) + 1)
-        mask = torch.zeros_like(full)
-        for src, dst, qkv in edges:
-            if src not in si or (dst, qkv) not in di or not full[di[dst, qkv], si[src]]:
-                raise TLRewardError(
-                    f"({src!r}, {dst!r}, {qkv!r}) is not an edge of this graph (see "
-                    "RewardGraph.edges(); SAE nodes: those of one SAE, whose edges replace "
-                    "those of the sources they split into destinations after the hook)")
-            mask[di[dst, qkv], si[src]] = True
+        mask = named_mask(edges, names, graph.dests, full,
+                          "; SAE nodes: those of one SAE, whose edges replace those of the "
+                          "sources they split into destinations after the hook")
         return cls.from_mask(graph, mask, prefix, features)
 
 

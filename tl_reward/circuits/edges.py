@@ -10,13 +10,19 @@ Corruption: :mod:`tl_reward.circuits.inputs`; SAE nodes: :mod:`tl_reward.circuit
 Methods: ``"exact"`` (one patched forward per edge, edges stacked along the batch: the oracle
 for small graphs), ``"eap"`` (``(a_u(corrupt) - a_u(clean)) . dM/d(in_v)`` on the clean run,
 summed over positions) and ``"eap-ig"`` (the same difference times the mean gradient over
-``ig_steps`` points ``k / ig_steps``, ``k = 1..ig_steps``, on the line from the corrupted to the
-clean embeddings). A head's output is its ``hook_z`` through its rows of ``W_O``; padding
-positions never contribute. Source differences are built one chunk of sources at a time (at
-most ``chunk_sources``, never crossing a layer). EAP and EAP-IG hold every destination's
-gradient, summed over the IG steps, for one batch: ``[n_dests, rows, pos, d_model]`` in the
-accumulation dtype (lower ``batch_size`` to shrink it), so each source difference is built and
-contracted once per batch. With SAE nodes, their changes are taken at the clean run.
+``m = ig_steps`` points ``alpha`` on the line ``corrupt + alpha (clean - corrupt)`` between the
+corrupted and the clean embeddings). Where the points sit is ``ig_rule`` (:data:`IG_RULES`):
+``"left"``, ``alpha = k / m`` for ``k = 0..m-1``, is the rule of the reference implementation
+(hannamw/EAP-IG) and of MIB's copy of it; ``"right"``, ``k = 1..m``, the other end;
+``"midpoint"``, ``(k + 1/2) / m``. Left and right differ by ``(g(clean) - g(corrupt)) . delta /
+m``; at ``m = 1`` left is the gradient at the corrupted input and right is EAP.
+
+A head's output is its ``hook_z`` through its rows of ``W_O``; padding positions never
+contribute. Source differences are built one chunk of sources at a time (at most
+``chunk_sources``, never crossing a layer). EAP and EAP-IG hold every destination's gradient,
+summed over the IG points, for one batch: ``[n_dests, rows, pos, d_model]`` in the accumulation
+dtype (lower ``batch_size`` to shrink it), so each source difference is built and contracted
+once per batch. With SAE nodes, their changes are taken at the clean run.
 """
 
 from __future__ import annotations
@@ -46,11 +52,24 @@ from tl_reward.circuits.nodes import (
     sae_split,
 )
 from tl_reward.circuits.sources import chunks, delta, record
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.model.readout import accumulation_dtype, resolve_objectives
 from tl_reward.results import ShortRepr
 
 METHODS = ("exact", "eap", "eap-ig")
+#: EAP-IG's rules for its points on the corrupted (0) -> clean (1) line (the module doc).
+IG_RULES = ("left", "right", "midpoint")
+#: The default rule, chosen by agreement with exact edge patching (docs/circuits.md).
+DEFAULT_IG_RULE = "midpoint"
+
+
+def ig_alphas(rule: str, steps: int) -> list[float]:
+    """The ``steps`` points of EAP-IG's ``rule`` on the corrupted (0) -> clean (1) line."""
+    check_choice(rule, IG_RULES, "ig_rule")
+    if steps < 1:
+        raise TLRewardError(f"ig_steps must be at least 1, got {steps}")
+    shift = {"left": 0.0, "right": 1.0, "midpoint": 0.5}[rule]
+    return [(k + shift) / steps for k in range(steps)]
 
 
 @dataclass(repr=False)
@@ -96,7 +115,8 @@ class EdgeAttribution(ShortRepr):
         graph: the edge graph.
         scores: ``[n_dests, n_sources]`` (NaN where no edge): the mean over items.
         method: ``"exact"``, ``"eap"`` or ``"eap-ig"``; objective: the objective read.
-        settings: ablation (None for counterfactuals), ig_steps, items.
+        settings: ablation (None for counterfactuals), ig_steps and ig_rule (EAP-IG's; 0 and
+            None otherwise), items.
         clean_metric, corrupt_metric: ``[n_items]`` the metric of each item, clean and with
             every edge corrupted (the counterfactual's own metric, or every source ablated).
         features: the edges out of an SAE's nodes (None without an SAE).
@@ -111,8 +131,15 @@ class EdgeAttribution(ShortRepr):
     corrupt_metric: torch.Tensor
     features: FeatureEdges | None = None
 
+    @property
+    def label(self) -> str:
+        """The method as reports name it: ``"eap-ig (midpoint rule, 5 steps)"``."""
+        st = self.settings
+        return (f"{self.method} ({st.get('ig_rule')} rule, {st['ig_steps']} steps)"
+                if self.method == "eap-ig" else self.method)
+
     def headline(self) -> dict[str, Any]:
-        return {"edges": self.graph.n_edges,
+        return {"method": self.label, "edges": self.graph.n_edges,
                 "clean metric": float(self.clean_metric.mean()),
                 "corrupt metric": float(self.corrupt_metric.mean())}
 
@@ -175,10 +202,12 @@ def edge_attribution(
     reference: Any = None,
     objective: int | str | None = None,
     ig_steps: int = 5,
+    ig_rule: str = DEFAULT_IG_RULE,
     batch_size: int = 8,
     chunk_sources: int | None = None,
     padding_side: str = "right",
     sae: Any = None,
+    edges: Any = None,
 ) -> EdgeAttribution:
     """Score every edge of ``model``'s graph (methods, corruption and the sign in the module
     doc). ``clean``: sequences (built with the model's own builder) or preference pairs (the
@@ -186,13 +215,18 @@ def edge_attribution(
     stacks edges so that each forward has about ``batch_size * 8`` rows); ``chunk_sources``
     caps the sources whose differences are held at once (default: one layer's). ``sae``: a
     SAELens SAE whose features and error term become nodes (default: the one attached to
-    ``model``, if any); their edges are in ``.features``."""
-    if method not in METHODS:
-        raise TLRewardError(f"method must be one of {METHODS}, got {method!r}")
-    if ig_steps < 1:
-        raise TLRewardError(f"ig_steps must be at least 1, got {ig_steps}")
+    ``model``, if any); their edges are in ``.features``. ``ig_steps`` and ``ig_rule``: EAP-IG's
+    points (:func:`ig_alphas`). ``edges`` (``"exact"`` only): score just these edges, ``(src,
+    dst, qkv)`` names or a ``[n_dests, n_sources]`` bool mask (the others are NaN), e.g. to
+    check a gradient method's top edges on a model too large to patch every edge of."""
+    check_choice(method, METHODS, "method")
+    if edges is not None and method != "exact":
+        raise TLRewardError("edges= picks the edges exact patching scores; EAP and EAP-IG "
+                            "score every edge at once: drop edges= or use method='exact'")
+    alphas = ig_alphas(ig_rule, ig_steps) if method == "eap-ig" else None
     with lifted_saes(model, sae) as sae:
         graph = RewardGraph.from_model(model)
+        scored = graph.edge_mask() if edges is None else graph.mask_of(edges)
         obj = resolve_objectives(model, objective)[0]
         inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
         acc = accumulation_dtype(model)
@@ -225,19 +259,21 @@ def edge_attribution(
                 ids = (df != 0).flatten(0, 1).any(0).nonzero().flatten()
                 moved[ids.cpu()] = True
             if method == "exact":
-                _exact(model, graph, batch, obj, r0, scores, batch_size, chunk_sources)
+                _exact(model, graph, batch, obj, r0, scores, batch_size, chunk_sources,
+                       mask=scored)
                 if sae is not None:
                     _exact(model, graph, batch, obj, r0, fscores, batch_size, chunk_sources,
                            (sae, ids.tolist(), dests))
             else:
-                steps = 1 if method == "eap" else ig_steps
-                grads = _gradient(model, graph, batch, base, obj, scores, steps,
-                                  method == "eap-ig", chunk_sources).flatten(1)
+                steps = 1 if alphas is None else len(alphas)
+                grads = _gradient(model, graph, batch, base, obj, scores, alphas,
+                                  chunk_sources).flatten(1)
                 for cols, d in [] if sae is None else node_chunks(df, d_err, w, ids):
                     fscores[:, cols] += grads @ d.permute(2, 0, 1, 3).flatten(1).T / steps
-    scores = (scores / n_items).masked_fill(~graph.edge_mask().to(dev), torch.nan)
+    scores = (scores / n_items).masked_fill(~scored.to(dev), torch.nan)
     settings = {"ablation": inputs.ablation, "items": n_items,
-                "ig_steps": ig_steps if method == "eap-ig" else 0}
+                "ig_steps": 0 if alphas is None else ig_steps,
+                "ig_rule": None if alphas is None else ig_rule}
     features = None
     if sae is not None:
         keep = [*moved.nonzero().flatten().tolist(), w.shape[0]]
@@ -250,12 +286,15 @@ def edge_attribution(
 @torch.no_grad()
 def _exact(model: Any, graph: RewardGraph, batch: Batch, obj: str, r0: torch.Tensor,
            scores: torch.Tensor, batch_size: int, chunk_sources: int | None,
-           nodes: tuple[Any, list[int], torch.Tensor] | None = None) -> None:
+           nodes: tuple[Any, list[int], torch.Tensor] | None = None,
+           mask: torch.Tensor | None = None) -> None:
     """Add each edge's summed signed effect on this batch's rows to ``scores``; with ``nodes``
     ``(sae, features, dests [n_dests] bool)``, each edge from those features' nodes and the
     error node into those destinations instead, in columns ``features + [d_sae]``."""
-    mask = graph.edge_mask() if nodes is None else nodes[2][:, None].expand(
-        -1, len(nodes[1]) + 1)
+    if nodes is not None:
+        mask = nodes[2][:, None].expand(-1, len(nodes[1]) + 1)
+    elif mask is None:
+        mask = graph.edge_mask()
     idx = mask.nonzero().to(scores.device)
     rows = batch.tokens.shape[0]
     per = max(1, batch_size * 8 // rows)
@@ -277,11 +316,12 @@ def _exact(model: Any, graph: RewardGraph, batch: Batch, obj: str, r0: torch.Ten
 
 
 def _gradient(model: Any, graph: RewardGraph, batch: Batch, base: dict[str, torch.Tensor],
-              obj: str, scores: torch.Tensor, steps: int, interpolate: bool,
+              obj: str, scores: torch.Tensor, alphas: list[float] | None,
               chunk_sources: int | None) -> torch.Tensor:
-    """EAP (``steps = 1``, the clean run) or EAP-IG-inputs: add ``sum over rows, positions of
-    sign * (a_u(corrupt) - a_u(clean)) . mean_k dM/d(in_v)`` to ``scores``; return the
-    destinations' signed gradients summed over the steps, ``[n_dests, rows, pos, d_model]``.
+    """EAP (``alphas`` None: the clean run) or EAP-IG-inputs (the embeddings at each point
+    ``alpha`` of :func:`ig_alphas`): add ``sum over rows, positions of sign * (a_u(corrupt) -
+    a_u(clean)) . mean_k dM/d(in_v)`` to ``scores``; return the destinations' signed gradients
+    summed over the points, ``[n_dests, rows, pos, d_model]``.
 
     The score is linear in the gradient, so the ``steps`` gradients of every destination are
     summed first (one ``[n_dests, rows * pos * d_model]`` buffer per batch) and contracted once
@@ -300,10 +340,10 @@ def _gradient(model: Any, graph: RewardGraph, batch: Batch, base: dict[str, torc
         grads[first : first + count] += g.permute(2, 0, 1, 3)
 
     h = "blocks.0.hook_resid_pre"
-    for k in range(1, steps + 1):
+    steps = 1 if alphas is None else len(alphas)
+    for a in [None] if alphas is None else alphas:
         embed = None
-        if interpolate:
-            a = k / steps
+        if a is not None:
             embed = batch.corr[h].to(acc) + a * (base[h].to(acc) - batch.corr[h].to(acc))
         with frozen_params(model), torch.enable_grad():
             resid = forward(model, graph, batch, on_grad=on_grad, embed=embed)
