@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 #: resolve no host and route everything to a closed port: a report must not need the network
 OFFLINE_FLAGS = ('--host-resolver-rules=MAP * ~NOTFOUND', "--proxy-server=127.0.0.1:9")
@@ -43,17 +44,21 @@ class RenderedPage:
     """A page as Chromium left it: the source, the DOM after scripts ran, console messages,
     and its tables' layout on a laptop screen: ``{"width", "height", "tables": [{"box":
     [left, right, height], "scrolls": sideways, "columns": [[header, left, right], ...]}]}``
-    (pixels in the window)."""
+    (pixels in the window); ``probe``: what the ``script`` given to :func:`render_page`
+    returned."""
 
     source: str
     dom: str
     console: list[str] = field(default_factory=list)
     layout: dict = field(default_factory=dict)
+    probe: Any = None
 
 
-#: appended to the page: writes the tables' layout into ``<pre id="tlr-layout">`` after load
+#: appended to the page: writes the tables' layout (and the probe's result) into
+#: ``<pre id="tlr-layout">`` after load
 _MEASURE = """<script>addEventListener("load", function () { setTimeout(function () {
-  var out = {width: innerWidth, height: innerHeight, tables: []};
+  var out = {width: innerWidth, height: innerHeight, tables: [], probe: (function () {
+    PROBE })()};
   document.querySelectorAll("table").forEach(function (t) {
     var box = t.closest(".table-wrap") || t, b = box.getBoundingClientRect();
     out.tables.push({box: [b.left, b.right, b.height],
@@ -68,9 +73,11 @@ _MEASURE = """<script>addEventListener("load", function () { setTimeout(function
 
 def render_page(path: str | Path, screenshot: str | Path | None = None, width: int = 1280,
                 height: int = 3000, screen_height: int = 800, budget_ms: int = 10_000,
-                timeout: float = 180.0) -> RenderedPage:
+                timeout: float = 180.0, script: str = "") -> RenderedPage:
     """Render ``path`` offline in a ``width`` x ``screen_height`` window (a laptop screen);
-    ``screenshot`` also writes a ``width`` x ``height`` PNG."""
+    ``screenshot`` also writes a ``width`` x ``height`` PNG. ``script``: the body of a
+    JavaScript function run once the page has loaded (its scripts too); its JSON-able
+    return value is the result's ``probe``."""
     exe = chromium_path()
     if exe is None:
         raise RuntimeError("no chromium: apt-get install -y chromium")
@@ -82,7 +89,8 @@ def render_page(path: str | Path, screenshot: str | Path | None = None, width: i
     with tempfile.TemporaryDirectory() as tmp:
         measured = Path(tmp) / path.name
         end = source.rfind("</body>") % (len(source) + 1)  # the end when there is none
-        measured.write_text(source[:end] + _MEASURE + source[end:], encoding="utf-8")
+        measure = _MEASURE.replace("PROBE", script)
+        measured.write_text(source[:end] + measure + source[end:], encoding="utf-8")
         run = subprocess.run([*base, f"--window-size={width},{screen_height}", "--dump-dom",
                               measured.as_uri()], capture_output=True, text=True,
                              timeout=timeout, check=True)
@@ -91,8 +99,9 @@ def render_page(path: str | Path, screenshot: str | Path | None = None, width: i
                         f"--screenshot={Path(screenshot).resolve()}", path.as_uri()],
                        capture_output=True, text=True, timeout=timeout, check=True)
     m = re.search(r'<pre id="tlr-layout">(.*?)</pre>', run.stdout, re.S)
-    return RenderedPage(source, run.stdout, _CONSOLE.findall(run.stderr),
-                        json.loads(html.unescape(m[1])) if m else {})
+    layout = json.loads(html.unescape(m[1])) if m else {}
+    return RenderedPage(source, run.stdout, _CONSOLE.findall(run.stderr), layout,
+                        layout.pop("probe", None))
 
 
 def embedded_libraries(source: str) -> list[tuple[str, str]]:

@@ -126,7 +126,7 @@ def table_fragment(df: Any) -> str:
 
 
 #: the page style; a table box shades the side with columns scrolled out of view
-_CSS = ("body{font-family:sans-serif;margin:2em;max-width:1200px}"
+_CSS = ("body{font-family:sans-serif;margin:2em}"
         "table{border-collapse:collapse;font-size:.9em}td,th{padding:2px 6px;"
         "border-bottom:1px solid #ddd;vertical-align:top}td{max-width:30em}"
         "th{position:sticky;top:0;background:#fff}"
@@ -137,13 +137,18 @@ _CSS = ("body{font-family:sans-serif;margin:2em;max-width:1200px}"
         "radial-gradient(farthest-side at 100% 50%,#0003,#0000) right/1em 100% no-repeat scroll}")
 
 
+#: the page's width
+_WIDTH = "body{{max-width:{}px}}"
+
+
 def save_html(path: str | Path, *parts: Any, title: str = "tl_reward report",
-              offline: bool = True) -> Path:
+              offline: bool = True, max_width: int | None = 1200) -> Path:
     """Write ``parts`` (figures, views, tables, HTML strings) into one standalone HTML file.
 
     Plotly's and circuitsvis's JavaScript are each embedded once, compressed (a report is
     about 2 MB, plotly.js's 4.8 MB gzipped and base64-coded); with ``offline=False`` they load
-    from CDNs (a much smaller file that needs a network to render).
+    from CDNs (a much smaller file that needs a network to render). ``max_width``: the page's
+    width in px (``None``: the window's).
     """
     figs = [is_figure(p) for p in parts]
     first = figs.index(True) if any(figs) else -1
@@ -161,7 +166,8 @@ def save_html(path: str | Path, *parts: Any, title: str = "tl_reward report",
             head += embedded_library("CircuitsVis", re.sub(r"//# sourceMappingURL=\S*", "",
                                                            js.read_text("utf-8")))
     doc = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}"
-           f"</title><style>{_CSS}</style>{head}</head><body><h1>{html.escape(title)}</h1>\n"
+           f"</title><style>{_CSS}{'' if max_width is None else _WIDTH.format(max_width)}"
+           f"</style>{head}</head><body><h1>{html.escape(title)}</h1>\n"
            + "\n".join(body) + "\n</body></html>\n")
     path = Path(path)
     path.write_text(doc, encoding="utf-8")
