@@ -83,5 +83,6 @@ def require_sae_lens() -> None:
 
 
 class ResultFileError(TLRewardError):
-    """A saved result file that cannot be read: not a result, damaged, malformed, or naming a
-    type that is not a registered tl_reward result."""
+    """A saved result file (or stored chunk) that cannot be read: not a result, damaged,
+    malformed, holding pickled objects (possibly tampered with), or naming a type that is not a
+    registered tl_reward result."""
