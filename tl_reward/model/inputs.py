@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -19,12 +19,11 @@ from tqdm.auto import tqdm
 
 from tl_reward.data.conversation import Conversation, Message, as_conversation, is_conversation
 from tl_reward.errors import (
-    ContextLengthError,
     EmptyResponseError,
     MissingPadTokenError,
     MissingTokenizerError,
     TLRewardError,
-    TokenizerMismatchError,
+    check_tokens,
 )
 
 RewardInput = (
@@ -54,10 +53,30 @@ def as_items(inputs: Any) -> list[Any]:
 
 @dataclass(frozen=True)
 class EncodedInput:
-    """Token ids of one input and, when known, where the final response starts."""
+    """Token ids of one input and, when known, where the final response starts and how the
+    user's inputs name it (``name``, set by :func:`encode_inputs`; what errors about it say)."""
 
     ids: list[int]
     response_start: int | None = None
+    name: str | None = field(default=None, compare=False)
+
+
+def encode_inputs(model: Any, items: Sequence[Any], names: Sequence[str] | None = None
+                  ) -> list[EncodedInput]:
+    """``model.encode`` of each item, named ``names[i]`` (default ``input i``: its place in
+    ``items``), so that an error about a row, here or when it is batched (:func:`collate`),
+    names the input the user gave, whatever order the rows are batched in."""
+    if names is not None and len(names) != len(items):
+        raise TLRewardError(f"got {len(names)} names for {len(items)} inputs; give one each")
+    out = []
+    for i, item in enumerate(items):
+        name = f"input {i}" if names is None else str(names[i])
+        try:
+            out.append(replace(model.encode(item), name=name))
+        except TLRewardError as err:
+            err.args = (f"{name}: {err}", *err.args[1:])
+            raise
+    return out
 
 
 def template_ids(tokenizer: Any, messages: Conversation, add_generation_prompt: bool) -> list[int]:
@@ -225,19 +244,7 @@ def collate(
         raise TLRewardError("no inputs to score")
     lengths = [len(e.ids) for e in encoded]
     for i, e in enumerate(encoded):
-        if not e.ids:
-            raise EmptyResponseError(f"input {i} has no tokens")
-        if n_ctx is not None and len(e.ids) > n_ctx:
-            raise ContextLengthError(
-                f"input {i} has {len(e.ids)} tokens, more than the model's context of {n_ctx}; "
-                "shorten it (e.g. drop early turns of the conversation)"
-            )
-        if d_vocab is not None and (max(e.ids) >= d_vocab or min(e.ids) < 0):
-            raise TokenizerMismatchError(
-                f"input {i} has token id {max(e.ids)} but the model's vocabulary has "
-                f"{d_vocab} entries; the tokenizer does not match this model (load the "
-                "tokenizer saved with the reward model)"
-            )
+        check_tokens(e.ids, e.name or f"row {i} of the batch", n_ctx, d_vocab)
     width = max(lengths)
     if pad_token_id is None and len(set(lengths)) > 1:
         raise MissingPadTokenError(

@@ -11,10 +11,10 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from tl_reward.data.preference import PreferencePair
+from tl_reward.data.preference import PreferencePair, pair_rows
 from tl_reward.errors import UnknownObjectiveError
 from tl_reward.model.heads import objective_slot
-from tl_reward.model.inputs import as_items
+from tl_reward.model.inputs import as_items, encode_inputs
 from tl_reward.model.readout import accumulation_dtype
 from tl_reward.results import ShortRepr
 
@@ -88,10 +88,12 @@ def score_inputs(
     pooling: str | None = None,
     progress: bool | None = None,
     labels: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
 ) -> RewardResult:
-    """Score any inputs (see :mod:`tl_reward.model.inputs`) in length-sorted batches."""
+    """Score any inputs (see :mod:`tl_reward.model.inputs`) in length-sorted batches; an error
+    about an input calls it ``names[i]`` (default ``input i``, see :func:`encode_inputs`)."""
     items = as_items(inputs)
-    encoded = [model.encode(x) for x in items]
+    encoded = encode_inputs(model, items, names)
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))
     k, acc = model.cfg.d_vocab_out, accumulation_dtype(model)
     rewards = torch.zeros(len(encoded), k, dtype=acc)
@@ -162,8 +164,9 @@ def score_pairs(
     model: RewardModelMixin, pairs: Sequence[PreferencePair], objective: str = "score",
     batch_size: int = 8, progress: bool | None = None,
 ) -> PairScores:
-    """Score the chosen and rejected reply of each pair (``objective``: 'score' or a name)."""
-    convs = [c for p in pairs for c in (p.chosen_conversation(), p.rejected_conversation())]
-    res = score_inputs(model, convs, batch_size=batch_size, progress=progress)
+    """Score the chosen and rejected reply of each pair (``objective``: 'score' or a name); an
+    error names the pair and the side (:func:`~tl_reward.data.preference.pair_rows`)."""
+    convs, names = pair_rows(pairs)
+    res = score_inputs(model, convs, batch_size=batch_size, progress=progress, names=names)
     vals = res.values(objective)
     return PairScores(vals[0::2], vals[1::2], list(pairs))
