@@ -34,6 +34,13 @@ def test_score_pairs_and_jsonl(tmp_path, capsys) -> None:
     df = pd.read_csv(out, dtype={"label": str}).set_index("label")
     assert list(df.index) == ["m", "p", "2"]
     assert df.loc["m", "score"] == pytest.approx(df.loc["p", "score"], abs=1e-6)
+    for label, rec in zip(df.index, lines, strict=True):  # each row's texts: its line's own
+        msgs = rec.get("messages") or [{"content": rec.get("prompt")},
+                                       {"content": rec.get("response")}]
+        want = {"text": rec.get("text"), "prompt": None if "text" in rec else msgs[0]["content"],
+                "response": None if "text" in rec else msgs[1]["content"]}
+        assert {k: None if pd.isna(v) else v for k, v in df.loc[label, list(want)].items()} \
+            == want, label
     assert "score" in capsys.readouterr().out
 
 

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     df = model.rewards(items, batch_size=args.batch_size, labels=labels,
                        names=names).to_dataframe()
-    print(df.to_string(index=False))
+    print(df.to_string(index=False, max_colwidth=40))  # the CSV keeps the whole texts
     if args.output:
         df.to_csv(args.output, index=False)
     return 0
