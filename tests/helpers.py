@@ -74,6 +74,17 @@ def smollm2_unavailable() -> str | None:
             f"package or converted copy under {root}); fetching it needs PyPI")
 
 
+class PicklePayload:
+    """Pickles as a call that creates ``marker``: what a tampered file would run when loaded
+    unsafely (a test asserts the marker is absent)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.marker,))
+
+
 class tiny_models:  # noqa: N801 - used as a fixture factory
     """Callable cache: ``(arch, num_labels) -> (HookedRewardModel, hf_model, tokenizer)``."""
 

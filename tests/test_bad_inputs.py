@@ -119,8 +119,12 @@ CASES: list[Case] = [
     ("missing pad token for a batch", lambda e: e.no_pad.rewards([CONV, PAIR[:2]], batch_size=2), MissingPadTokenError, "pad_token"),  # noqa: E501
     ("sequence longer than the context", lambda e: e.model.rewards([("hi", "Yes. " * 300)]), ContextLengthError, "shorten"),  # noqa: E501
     ("tokenizer of another model", lambda e: HookedRewardModel.from_pretrained(hf_model=tiny_hf_reward_model("llama")[0], tokenizer=_big_tokenizer(), device="cpu"), TokenizerMismatchError, "load the one saved with it"),  # noqa: E501
+    ("too long reply, named by its place in the inputs (not its batch row)", lambda e: e.model.rewards([PAIR[:2], ("hi", "Yes. " * 300), PAIR[:2]], batch_size=1), ContextLengthError, "input 1 has"),  # noqa: E501
+    ("too long reply of a pair, named by the pair and its side", lambda e: score_pairs(e.model, [PreferencePair.from_prompt(*PAIR), PreferencePair.from_prompt("hi", "ok", "Yes. " * 300)]), ContextLengthError, "pair 1 (rejected reply) has"),  # noqa: E501
+    ("too long reply of a patched pair (was an IndexError)", lambda e: activation_patching(e.model, ("hi", "Yes. " * 300, "No."), "mlp_out", objective=0), ContextLengthError, "pair 0 (chosen reply) has"),  # noqa: E501
     ("token id outside the vocabulary", lambda e: e.model.rewards([[1, 2, e.model.cfg.d_vocab]]), TokenizerMismatchError, "tokenizer saved with"),  # noqa: E501
     ("empty response", lambda e: e.model.rewards([("hi", "  ")]), EmptyResponseError, "non-empty"),  # noqa: E501
+    ("empty reply of a pair (the loader's option is the fix)", lambda e: PreferencePair.from_prompt("hi", "ok", " "), EmptyResponseError, "rejected response is empty; every pair needs two non-empty replies (drop the pair, or pass skip_invalid=True to the loader)"),  # noqa: E501
     ("empty assistant turn", lambda e: e.model.rewards([[CONV[0], {"role": "assistant", "content": ""}]]), EmptyResponseError, "non-empty"),  # noqa: E501
     ("unknown objective name (rewards)", lambda e: score_pairs(e.model, [PreferencePair.from_prompt(*PAIR)], objective="helpfulness"), UnknownObjectiveError, "objective_0"),  # noqa: E501
     ("unknown objective name (attribution)", lambda e: direct_reward_attribution(e.model, [PAIR[:2]], objectives="helpfulness"), UnknownObjectiveError, "objective_0"),  # noqa: E501

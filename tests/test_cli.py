@@ -34,6 +34,13 @@ def test_score_pairs_and_jsonl(tmp_path, capsys) -> None:
     df = pd.read_csv(out, dtype={"label": str}).set_index("label")
     assert list(df.index) == ["m", "p", "2"]
     assert df.loc["m", "score"] == pytest.approx(df.loc["p", "score"], abs=1e-6)
+    for label, rec in zip(df.index, lines, strict=True):  # each row's texts: its line's own
+        msgs = rec.get("messages") or [{"content": rec.get("prompt")},
+                                       {"content": rec.get("response")}]
+        want = {"text": rec.get("text"), "prompt": None if "text" in rec else msgs[0]["content"],
+                "response": None if "text" in rec else msgs[1]["content"]}
+        assert {k: None if pd.isna(v) else v for k, v in df.loc[label, list(want)].items()} \
+            == want, label
     assert "score" in capsys.readouterr().out
 
 
@@ -147,3 +154,46 @@ def test_sae_fit_objective_and_a_tie(files, capsys) -> None:
     summary = build_report(model, same, top_k=3)[1]
     row = dict(zip(summary["quantity"], summary["value"], strict=True))
     assert row["margin"] == "+0.0000" and row["prefers"] == "tie"
+
+
+def _jsonl(path, lines):  # noqa: ANN001, ANN202 - line 2 is blank: lines are counted in the file
+    path.write_text(json.dumps(lines[0]) + "\n\n" + "\n".join(map(json.dumps, lines[1:])) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("record", [
+    {"prompt": "hi", "chosen": "Hello!", "rejected": " "},
+    {"chosen": "\n\nHuman: hi\n\nAssistant: Hello!", "rejected": "\n\nHuman: hi\n\nAssistant:"},
+], ids=["fields", "hh-dialogues"])
+def test_an_empty_reply_names_the_line_and_a_fix_the_cli_user_has(files, tmp_path, capsys,
+                                                                  record) -> None:
+    """The error advised ``skip_invalid=True to the loader``, an option the CLI lacks."""
+    path = _jsonl(tmp_path / "pairs.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "c"},
+                                             record])
+    for cmd in (["faithfulness"], ["sae-fit", "--sae", str(files["sae"])]):
+        assert main([*cmd, "--model", str(files["rm"]), "--device", "cpu", "--input",
+                     str(path)]) == 1
+        err = capsys.readouterr().err
+        assert f"{path}:3: the rejected response is empty" in err
+        assert "skip_invalid" not in err and "delete the line" in err
+
+
+def test_a_too_long_reply_names_the_line_it_is_on(files, tmp_path, capsys) -> None:
+    """``input 1 has 8334 tokens`` counted rows after pairs were split in two and sorted by
+    length; the CLI names the file's line (and the side of a pair)."""
+    long = "Yes. " * 300
+    model = HookedRewardModel.from_pretrained(str(files["rm"]), device="cpu")
+    n = len(model.encode(("hi", long)).ids)
+    assert n > model.cfg.n_ctx
+    items = _jsonl(tmp_path / "items.jsonl", [{"prompt": "a", "response": "b"},
+                                              {"prompt": "hi", "response": long},
+                                              {"prompt": "c", "response": "d"}])
+    pairs = _jsonl(tmp_path / "pairs.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "c"},
+                                              {"prompt": "hi", "chosen": "ok", "rejected": long}])
+    for argv, who in ((["score", "--input", str(items)], f"{items}:3"),
+                      (["faithfulness", "--input", str(pairs)], f"{pairs}:3 (rejected reply)"),
+                      (["sae-fit", "--sae", str(files["sae"]), "--input", str(pairs)],
+                       f"{pairs}:3 (rejected reply)")):
+        assert main([*argv, "--model", str(files["rm"]), "--device", "cpu"]) == 1
+        err = capsys.readouterr().err
+        assert f"{who} has {n} tokens, more than the model's context of {model.cfg.n_ctx}" in err

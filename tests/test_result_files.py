@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import PicklePayload
 
 import tl_reward
 from tl_reward import load_result
@@ -239,6 +240,39 @@ def test_broken_files_raise_one_error_naming_the_problem(tmp_path: Path) -> None
         with pytest.raises(ResultFileError, match=match):
             load_result(path)
     assert_same(load_result(good), PairAgreement.load(good))  # the good file still loads
+
+
+@pytest.mark.parametrize("member", ["tensors.pt", "arrays.npz"])
+def test_a_tampered_member_is_refused_naming_the_file_and_runs_nothing(
+        member: str, tmp_path: Path) -> None:
+    """A pickle inside ``tensors.pt`` raised torch's UnpicklingError, whose advice (re-run
+    ``torch.load`` with ``weights_only=False``) would run it; an object array in
+    ``arrays.npz`` got numpy's advice about ``allow_pickle``."""
+    from tl_reward.model.scoring import RewardResult
+
+    good = {"tensors.pt": RewardResult(torch.randn(2, 1), ["score"], torch.randn(2), None,
+                                       torch.tensor([3, 4])),
+            "arrays.npz": PairAgreement(Estimate(0.25, -0.5, 1.0, 0.1, 7, "m", 0.9),
+                                        np.arange(3.0))}[member]
+    path = good.save(tmp_path / "good.tlr")
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    assert member in members  # the file is valid but for the one member replaced below
+    marker = tmp_path / "payload-ran"
+    buf = io.BytesIO()
+    if member == "tensors.pt":
+        torch.save({"tensor0": PicklePayload(marker)}, buf)
+    else:
+        np.savez(buf, array0=np.array([PicklePayload(marker)], dtype=object))
+    bad = _crafted(tmp_path / "bad.tlr", files={**members, member: buf.getvalue()})
+    with pytest.raises(ResultFileError) as err:
+        load_result(bad)
+    msg = str(err.value)
+    assert str(bad) in msg and repr(member) in msg and "tampered" in msg
+    assert "weights_only" not in msg and "allow_pickle" not in msg and "do not load it" in msg
+    assert err.value.__cause__ is None and err.value.__suppress_context__  # torch's advice hidden
+    assert not marker.exists()
+    assert_same(load_result(path), good)  # the untouched file still loads
 
 
 def test_a_result_of_a_module_not_yet_imported_loads(tmp_path: Path) -> None:

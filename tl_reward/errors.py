@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 
@@ -43,7 +43,12 @@ class TokenizerMismatchError(TLRewardError):
 
 
 class EmptyResponseError(TLRewardError):
-    """A response to be scored is empty."""
+    """A response to be scored is empty. :attr:`problem` is the message without its ``fix``,
+    for a caller that knows a better fix (the command line names the file's line)."""
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        super().__init__(f"{problem} ({fix})" if fix else problem)
+        self.problem = problem
 
 
 class UnknownObjectiveError(TLRewardError, KeyError):
@@ -83,5 +88,26 @@ def require_sae_lens() -> None:
 
 
 class ResultFileError(TLRewardError):
-    """A saved result file that cannot be read: not a result, damaged, malformed, or naming a
-    type that is not a registered tl_reward result."""
+    """A saved result file (or stored chunk) that cannot be read: not a result, damaged,
+    malformed, holding pickled objects (possibly tampered with), or naming a type that is not a
+    registered tl_reward result."""
+
+
+def check_tokens(ids: Sequence[int], who: str, n_ctx: int | None = None,
+                 d_vocab: int | None = None) -> None:
+    """Refuse a row the model cannot read: no tokens, more than ``n_ctx``, or an id outside
+    ``d_vocab``; ``who`` names it as the user gave it (``input 3``, ``pair 2 (rejected
+    reply)``, ``data.jsonl:7``)."""
+    if not ids:
+        raise EmptyResponseError(f"{who} has no tokens")
+    if n_ctx is not None and len(ids) > n_ctx:
+        raise ContextLengthError(
+            f"{who} has {len(ids)} tokens, more than the model's context of {n_ctx}; "
+            "shorten it (e.g. drop early turns of the conversation)"
+        )
+    if d_vocab is not None and (max(ids) >= d_vocab or min(ids) < 0):
+        raise TokenizerMismatchError(
+            f"{who} has token id {max(ids)} but the model's vocabulary has "
+            f"{d_vocab} entries; the tokenizer does not match this model (load the "
+            "tokenizer saved with the reward model)"
+        )

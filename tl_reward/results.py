@@ -10,7 +10,10 @@ version and the fields, nested results and dataclasses included) beside the tens
 dataframes (one parquet file each), so every dtype and shape comes back as saved. A file may
 name only a registered result type (every :class:`ShortRepr` subclass, and the dataclasses
 nested in results, marked :func:`result_type`); nothing is imported because a file names it,
-and a file that cannot be read raises :class:`~tl_reward.errors.ResultFileError`.
+and a file that cannot be read raises :class:`~tl_reward.errors.ResultFileError`. So does a
+file whose tensors or arrays hold any other pickled object (:func:`load_tensors`,
+:func:`load_arrays`: the one place saved tensors and arrays are read): it may have been tampered
+with, and the error never advises loading it unsafely.
 
 Example:
     >>> lens
@@ -64,6 +67,46 @@ RESULT_MODULES = (
 #: Files that are not zips: their first bytes -> the result type that reads them (``from_file``).
 _OTHER_FILES = {b"PAR1": "tl_reward.sweep.vocab_sweep:VocabSweep",  # a sweep's parquet file
                 b"{": "tl_reward.analysis.faithfulness:FaithfulnessReport"}  # the old JSON
+
+
+#: The fix a tampered result file's error gives.
+RECREATE = ("do not load it; recreate it by rerunning the analysis that saved it, or get it "
+            "again from a source you trust")
+
+
+def _tampered(where: str, what: str, fix: str) -> ResultFileError:
+    return ResultFileError(f"{where} holds objects other than {what} (pickled code or objects "
+                           f"that a safe load refuses), so it may have been tampered with; {fix}")
+
+
+def load_tensors(data: bytes, where: str, fix: str = RECREATE) -> Any:
+    """What ``torch.save`` wrote to ``data``, read with ``weights_only=True`` (tensors and plain
+    containers only, nothing is run); a :class:`ResultFileError` naming ``where`` (and giving
+    ``fix``) when it holds any other pickled object."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except pickle.UnpicklingError:  # torch's own message advises weights_only=False: never
+        raise _tampered(where, "tensors", fix) from None
+
+
+def load_arrays(data: bytes | Path, where: str, fix: str = RECREATE) -> dict[str, Any]:
+    """The arrays of an ``np.savez`` file (bytes or a path), read with ``allow_pickle=False``;
+    a :class:`ResultFileError` naming ``where`` (and giving ``fix``) when it holds pickled
+    objects."""
+    import numpy as np
+
+    try:
+        with np.load(io.BytesIO(data) if isinstance(data, bytes) else data,
+                     allow_pickle=False) as a:
+            return {k: a[k] for k in a.files}
+    except ValueError as e:  # numpy's message names allow_pickle: never advise it
+        if "pickle" in str(e):
+            raise _tampered(where, "plain arrays", fix) from None
+        raise
 
 
 def result_type(cls: T) -> T:
@@ -331,9 +374,7 @@ def load_result(path: str | Path) -> Any:
 
 
 def _read_zip(path: Path) -> Any:
-    import numpy as np
     import pandas as pd
-    import torch
 
     if not zipfile.is_zipfile(path):
         raise ResultFileError("not a saved tl_reward result (not a zip file, or a damaged one)")
@@ -349,11 +390,9 @@ def _read_zip(path: Path) -> Any:
             found = head.get("format") if isinstance(head, dict) else None
             raise ResultFileError(f"format {found!r}, expected {FORMAT!r}")
         blobs: dict[str, Any] = {}
-        if "tensors.pt" in names:
-            blobs |= torch.load(io.BytesIO(z.read("tensors.pt")), weights_only=True)
-        if "arrays.npz" in names:
-            with np.load(io.BytesIO(z.read("arrays.npz")), allow_pickle=False) as a:
-                blobs |= {k: a[k] for k in a.files}
+        for member, load in (("tensors.pt", load_tensors), ("arrays.npz", load_arrays)):
+            if member in names:
+                blobs |= load(z.read(member), f"its member {member!r}")
         for name in names:
             if name.endswith(".parquet"):
                 frame = pd.read_parquet(io.BytesIO(z.read(name)))

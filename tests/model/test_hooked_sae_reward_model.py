@@ -107,6 +107,27 @@ def test_bad_saes_raise(tiny) -> None:
         model.add_sae(sae)
 
 
+@pytest.mark.parametrize(("hook", "meant"), [
+    ("blocks.1.hook_resid_postt", "blocks.1.hook_resid_post"),
+    ("blocks.1.hook_mlp_outt", "blocks.1.hook_mlp_out"),
+    ("blocks.99.hook_resid_post", "blocks.{last}.hook_resid_post"),
+    ("blocks.0.attn.hook_zz", "blocks.0.attn.hook_z"),
+])
+def test_a_misspelt_hook_names_the_hooks_meant(tiny, hook: str, meant: str) -> None:
+    """The message listed "hooks of that kind here: []" for a misspelt hook."""
+    base, _, _ = tiny("llama", 1)
+    model = HookedSAERewardModel.from_reward_model(base)
+    last = model.cfg.n_layers - 1
+    meant = meant.format(last=last)
+    assert meant in model.hook_dict and hook not in model.hook_dict
+    with pytest.raises(SAEHookError) as err:
+        model.add_sae(make_sae(model.cfg.d_model, hook))
+    msg = str(err.value)
+    leaf = meant.split(".", 2)[2]
+    assert meant in msg and f"blocks.{{0..{last}}}.{leaf}" in msg and "[]" not in msg
+    assert "hook_name" in msg  # the fix
+
+
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 from helpers import CONVERSATIONS
@@ -51,9 +52,40 @@ def test_rewards_result_table_and_order(tiny) -> None:
     for i, conv in enumerate(CONVERSATIONS):  # length-sorted batching restores input order
         single = model.rewards(conv)
         torch.testing.assert_close(res.rewards[i], single.rewards[0], atol=1e-5, rtol=0)
-        assert list(df.columns[-3:]) == model.objectives
+        assert list(df.columns[2:5]) == model.objectives  # label, n_tokens, objectives
     fig = res.plot()
     assert len(fig.data) == 3
+
+
+def test_rewards_table_carries_each_inputs_texts(tiny) -> None:
+    """``to_dataframe()`` had no prompt or response: rows could not be read without the
+    inputs. Each row's texts are those of the input at its place (length-sorted batching must
+    not shuffle them), after the columns it had before."""
+    model, _, tok = tiny("llama")
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Is the sky blue on a clear day, and why?"},
+            {"role": "assistant", "content": "Yes: air scatters blue light the most."}]
+    ids = model.encode(("Why?", "Because.")).ids
+    items = ["plain text", chat, ("Is the sky blue?", "No."), (chat[:4], "It is."), ids,
+             torch.tensor(ids[:5]), chat[:2]]
+    want = [  # (prompt, response, text) of each input, read off the inputs themselves
+        (None, None, "plain text"), (chat[3]["content"], chat[4]["content"], None),
+        ("Is the sky blue?", "No.", None), (chat[3]["content"], "It is.", None),
+        (None, None, tok.decode(ids)), (None, None, tok.decode(ids[:5])),
+        (chat[1]["content"], None, None)]
+    res = model.rewards(items, batch_size=2)
+    assert sorted(range(len(items)), key=lambda i: -res.n_tokens[i]) != list(range(len(items)))
+    df = res.to_dataframe()
+    before = type(res)(res.rewards, res.objectives, res.score, res.gating, res.n_tokens)
+    assert list(df.columns) == [*before.to_dataframe().columns, "prompt", "response", "text"]
+    for i, item in enumerate(items):
+        got = tuple(None if pd.isna(v) else v for v in df.loc[i, ["prompt", "response", "text"]])
+        assert got == want[i], i
+        torch.testing.assert_close(df.loc[i, "reward"], float(model.rewards([item]).score[0]),
+                                   atol=1e-5, rtol=0)
+    only_text = model.rewards(["a", "b c"]).to_dataframe()  # a column only where it applies
+    assert list(only_text["text"]) == ["a", "b c"] and "prompt" not in only_text
 
 
 def test_empty_response_errors(tiny) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import PicklePayload
 from scale_jobs import (
     DIMS,
     GRAM_KW,
@@ -258,3 +259,23 @@ def test_grams_cache_refuses_another_run_identity(job_models, tmp_path: Path) ->
     with pytest.raises(StoreMismatchError, match="model_fingerprint, tokenizer"):
         run_layer_grams(path, INPUTS, executor=local(), cache_dir=tmp_path, progress=False,
                         **GRAM_KW)
+
+
+def test_a_tampered_grams_chunk_is_refused_naming_it(job_models, tmp_path: Path) -> None:
+    """A stored unit's ``.npz`` holding a pickled object raised numpy's ValueError advising
+    ``allow_pickle``; now the error names the chunk and says to delete it."""
+    from tl_reward.errors import ResultFileError
+
+    kw = {"cache_dir": tmp_path / "g", "batches_per_unit": 4, "progress": False, **GRAM_KW}
+    run_layer_grams(job_models["llama"][0], INPUTS, executor=local(), **kw)
+    chunk = sorted((tmp_path / "g").rglob("*.npz"))[0]
+    marker = tmp_path / "payload-ran"
+    with np.load(chunk) as z:
+        arrays = {k: z[k] for k in z.files}
+    with open(chunk, "wb") as f:
+        np.savez(f, **{**arrays, "item": np.array([PicklePayload(marker)], dtype=object)})
+    with pytest.raises(ResultFileError) as err:
+        run_layer_grams(job_models["llama"][0], INPUTS, executor=local(), **kw)
+    msg = str(err.value)
+    assert str(chunk) in msg and "tampered" in msg and f"delete {chunk}" in msg
+    assert "allow_pickle" not in msg and not marker.exists()

@@ -34,7 +34,7 @@ from tl_reward.analysis.components import (
 )
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
-from tl_reward.model.inputs import as_items, input_batches
+from tl_reward.model.inputs import as_items, encode_inputs, input_batches
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, reward_readout
 from tl_reward.results import PairSides, ShortRepr
 
@@ -176,7 +176,7 @@ def direct_reward_attribution(
         per_position: also split every head over source positions (token maps).
         batch_size: inputs per forward pass.
     """
-    encoded = [model.encode(x) for x in as_items(inputs)]
+    encoded = encode_inputs(model, as_items(inputs))
     parts: list[dict[str, Any]] = []
     for batch in input_batches(model, encoded, batch_size, "attribution", progress):
         part = _attribute_batch(model, batch.tokens, batch.attention_mask, objectives, neurons,

@@ -36,7 +36,7 @@ from jaxtyping import Float
 
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.model.heads import objective_slot
-from tl_reward.model.inputs import as_items, cached_batches
+from tl_reward.model.inputs import as_items, cached_batches, encode_inputs
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, normalise, reward_readout
 from tl_reward.results import PairSides, ShortRepr
 
@@ -67,7 +67,7 @@ def pooled_residuals(
     progress: bool | None = None,
 ) -> PooledResiduals:
     """Collect :class:`PooledResiduals` for ``inputs`` (anything ``model.make_batch`` takes)."""
-    encoded = [model.encode(x) for x in as_items(inputs)]
+    encoded = encode_inputs(model, as_items(inputs))
     n_layers = model.cfg.n_layers
     names = [f"blocks.{i}.hook_resid_pre" for i in range(n_layers)]
     names.append(f"blocks.{n_layers - 1}.hook_resid_post")

@@ -37,6 +37,7 @@ from jaxtyping import Float
 
 from tl_reward.audit.pooled import pooled_residual, resid_hook, residual_batches
 from tl_reward.errors import TLRewardError
+from tl_reward.model.inputs import encode_inputs
 from tl_reward.model.readout import is_layernorm, normalise, resolve_objectives
 from tl_reward.results import ShortRepr, result_type
 from tl_reward.stats.paired import share_interval, sign_flip_test
@@ -284,7 +285,7 @@ def steering_curve(
     hook = resid_hook(model, concept.layer)
     final_hook = resid_hook(model, model.cfg.n_layers)
     step = (concept.unit * concept.spread).to(model.cfg.device)
-    encoded = [model.encode(x) for x in inputs]
+    encoded = encode_inputs(model, inputs)
     grid = [0.0, *[float(a) for a in alphas]]
     rewards = torch.empty(len(grid), len(encoded))
     for s in range(0, len(encoded), batch_size):

@@ -39,7 +39,7 @@ from tl_reward.analysis.patching import PatchingResult, activation_patching, sit
 from tl_reward.audit.covariance import GaussianFit, fit_gaussian
 from tl_reward.data.pairs import as_tokenized_pair
 from tl_reward.errors import TLRewardError
-from tl_reward.model.inputs import cached_batches
+from tl_reward.model.inputs import cached_batches, encode_inputs
 from tl_reward.results import ShortRepr
 
 SiteKey = tuple[str, int | None]  # (hook name, unit or None)
@@ -104,7 +104,7 @@ def _unit_slice(hook: str, act: torch.Tensor, unit: int | None) -> torch.Tensor:
 def _collect(model: Any, inputs: Sequence[Any], hooks: set[str], skip_first: bool,
              batch_size: int) -> dict[str, torch.Tensor]:
     out: dict[str, list[torch.Tensor]] = {h: [] for h in hooks}
-    encoded = [model.encode(x) for x in inputs]
+    encoded = encode_inputs(model, inputs)
     for batch, cache in cached_batches(model, encoded, batch_size, hooks):
         mask = batch.attention_mask.bool().clone()
         if skip_first:

@@ -15,7 +15,7 @@ from jaxtyping import Float
 
 from tl_reward.analysis.patching import site_hook
 from tl_reward.errors import TLRewardError
-from tl_reward.model.inputs import cached_batches
+from tl_reward.model.inputs import cached_batches, encode_inputs
 from tl_reward.model.readout import normalise
 
 
@@ -33,7 +33,7 @@ def residual_batches(
     if len(inputs) == 0:
         raise TLRewardError("no inputs: pass at least one text, conversation or (prompt, reply)")
     hook = resid_hook(model, layer)
-    encoded = [model.encode(x) for x in inputs]
+    encoded = encode_inputs(model, inputs)
     for batch, cache in cached_batches(model, encoded, batch_size, (hook,)):
         yield batch, cache[hook], batch.pooled
 

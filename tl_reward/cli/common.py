@@ -9,7 +9,7 @@ from typing import Any
 
 from tl_reward.data.hh_rlhf import pair_from_dialogues
 from tl_reward.data.preference import PreferencePair
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import EmptyResponseError, TLRewardError
 from tl_reward.model.demo import DEMO_MODEL_NAME
 
 
@@ -135,16 +135,24 @@ def item_from_record(rec: dict[str, Any], where: str, also: str = "") -> Any:
 def pair_from_record(rec: dict[str, Any], where: str) -> Any:
     """A :class:`~tl_reward.data.PreferencePair` from one JSONL record: ``prompt`` (string or
     messages), ``chosen`` and ``rejected`` replies, or HH-RLHF ``chosen``/``rejected``
-    dialogues. ``where`` names the record in errors."""
-    if {"prompt", "chosen", "rejected"} <= rec.keys():
-        return PreferencePair.from_prompt(rec["prompt"], rec["chosen"], rec["rejected"])
-    if {"chosen", "rejected"} <= rec.keys():
-        try:
-            return pair_from_dialogues(rec["chosen"], rec["rejected"])
-        except ValueError as exc:
-            raise TLRewardError(f"{where}: {exc}") from exc
-    raise TLRewardError(f"{where}: need 'prompt', 'chosen' and 'rejected' fields (or HH-RLHF "
-                        "'chosen'/'rejected' dialogues)")
+    dialogues. ``where`` names the record in errors (``meta["source"]``: also in later ones)."""
+    try:
+        if {"prompt", "chosen", "rejected"} <= rec.keys():
+            pair = PreferencePair.from_prompt(rec["prompt"], rec["chosen"], rec["rejected"])
+        elif {"chosen", "rejected"} <= rec.keys():
+            pair = pair_from_dialogues(rec["chosen"], rec["rejected"])
+        else:
+            raise TLRewardError(f"{where}: need 'prompt', 'chosen' and 'rejected' fields (or "
+                                "HH-RLHF 'chosen'/'rejected' dialogues)")
+    except EmptyResponseError as exc:  # its fix names a loader option the CLI does not have
+        raise EmptyResponseError(f"{where}: {exc.problem}",
+                                 "write both replies on that line, or delete the line") from None
+    except TLRewardError:
+        raise
+    except ValueError as exc:
+        raise TLRewardError(f"{where}: {exc}") from exc
+    pair.meta["source"] = where
+    return pair
 
 
 def read_jsonl(path: Path, limit: int | None = None) -> list[tuple[str, dict[str, Any]]]:

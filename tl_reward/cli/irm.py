@@ -22,6 +22,7 @@ from tl_reward.cli.common import (
     read_pairs,
     write_report,
 )
+from tl_reward.data.preference import pair_rows
 from tl_reward.errors import TLRewardError
 
 
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     pairs = read_pairs(args.input, args.max_pairs)
     policy, tok = _causal_lm(args.policy, args)
     reference, _ = _causal_lm(args.reference, args)
-    convs = [c for p in pairs for c in (p.chosen_conversation(), p.rejected_conversation())]
+    convs, _ = pair_rows(pairs)
     res = implicit_rewards(policy, reference, convs, args.beta, tokenizer=tok,
                            batch_size=args.batch_size)
     r = res.rewards.double().cpu().numpy()

@@ -29,14 +29,17 @@ def run(args: argparse.Namespace) -> int:
         records = read_jsonl(args.input)
         items = [item_from_record(rec, where) for where, rec in records]
         labels = [str(rec.get("id", i)) for i, (_, rec) in enumerate(records)]
+        names = [where for where, _ in records]  # errors name the file's line
     elif args.prompt and args.response:
         items = [(args.prompt, r) for r in args.response]
         labels = [r[:40] for r in args.response]
+        names = [f"--response {k}" for k in range(1, len(items) + 1)]
     else:
         raise TLRewardError("pass --prompt with at least one --response, or --input FILE.jsonl")
     model = load_model(args)
-    df = model.rewards(items, batch_size=args.batch_size, labels=labels).to_dataframe()
-    print(df.to_string(index=False))
+    df = model.rewards(items, batch_size=args.batch_size, labels=labels,
+                       names=names).to_dataframe()
+    print(df.to_string(index=False, max_colwidth=40))  # the CSV keeps the whole texts
     if args.output:
         df.to_csv(args.output, index=False)
     return 0

@@ -30,7 +30,7 @@ import pandas as pd
 from jaxtyping import Float
 
 from tl_reward.compare.layers import activations, model_label
-from tl_reward.data.preference import PreferencePair
+from tl_reward.data.preference import PreferencePair, pair_rows
 from tl_reward.errors import TLRewardError
 from tl_reward.results import ShortRepr, result_type
 from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
@@ -160,8 +160,10 @@ class BehaviourComparison(ShortRepr):
         return plot_behaviour(self.to_dataframe(), self.rewards)
 
 
-def _scores(model: Any, inputs: Sequence[Any], objective: str, batch_size: int) -> np.ndarray:
-    return model.rewards(list(inputs), batch_size=batch_size).values(objective).double().numpy()
+def _scores(model: Any, inputs: Sequence[Any], objective: str, batch_size: int,
+            names: Sequence[str] | None = None) -> np.ndarray:
+    res = model.rewards(list(inputs), batch_size=batch_size, names=names)
+    return res.values(objective).double().numpy()
 
 
 @dataclass
@@ -209,8 +211,8 @@ def model_features(model: Any, corpus: Sequence[Any] | None,
                     if "{layer}" in readability_hook else readability_hook)
             acts = activations(model, corpus, hook, batch_size=batch_size)
     if pairs is not None:
-        convs = [c for p in pairs for c in (p.chosen_conversation(), p.rejected_conversation())]
-        s = _scores(model, convs, objective, batch_size)
+        convs, names = pair_rows(pairs)
+        s = _scores(model, convs, objective, batch_size, names)
         margins = s[0::2] - s[1::2]
     return ModelFeatures(rewards, acts, hook, margins)
 

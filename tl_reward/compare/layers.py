@@ -41,7 +41,7 @@ from tl_reward.compare.similarity import MEASURES, permutations, transform_gram
 from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.model.inputs import EncodedInput, collate, encode
 from tl_reward.model.pooling import pool_positions as pool_by_rule
-from tl_reward.results import ShortRepr
+from tl_reward.results import ShortRepr, load_arrays
 from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec, batched
 from tl_reward.scale.jobs import run_chunked
 from tl_reward.store import ChunkStore, RunIdentity, digest
@@ -450,8 +450,10 @@ def _run(jobs: Sequence[tuple[Spec, Sequence[int] | None]], inputs: Sequence[Any
             store, hooks = stores[key[0]], groups[key[0]][key[1]]
             if store is None or not store.has(name(key)):
                 return None
-            with np.load(store.path(name(key))) as z:
-                return {h: z[f"h{k}"] for k, h in enumerate(hooks)}, z["item"]
+            path = store.path(name(key))
+            z = load_arrays(path, str(path), f"do not load it; delete {path} and rerun (the "
+                                             "job recomputes that chunk)")
+            return {h: z[f"h{k}"] for k, h in enumerate(hooks)}, z["item"]
 
         def save(key: tuple[int, int, int], result: Any) -> None:
             store, hooks = stores[key[0]], groups[key[0]][key[1]]

@@ -21,10 +21,8 @@ from typing import Any
 import torch
 from jaxtyping import Int
 
-from tl_reward.data.preference import PreferencePair
-from tl_reward.errors import TLRewardError, check_choice
-
-SIDES = ("chosen", "rejected")
+from tl_reward.data.preference import SIDES, PreferencePair
+from tl_reward.errors import TLRewardError, check_choice, check_tokens
 
 
 def _check_side(side: str) -> int:
@@ -136,11 +134,14 @@ def align_ids(chosen_ids: Sequence[int], rejected_ids: Sequence[int],
     return TokenizedPair(c, r, prompt_len, aligned, un_c, un_r)
 
 
-def tokenize_pair(model: Any, pair: PreferencePair | tuple[Any, str, str]) -> TokenizedPair:
+def tokenize_pair(model: Any, pair: PreferencePair | tuple[Any, str, str], index: int = 0
+                  ) -> TokenizedPair:
     """Tokenise both replies once through the model's chat template and align them.
 
     ``pair``: a :class:`PreferencePair` or ``(prompt, chosen, rejected)`` with the prompt a
-    string or a conversation.
+    string or a conversation. A reply the model cannot read (longer than its context, ids
+    outside its vocabulary) is refused here, named as the ``index``-th pair and its side
+    (:meth:`PreferencePair.row_name`).
     """
     if isinstance(pair, tuple):
         pair = PreferencePair.from_prompt(*pair)
@@ -149,6 +150,8 @@ def tokenize_pair(model: Any, pair: PreferencePair | tuple[Any, str, str]) -> To
                         f"{type(pair).__name__}")
     ec = model.encode(pair.chosen_conversation())
     er = model.encode(pair.rejected_conversation())
+    for side, e in zip(SIDES, (ec, er), strict=True):
+        check_tokens(e.ids, pair.row_name(side, index), model.cfg.n_ctx, model.cfg.d_vocab)
     start = ec.response_start if ec.response_start == er.response_start else None
     tp = align_ids(ec.ids, er.ids, start)
     tp.pair = pair
@@ -184,7 +187,7 @@ class PairBatch:
 
 def tokenize_pairs(model: Any, pairs: Sequence[PreferencePair | tuple[Any, str, str]]) -> PairBatch:
     """:func:`tokenize_pair` for each pair."""
-    return PairBatch([tokenize_pair(model, p) for p in pairs])
+    return PairBatch([tokenize_pair(model, p, k) for k, p in enumerate(pairs)])
 
 
 def as_pair_batch(model: Any, pairs: Any) -> PairBatch:
@@ -194,8 +197,8 @@ def as_pair_batch(model: Any, pairs: Any) -> PairBatch:
     if isinstance(pairs, (TokenizedPair, PreferencePair)) or (
             isinstance(pairs, tuple) and len(pairs) == 3 and isinstance(pairs[1], str)):
         pairs = [pairs]
-    return PairBatch([p if isinstance(p, TokenizedPair) else tokenize_pair(model, p)
-                      for p in pairs])
+    return PairBatch([p if isinstance(p, TokenizedPair) else tokenize_pair(model, p, k)
+                      for k, p in enumerate(pairs)])
 
 
 def as_tokenized_pair(model: Any, pair: Any) -> TokenizedPair:

@@ -21,6 +21,9 @@ Example:
 
 from __future__ import annotations
 
+import difflib
+import re
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -32,6 +35,8 @@ require_sae_lens()  # a clear refusal where SAELens cannot be imported (Transfor
 from sae_lens import SAE, HookedSAETransformer  # noqa: E402
 
 from tl_reward.model.hooked_reward_model import HookedRewardModel  # noqa: E402
+
+_BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
 class SAEHookError(SAEError):
@@ -54,6 +59,32 @@ def hook_width(cfg: Any, hook: str, reshape: str = "none") -> int | None:
     if leaf in ("hook_attn_scores", "hook_pattern"):
         return None
     return 1 if leaf == "hook_scale" else int(cfg.d_model)
+
+
+def hook_hint(hook: str, names: Iterable[str]) -> str:
+    """What to write instead of the unknown ``hook``: the closest of the model's hook ``names``
+    (difflib) and the nearest forms they take, each block hook with its layer range
+    (``blocks.{0..L-1}.hook_resid_post``)."""
+    names = list(names)
+    layers: dict[str, list[int]] = {}
+    for name in names:
+        m = _BLOCK.match(name)
+        layers.setdefault(m[2] if m else name, []).extend([int(m[1])] if m else [])
+
+    def form(leaf: str) -> str:
+        at = sorted(set(layers[leaf]))
+        if not at:
+            return leaf
+        span = (f"{at[0]}..{at[-1]}" if at == list(range(at[0], at[-1] + 1))
+                else ",".join(map(str, at)))
+        return f"blocks.{{{span}}}.{leaf}"
+
+    m = _BLOCK.match(hook)
+    leaf = m[2] if m else hook
+    close = difflib.get_close_matches(hook, names, n=3, cutoff=0.0)
+    forms = difflib.get_close_matches(leaf, list(layers), n=3, cutoff=0.0)
+    return (f"the closest hooks here are {', '.join(close)}; hooks here have forms such as "
+            f"{', '.join(map(form, forms))}")
 
 
 class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
@@ -98,10 +129,11 @@ class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
                 "on, e.g. sae.cfg.metadata.hook_name = 'blocks.3.hook_resid_post'"
             )
         if hook not in self.hook_dict and hook not in getattr(self, "_acts_to_saes", {}):
-            near = [n for n in self.hook_dict if n.split(".")[-1] == hook.split(".")[-1]][:3]
             raise SAEHookError(
                 f"the SAE reads {hook!r}, which is not a hook of this model "
-                f"({self.cfg.n_layers} layers); hooks of that kind here: {near}"
+                f"({self.cfg.n_layers} layers); {hook_hint(hook, self.hook_dict)}; set "
+                "sae.cfg.metadata.hook_name to the hook the SAE was trained on, or use an SAE "
+                "trained on this model"
             )
         width = hook_width(self.cfg, hook, sae.cfg.reshape_activations)
         if width is not None and sae.cfg.d_in != width:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -19,12 +19,11 @@ from tqdm.auto import tqdm
 
 from tl_reward.data.conversation import Conversation, Message, as_conversation, is_conversation
 from tl_reward.errors import (
-    ContextLengthError,
     EmptyResponseError,
     MissingPadTokenError,
     MissingTokenizerError,
     TLRewardError,
-    TokenizerMismatchError,
+    check_tokens,
 )
 
 RewardInput = (
@@ -54,10 +53,30 @@ def as_items(inputs: Any) -> list[Any]:
 
 @dataclass(frozen=True)
 class EncodedInput:
-    """Token ids of one input and, when known, where the final response starts."""
+    """Token ids of one input and, when known, where the final response starts and how the
+    user's inputs name it (``name``, set by :func:`encode_inputs`; what errors about it say)."""
 
     ids: list[int]
     response_start: int | None = None
+    name: str | None = field(default=None, compare=False)
+
+
+def encode_inputs(model: Any, items: Sequence[Any], names: Sequence[str] | None = None
+                  ) -> list[EncodedInput]:
+    """``model.encode`` of each item, named ``names[i]`` (default ``input i``: its place in
+    ``items``), so that an error about a row, here or when it is batched (:func:`collate`),
+    names the input the user gave, whatever order the rows are batched in."""
+    if names is not None and len(names) != len(items):
+        raise TLRewardError(f"got {len(names)} names for {len(items)} inputs; give one each")
+    out = []
+    for i, item in enumerate(items):
+        name = f"input {i}" if names is None else str(names[i])
+        try:
+            out.append(replace(model.encode(item), name=name))
+        except TLRewardError as err:
+            err.args = (f"{name}: {err}", *err.args[1:])
+            raise
+    return out
 
 
 def template_ids(tokenizer: Any, messages: Conversation, add_generation_prompt: bool) -> list[int]:
@@ -129,38 +148,83 @@ def is_token_ids(item: Any) -> bool:
             and all(isinstance(t, int) and not isinstance(t, bool) for t in item))
 
 
+def input_kind(item: Any) -> str:
+    """What :func:`encode` reads ``item`` as: ``"ids"``, ``"text"``, ``"pair"`` (a
+    ``(prompt, response)`` tuple) or ``"conversation"``; an error for anything else."""
+    if is_token_ids(item):
+        if isinstance(item, torch.Tensor) and item.ndim != 1:
+            raise TLRewardError("a token tensor input must be 1-D; pass a batch as a list")
+        return "ids"
+    if isinstance(item, torch.Tensor):
+        raise TLRewardError("a token tensor input must hold integer ids")
+    if isinstance(item, str):
+        return "text"
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
+        return "pair"
+    if is_conversation(item):
+        return "conversation"
+    raise TypeError(
+        "unsupported input: pass a string, a list of {'role','content'} messages, a "
+        f"(prompt, response) tuple, or token ids; got {type(item).__name__}"
+    )
+
+
+def input_messages(item: Any) -> Conversation:
+    """The conversation a ``(prompt, response)`` or conversation input is scored as."""
+    if input_kind(item) == "conversation":
+        return as_conversation(item)
+    prompt = ([Message(role="user", content=item[0])] if isinstance(item[0], str)
+              else as_conversation(item[0]))
+    return [*prompt, Message(role="assistant", content=item[1])]
+
+
 def encode(tokenizer: Any, item: RewardInput, suffix_ids: Sequence[int] = ()) -> EncodedInput:
     """Token ids for any supported input kind.
 
     ``suffix_ids`` (InternLM2's reward token) follow every text, pair or conversation; token-id
     inputs (a tensor, list or tuple of ints) are taken exactly as given.
     """
-    if is_token_ids(item):
-        if isinstance(item, torch.Tensor) and item.ndim != 1:
-            raise TLRewardError("a token tensor input must be 1-D; pass a batch as a list")
+    kind = input_kind(item)
+    if kind == "ids":
         ids = item.tolist() if isinstance(item, torch.Tensor) else item
         return EncodedInput([int(t) for t in ids])  # type: ignore[union-attr]
-    if isinstance(item, torch.Tensor):
-        raise TLRewardError("a token tensor input must hold integer ids")
-    if isinstance(item, str):
-        _need_tokenizer(tokenizer, "strings")
-        if not item.strip():
+    _need_tokenizer(tokenizer, {"text": "strings", "pair": "(prompt, response) pairs",
+                                "conversation": "conversations"}[kind])
+    if kind == "text":
+        if not item.strip():  # type: ignore[union-attr]
             raise EmptyResponseError("the input text is empty")
         out = EncodedInput([int(t) for t in tokenizer(item, add_special_tokens=True)["input_ids"]])
-    elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
-        _need_tokenizer(tokenizer, "(prompt, response) pairs")
-        prompt = ([Message(role="user", content=item[0])] if isinstance(item[0], str)
-                  else as_conversation(item[0]))
-        out = encode_conversation(tokenizer, [*prompt, Message(role="assistant", content=item[1])])
-    elif is_conversation(item):
-        _need_tokenizer(tokenizer, "conversations")
-        out = encode_conversation(tokenizer, as_conversation(item))  # type: ignore[arg-type]
     else:
-        raise TypeError(
-            "unsupported input: pass a string, a list of {'role','content'} messages, a "
-            f"(prompt, response) tuple, or token ids; got {type(item).__name__}"
-        )
+        out = encode_conversation(tokenizer, input_messages(item))
     return EncodedInput([*out.ids, *(int(t) for t in suffix_ids)], out.response_start)
+
+
+#: The text columns of :func:`input_texts`, in the order tables show them.
+TEXT_COLUMNS = ("prompt", "response", "text")
+
+
+def input_texts(items: Sequence[Any], tokenizer: Any = None) -> dict[str, list[str | None]]:
+    """The inputs' texts by column, for tables: ``prompt`` and ``response`` for a
+    ``(prompt, response)`` input or a conversation (its last user turn and final assistant
+    reply), ``text`` for a string or token ids (decoded, special tokens kept, so it shows what
+    was scored; ``None`` without a tokenizer, where the row's place joins it back). ``None``
+    where an input has no such text; a column only where some input has one."""
+    rows: list[dict[str, str | None]] = []
+    for item in items:
+        kind = input_kind(item)
+        if kind == "ids":
+            ids = item.tolist() if isinstance(item, torch.Tensor) else list(item)
+            rows.append({"text": None if tokenizer is None else tokenizer.decode(ids)})
+        elif kind == "text":
+            rows.append({"text": item})
+        else:
+            conv = input_messages(item)
+            users = [m["content"] for m in conv if m["role"] == "user"]
+            rows.append({"prompt": users[-1] if users else None,
+                         "response": conv[-1]["content"] if conv[-1]["role"] == "assistant"
+                         else None})
+    return {c: [r.get(c) for r in rows] for c in TEXT_COLUMNS
+            if any(r.get(c) is not None for r in rows)}
 
 
 @dataclass
@@ -225,19 +289,7 @@ def collate(
         raise TLRewardError("no inputs to score")
     lengths = [len(e.ids) for e in encoded]
     for i, e in enumerate(encoded):
-        if not e.ids:
-            raise EmptyResponseError(f"input {i} has no tokens")
-        if n_ctx is not None and len(e.ids) > n_ctx:
-            raise ContextLengthError(
-                f"input {i} has {len(e.ids)} tokens, more than the model's context of {n_ctx}; "
-                "shorten it (e.g. drop early turns of the conversation)"
-            )
-        if d_vocab is not None and (max(e.ids) >= d_vocab or min(e.ids) < 0):
-            raise TokenizerMismatchError(
-                f"input {i} has token id {max(e.ids)} but the model's vocabulary has "
-                f"{d_vocab} entries; the tokenizer does not match this model (load the "
-                "tokenizer saved with the reward model)"
-            )
+        check_tokens(e.ids, e.name or f"row {i} of the batch", n_ctx, d_vocab)
     width = max(lengths)
     if pad_token_id is None and len(set(lengths)) > 1:
         raise MissingPadTokenError(

@@ -28,6 +28,7 @@ from tl_reward.model.inputs import (
     as_items,
     collate,
     encode,
+    encode_inputs,
 )
 from tl_reward.model.pooling import pool_positions
 
@@ -71,8 +72,7 @@ class RewardModelMixin:
     ) -> RewardBatch:
         """The scored sequences of ``inputs``: ids (:meth:`encode`), mask, response starts and
         the pooled positions, padded on the model's device. Every analysis builds here."""
-        items = as_items(inputs)
-        return self.collate([self.encode(x) for x in items], padding_side)
+        return self.collate(encode_inputs(self, as_items(inputs)), padding_side)
 
     make_batch = build
 
@@ -124,12 +124,15 @@ class RewardModelMixin:
         pooling: str | None = None,
         progress: bool | None = None,
         labels: Sequence[str] | None = None,
+        names: Sequence[str] | None = None,
     ) -> Any:
-        """Score inputs in length-sorted batches; returns a :class:`RewardResult`."""
+        """Score inputs in length-sorted batches; returns a :class:`RewardResult`. ``names``:
+        what errors call each input (default ``input i``; the command line gives
+        ``path:line``)."""
         from tl_reward.model.scoring import score_inputs
 
         return score_inputs(self, inputs, batch_size=batch_size, padding_side=padding_side,
-                            pooling=pooling, progress=progress, labels=labels)
+                            pooling=pooling, progress=progress, labels=labels, names=names)
 
     def norm_gain(self, norm: Any) -> torch.Tensor | None:
         """The gain of one of the model's norm modules (``None``: folded away)."""

@@ -11,10 +11,10 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from tl_reward.data.preference import PreferencePair
+from tl_reward.data.preference import PreferencePair, pair_rows
 from tl_reward.errors import UnknownObjectiveError
 from tl_reward.model.heads import objective_slot
-from tl_reward.model.inputs import as_items
+from tl_reward.model.inputs import as_items, encode_inputs, input_texts
 from tl_reward.model.readout import accumulation_dtype
 from tl_reward.results import ShortRepr
 
@@ -34,6 +34,8 @@ class RewardResult(ShortRepr):
         gating: ``[N, K]`` ArmoRM gating weights, else ``None``.
         n_tokens: ``[N]`` sequence lengths.
         labels: optional names of the inputs.
+        texts: the inputs' texts by column (``prompt`` and ``response``, ``text``: see
+            :func:`~tl_reward.model.inputs.input_texts`), shown after the scores.
     """
 
     rewards: Float[torch.Tensor, "n K"]
@@ -42,6 +44,7 @@ class RewardResult(ShortRepr):
     gating: Float[torch.Tensor, "n K"] | None
     n_tokens: Int[torch.Tensor, " n"]
     labels: list[str] | None = None
+    texts: dict[str, list[str | None]] | None = None
 
     def __len__(self) -> int:
         return self.rewards.shape[0]
@@ -56,7 +59,8 @@ class RewardResult(ShortRepr):
         return self.score
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per input: label, token count, score and each objective's reward."""
+        """One row per input, in input order: label, token count, score, each objective's
+        reward (and gate), then the input's texts (``prompt`` and ``response``, or ``text``)."""
         df = pd.DataFrame({"n_tokens": self.n_tokens.tolist()})
         if self.labels is not None:
             df.insert(0, "label", list(self.labels))
@@ -67,6 +71,8 @@ class RewardResult(ShortRepr):
         if self.gating is not None:
             for k, name in enumerate(self.objectives):
                 df[f"gate:{name}"] = self.gating[:, k].tolist()
+        for name, values in (self.texts or {}).items():
+            df[name if name not in df else f"input_{name}"] = values  # an objective "text"
         return df
 
     def plot(self) -> Any:
@@ -88,10 +94,12 @@ def score_inputs(
     pooling: str | None = None,
     progress: bool | None = None,
     labels: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
 ) -> RewardResult:
-    """Score any inputs (see :mod:`tl_reward.model.inputs`) in length-sorted batches."""
+    """Score any inputs (see :mod:`tl_reward.model.inputs`) in length-sorted batches; an error
+    about an input calls it ``names[i]`` (default ``input i``, see :func:`encode_inputs`)."""
     items = as_items(inputs)
-    encoded = [model.encode(x) for x in items]
+    encoded = encode_inputs(model, items, names)
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))
     k, acc = model.cfg.d_vocab_out, accumulation_dtype(model)
     rewards = torch.zeros(len(encoded), k, dtype=acc)
@@ -113,7 +121,8 @@ def score_inputs(
             gating[idx] = g.to(acc).cpu()
     n_tokens = torch.tensor([len(e.ids) for e in encoded])
     return RewardResult(rewards, list(model.objectives), scores, gating, n_tokens,
-                        list(labels) if labels is not None else None)
+                        list(labels) if labels is not None else None,
+                        input_texts(items, model.tokenizer))
 
 
 @dataclass(repr=False)
@@ -162,8 +171,9 @@ def score_pairs(
     model: RewardModelMixin, pairs: Sequence[PreferencePair], objective: str = "score",
     batch_size: int = 8, progress: bool | None = None,
 ) -> PairScores:
-    """Score the chosen and rejected reply of each pair (``objective``: 'score' or a name)."""
-    convs = [c for p in pairs for c in (p.chosen_conversation(), p.rejected_conversation())]
-    res = score_inputs(model, convs, batch_size=batch_size, progress=progress)
+    """Score the chosen and rejected reply of each pair (``objective``: 'score' or a name); an
+    error names the pair and the side (:func:`~tl_reward.data.preference.pair_rows`)."""
+    convs, names = pair_rows(pairs)
+    res = score_inputs(model, convs, batch_size=batch_size, progress=progress, names=names)
     vals = res.values(objective)
     return PairScores(vals[0::2], vals[1::2], list(pairs))

@@ -37,7 +37,7 @@ from jaxtyping import Float, Int
 
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
-from tl_reward.model.inputs import as_items, input_batches
+from tl_reward.model.inputs import as_items, encode_inputs, input_batches
 from tl_reward.model.readout import ObjectiveSpec, resolve_objectives, reward_readout
 from tl_reward.results import PairSides, ShortRepr
 from tl_reward.sae.splice import (
@@ -330,7 +330,7 @@ def sae_attribution(
     items = as_items(inputs)
     if not items:
         raise SAEError("no inputs to attribute")
-    encoded = [model.encode(x) for x in items]
+    encoded = encode_inputs(model, items)
     parts = []
     fn = _exact_batch if method == "exact" else _gradient_batch
     for batch in input_batches(model, encoded, batch_size, f"SAE attribution ({method})",

@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from tl_reward.model.inputs import as_items, cached_batches
+from tl_reward.model.inputs import as_items, cached_batches, encode_inputs
 from tl_reward.model.readout import ObjectiveSpec, resolve_objectives, reward_readout
 from tl_reward.results import ShortRepr
 from tl_reward.sae.ablation import ablate_rows
@@ -208,7 +208,7 @@ def feature_views(
     items = as_items(corpus)
     if not items:
         raise SAEError("the corpus is empty")
-    encoded = [model.encode(x) for x in items]
+    encoded = encode_inputs(model, items)
     tokens = [model.tokenizer.convert_ids_to_tokens(e.ids) for e in encoded]
     d = decoder_directions(sae).detach()[feats]  # [F, d_in]
     acc = _Acc(fired=torch.zeros(len(feats)), act_sum=torch.zeros(len(feats)),

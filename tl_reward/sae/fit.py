@@ -45,6 +45,7 @@ from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from tl_reward.data.pairs import PairBatch, PreferencePair, TokenizedPair, as_pair_batch
+from tl_reward.model.inputs import encode_inputs
 from tl_reward.results import ShortRepr
 from tl_reward.sae.pretrained import prepare_sae
 from tl_reward.sae.splice import as_sae_model, run_objectives
@@ -153,10 +154,11 @@ def sae_fit(
     stats = {r: {"sse": 0.0, "sq": 0.0, "mean": 0.0, "m2": 0.0, "n": 0, "l0": 0.0,
                  "fired": torch.zeros(sae.cfg.d_sae, dtype=torch.float64)} for r in REGIONS}
     clean, spliced = [], []
+    encoded = encode_inputs(model, items)  # an error names the input, not its batch row
     starts = range(0, len(items), batch_size)
     for s in tqdm(starts, disable=not progress if progress is not None else None,
                   desc="sae_fit"):
-        batch = model.build(items[s : s + batch_size])
+        batch = model.collate(encoded[s : s + batch_size])
         tokens, mask = batch.tokens, batch.attention_mask
         seen: list[torch.Tensor] = []
         with torch.no_grad():
