@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from transformer_lens.model_bridge.generalized_components import NormalizationBridge
 
-from tl_reward.errors import UnsupportedArchitectureError
+from tl_reward.errors import TLRewardError, UnsupportedArchitectureError
 from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead, objective_names_of
 from tl_reward.model.pooling import check_rule
 from tl_reward.model.protocol import RewardModelMixin
@@ -139,7 +140,7 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         model = build_reward_bridge(hf_model, arch)
         model.__class__ = cls
         # Gemma-2's sandwich norms, as HookedTransformer's config says (the bridge's leaves it
-        # False, and the decompositions would skip the post-norms' scale)
+        # False); the decompositions read post_norms, which knows OLMo-2's too
         model.cfg.use_normalization_before_and_after = hasattr(model.blocks[0], "ln1_post")
         model.cfg.model_name = name_or_path or str(  # as HookedRewardModel names it
             getattr(hf_model.config, "name_or_path", "") or arch)
@@ -175,13 +176,37 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         shows is Gemma's ``w``, not its ``1 + w``)."""
         return self.norm_affine(norm)[0]
 
+    @property
+    def post_norms(self) -> tuple[str, str] | None:
+        """The norms after attention and after the MLP, read off the bridge's block layout:
+        the modules whose output ``hook_attn_out`` and ``hook_mlp_out`` are (Gemma-2's
+        ``ln1_post``/``ln2_post``, OLMo-2's ``ln1``/``ln2``), else ``None``."""
+        block = self.blocks[0]
+        found = []
+        for hook in ("hook_attn_out", "hook_mlp_out"):
+            where = block.hook_aliases.get(hook)
+            name = where.removesuffix(".hook_out") if isinstance(where, str) else ""
+            found.append(name if isinstance(getattr(block, name, None), NormalizationBridge)
+                         else None)
+        if found == [None, None]:
+            return None
+        if None in found:
+            raise TLRewardError(
+                f"{self.cfg.architecture} normalises only one of its attention and MLP outputs "
+                f"({found}): the decompositions (DRA, the lens's split, direct-path patching) "
+                "do not handle it; use activation patching (tl_reward.analysis.patching)")
+        return found[0], found[1]
+
     @torch.no_grad()
     def value_bias(self, layer: int) -> torch.Tensor:
-        """HF's ``b_V`` plus the first norm's bias through ``W_V`` (``[kv_heads, d_head]``): what
-        HookedTransformer's processing folds into ``b_O``."""
+        """HF's ``b_V`` plus the bias of the norm before attention through ``W_V``
+        (``[kv_heads, d_head]``; OLMo-2 has no norm there): what HookedTransformer's processing
+        folds into ``b_O``."""
         attn = self.blocks[layer].attn
-        _, beta = self.norm_affine(self.blocks[layer].ln1)
-        b = torch.einsum("d,hde->he", beta, attn.W_V.detach().float())
+        b = torch.zeros(attn.W_V.shape[::2], device=attn.W_V.device)
+        if "ln1" not in (self.post_norms or ()):
+            _, beta = self.norm_affine(self.blocks[layer].ln1)
+            b = torch.einsum("d,hde->he", beta, attn.W_V.detach().float())
         return b if attn.b_V is None else b + attn.b_V.detach().float()
 
     @property
