@@ -101,19 +101,27 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         lm_head_rows: Sequence[int] | None = None,
         **hf_kwargs: Any,
     ) -> BridgeRewardModel:
-        """Wrap an HF sequence-classification reward model (a hub name, a local directory or
-        an in-memory ``hf_model``) without converting its weights. ``device`` and ``dtype``
+        """Wrap an HF sequence-classification reward model (a hub name, a local directory, an
+        in-memory ``hf_model``, or a built-in name: the demo RMs ``tl-reward/smollm2-135m-hh``
+        and ``tl-reward/smollm2-135m-multi``, loaded offline as ``HookedRewardModel`` loads
+        them) without converting its weights. ``device`` and ``dtype``
         move and cast the HF model first; the bridge itself never does. ``lm_head_rows`` reads
         those rows of a causal LM's head; ArmoRM, QRM, INF-ORM and InternLM2 (whose sequences
         end in its reward token, the pooled one) load through :func:`custom_head`."""
         import transformers
 
         if hf_model is None:
+            from tl_reward.model.loading import BUILTIN_MODELS
+
             if name_or_path is None:
                 raise ValueError("pass name_or_path or hf_model")
-            auto = transformers.AutoModelForSequenceClassification if lm_head_rows is None \
-                else transformers.AutoModelForCausalLM
-            hf_model = auto.from_pretrained(name_or_path, **hf_kwargs)
+            if name_or_path in BUILTIN_MODELS:  # the demo RMs, offline, as HookedRewardModel
+                hf_model, builtin_tokenizer = BUILTIN_MODELS[name_or_path](dtype)
+                tokenizer = tokenizer or builtin_tokenizer
+            else:
+                auto = transformers.AutoModelForSequenceClassification \
+                    if lm_head_rows is None else transformers.AutoModelForCausalLM
+                hf_model = auto.from_pretrained(name_or_path, **hf_kwargs)
         if tokenizer is None:
             tokenizer = transformers.AutoTokenizer.from_pretrained(
                 name_or_path or hf_model.config._name_or_path,
