@@ -90,8 +90,8 @@ def test_every_family_and_custom_head_is_covered() -> None:
 def test_decompositions_are_exact(arch: str) -> None:
     """DRA, the reward lens and direct-path patching add up to HF's reward (module
     docstring); for OLMo-2, whose norms follow each sublayer, the heads and neurons are read
-    at the post-norms' frozen scale (before the fix the components summed to 0.85 for a
-    reward of 1.00)."""
+    at the post-norms' frozen scale (before the fix the components summed to -1.20 for a
+    reward of -0.84)."""
     from tl_reward.analysis.attribution import differential_attribution, direct_reward_attribution
     from tl_reward.analysis.components import merge_embed
     from tl_reward.analysis.direct_path import direct_path_patching
@@ -230,7 +230,7 @@ def _float64_error(model: Any, hf: Any) -> float:
 def test_float64_rewards_equal_hf_float64(arch: str) -> None:
     """A float64 bridge model's rewards equal HF's float64 forward to 1e-12 relative (a float32
     step anywhere leaves about 1e-8: TransformerLens's attention bridge took its softmax in
-    float32, 8e-8 off on the tiny Llama, 2.3e-7 on the demo RM)."""
+    float32: 4.9e-8 relative on the tiny Llama, 2.3e-7 on the demo RM)."""
     hf = tiny_hf_reward_model(arch)[0]
     if hasattr(hf.config, "_experts_implementation"):
         hf.set_experts_implementation("eager")
@@ -242,7 +242,7 @@ def test_float64_rewards_equal_hf_float64(arch: str) -> None:
 @needs_hooked_transformer
 def test_hooked_float64_rewards_equal_hf_float64() -> None:
     """HookedRewardModel in float64 from a float32 HF model: TransformerLens processed the
-    weights in float32 (folded gains, centred writing weights), 1.3e-7 off before the fix.
+    weights in float32 (folded gains, centred writing weights), 9.7e-8 relative off before.
     GPT-2 (no rotary): HookedTransformer computes rotary angles in float64, HF in float32, so
     the rotary families stay about 1e-7 apart (docs/bridge.md)."""
     from tl_reward import HookedRewardModel

@@ -147,9 +147,10 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
             suffix = registered.suffix(config)
         model = build_reward_bridge(hf_model, arch)
         model.__class__ = cls
-        # Gemma-2's sandwich norms, as HookedTransformer's config says (the bridge's leaves it
-        # False); the decompositions read post_norms, which knows OLMo-2's too
-        model.cfg.use_normalization_before_and_after = hasattr(model.blocks[0], "ln1_post")
+        # norms after the sublayers (Gemma-2's, OLMo-2's), as HookedTransformer's config flags
+        # Gemma-2's (the bridge's leaves it False) for code reading the config; the
+        # decompositions read post_norms
+        model.cfg.use_normalization_before_and_after = model.post_norms is not None
         model.cfg.model_name = name_or_path or str(  # as HookedRewardModel names it
             getattr(hf_model.config, "name_or_path", "") or arch)
         names = objective_names_of(hf_model.config, hf_model.config.num_labels, objective_names)
@@ -208,12 +209,14 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
     @torch.no_grad()
     def value_bias(self, layer: int) -> torch.Tensor:
         """HF's ``b_V`` plus the bias of the norm before attention through ``W_V``
-        (``[kv_heads, d_head]``; OLMo-2 has no norm there): what HookedTransformer's processing
+        (``[kv_heads, d_head]``; OLMo-2 has no norm there: TransformerLens 3.9 maps its
+        ``ln1`` to the norm after attention, 4.3 has none): what HookedTransformer's processing
         folds into ``b_O``."""
-        attn = self.blocks[layer].attn
+        block = self.blocks[layer]
+        attn = block.attn
         b = torch.zeros(attn.W_V.shape[::2], device=attn.W_V.device)
-        if "ln1" not in (self.post_norms or ()):
-            _, beta = self.norm_affine(self.blocks[layer].ln1)
+        if hasattr(block, "ln1") and "ln1" not in (self.post_norms or ()):  # a norm before
+            _, beta = self.norm_affine(block.ln1)
             b = torch.einsum("d,hde->he", beta, attn.W_V.detach().float())
         return b if attn.b_V is None else b + attn.b_V.detach().float()
 
