@@ -30,7 +30,7 @@ from tests.helpers import (
 )
 from tl_reward.errors import UnsupportedArchitectureError
 from tl_reward.model.bridge_reward_model import BridgeRewardModel
-from tl_reward.testing import tiny_hf_reward_model
+from tl_reward.testing import BRIDGE_ARCHITECTURES, tiny_hf_reward_model
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gpt2"]
 HOOKS = ["blocks.0.hook_resid_post", "blocks.1.attn.hook_z", "blocks.0.mlp.hook_post",
@@ -141,28 +141,11 @@ def test_gemma2_soft_cap_is_not_applied_to_the_score() -> None:
     assert float((capped - x).abs().max()) > 1.0  # the trap: 10 -> cap * tanh(10 / cap)
 
 
-EXTRA = {  # HF sequence classifiers HookedRewardModel has no converter for
-    "Phi3": {}, "Olmo2": {}, "StableLm": {},
-    "Mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
-    "Qwen3Moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                 "head_dim": 16},
-}
-
-
-@pytest.mark.parametrize("family", sorted(EXTRA))
-def test_architectures_only_the_bridge_loads(family: str) -> None:
-    import transformers as tf
-
-    from tl_reward.testing import tiny_tokenizer
-
-    tok = tiny_tokenizer()
-    cfg = getattr(tf, f"{family}Config")(
-        vocab_size=64 * (len(tok) // 64 + 1), hidden_size=64, intermediate_size=96,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_labels=1,
-        pad_token_id=tok.pad_token_id, max_position_embeddings=256, **EXTRA[family])
-    torch.manual_seed(0)
-    hf = getattr(tf, f"{family}ForSequenceClassification")._from_config(
-        cfg, attn_implementation="eager").eval()
+@pytest.mark.parametrize("arch", BRIDGE_ARCHITECTURES)
+def test_architectures_only_the_bridge_loads(arch: str) -> None:
+    """HF sequence classifiers HookedRewardModel has no converter for (their decompositions,
+    bf16 and float64: ``test_bridge_families.py``)."""
+    hf, tok = tiny_hf_reward_model(arch)
     if hooked_transformer_missing() is None:  # TransformerLens 3: HookedRewardModel refuses it
         from tl_reward import HookedRewardModel
 
@@ -172,7 +155,7 @@ def test_architectures_only_the_bridge_loads(family: str) -> None:
     batch = model.build(CONVERSATIONS)
     ref = hf_rewards(hf, batch.tokens, batch.attention_mask)["reward"][:, 0]
     got = model.rewards(CONVERSATIONS).values(0)
-    torch.testing.assert_close(got, ref, atol=parity_atol(ref, 2), rtol=0)
+    torch.testing.assert_close(got, ref, atol=parity_atol(ref, model.cfg.n_layers), rtol=0)
     assert float(ref.std()) > 1e-3  # distinct rewards: a wrong pooled row would show
     _, cache = model.run_with_cache(batch.tokens[:1])
     for name in HOOKS:

@@ -282,16 +282,17 @@ def _head_outputs(block: Any, arch: str, z: torch.Tensor, n_heads: int) -> torch
     """Each head's write to the residual ``[..., head, d]``, by hand from HF's weights: its slice
     of ``z`` less the constant part of the values (which HookedTransformer folds into ``b_O``)
     through its rows of the output projection, then Gemma-2's post-attention norm at the scale
-    of all heads' output."""
+    of all heads' output (OLMo-2's likewise, the only norm of its attention)."""
     proj = _out_proj(block)
     weight = proj.weight if arch == "gpt2" else proj.weight.T  # [heads * d_head, d]
     z = z - _value_bias(block, arch)
     out = torch.stack([zh @ rows for zh, rows in zip(z.chunk(n_heads, -1),
                                                       weight.chunk(n_heads, 0), strict=True)], -2)
-    if arch == "gemma2":
+    if arch in ("gemma2", "olmo2"):
         post = block.post_attention_layernorm
-        s = ((z @ weight).pow(2).mean(-1, keepdim=True) + post.eps).sqrt().unsqueeze(-2)
-        out = out / s * (1 + post.weight)
+        eps = post.eps if arch == "gemma2" else post.variance_epsilon
+        s = ((z @ weight).pow(2).mean(-1, keepdim=True) + eps).sqrt().unsqueeze(-2)
+        out = out / s * (post.weight + (1 if arch == "gemma2" else 0))  # Gemma scales by 1 + w
     return out.detach()
 
 
@@ -540,10 +541,11 @@ def test_analysis_equals_an_independent_reference(models: dict[str, Any], analys
     ALONE[analysis](models["bridge"], models["hf"])
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gpt2"])
+@pytest.mark.parametrize("arch", ["gemma2", "gpt2", "olmo2"])
 def test_decompositions_by_hand_on_other_norms(arch: str) -> None:
-    """Gemma-2 (``1 + w`` gain, sandwich norms) and GPT-2 (LayerNorm, value and norm biases):
-    the lens, DRA and zero-ablated heads on the bridge against HF's modules by hand."""
+    """Gemma-2 (``1 + w`` gain, sandwich norms), GPT-2 (LayerNorm, value and norm biases) and
+    OLMo-2 (norms after each sublayer only): the lens, DRA (each head by hand) and
+    zero-ablated heads on the bridge against HF's modules by hand."""
     from tl_reward.model.bridge_reward_model import BridgeRewardModel
     from tl_reward.testing import tiny_hf_reward_model
 

@@ -150,3 +150,31 @@ def test_extract_rows_matches_the_full_extraction(hh_path, tmp_path, monkeypatch
     assert alone["record_index"].tolist() == full["record_index"][sel].tolist()
     cached = train.extract_rows(args, rows)
     assert cached["source"].endswith(".pt") and torch.equal(cached["chosen"], full["chosen"][sel])
+
+
+@pytest.mark.parametrize("name", ["tl-reward/smollm2-135m-hh", "tl-reward/smollm2-135m-multi"])
+def test_bridge_loads_the_demo_rms_by_name(name: str, demo_rm, monkeypatch) -> None:
+    """``BridgeRewardModel.from_pretrained`` resolves the built-in names as HookedRewardModel
+    does (offline: it asked the hub for a minute, then raised a raw OSError): the same
+    objectives and rewards (float32, :func:`parity_atol`), and no hub call (any raises)."""
+    import transformers.utils.hub as hub
+
+    from tl_reward.model.bridge_reward_model import BridgeRewardModel
+    from tl_reward.model.demo import DEMO_MODEL_NAME, MULTI_MODEL_NAME
+
+    assert name in (DEMO_MODEL_NAME, MULTI_MODEL_NAME)
+
+    def no_hub(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"hub access: {args}")
+
+    monkeypatch.setattr(hub, "hf_hub_download", no_hub)
+    monkeypatch.setattr(hub, "snapshot_download", no_hub)
+    bridge = BridgeRewardModel.from_pretrained(name)
+    monkeypatch.undo()
+    hooked = demo_rm if name == DEMO_MODEL_NAME else HookedRewardModel.from_pretrained(
+        name, device="cpu")
+    assert bridge.objectives == hooked.objectives and bridge.cfg.model_name == name
+    ref = hooked.rewards(CONVERSATIONS).rewards
+    assert float(ref.abs().max()) > 0.1
+    torch.testing.assert_close(bridge.rewards(CONVERSATIONS).rewards, ref, rtol=0,
+                               atol=parity_atol(ref, hooked.cfg.n_layers))

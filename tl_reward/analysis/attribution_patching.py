@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from tl_reward.analysis.components import stack_components
+from tl_reward.analysis.components import has_neurons, stack_components
 from tl_reward.data.pairs import as_tokenized_pair
 from tl_reward.model.readout import (
     accumulation_dtype,
@@ -44,7 +44,8 @@ class AttributionPatchingResult(CleanMargin, ShortRepr):
     Attributes:
         resid: ``[layer + 1, position]`` (the last layer is the final residual).
         attn_out, mlp_out: ``[layer, position]``; ``head``: ``[layer, head, position]``.
-        neuron: ``[layer, d_mlp]`` (summed over aligned positions).
+        neuron: ``[layer, d_mlp]`` (summed over aligned positions; ``[layer, 0]`` for a
+            mixture-of-experts MLP, which has no one set of neurons).
         position_labels: names of the aligned positions.
         clean_chosen, clean_rejected: clean objective values.
     """
@@ -144,8 +145,10 @@ def attribution_patching(
             # uses it downstream only when it is returned, or no gradient reaches it
         return fn
 
+    neurons = has_neurons(model)
     sites = [(kind, f"blocks.{layer}.{h}") for layer in range(n_layers)
-             for kind, h in SITE_HOOKS.items()] + [("resid", final_hook)]
+             for kind, h in SITE_HOOKS.items() if neurons or kind != "neuron"
+             ] + [("resid", final_hook)]
     fwd = [("hook_embed", start), *((name, save(kind, name)) for kind, name in sites)]
     with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
         resid = model.final_residual(tokens, mask)
@@ -163,6 +166,7 @@ def attribution_patching(
     resid_est = stack("resid", final_hook)  # [layer + 1, pos]
     attn, mlp = stack("attn_out"), stack("mlp_out")
     head = {m: v.transpose(1, 2) for m, v in stack("head").items()}  # [layer, head, pos]
-    neuron = stack("neuron")  # [layer, d_mlp], summed over aligned positions
+    neuron = stack("neuron") if neurons else {  # [layer, d_mlp], summed over aligned positions
+        m: torch.zeros(n_layers, 0, dtype=acc) for m in ("denoising", "noising")}
     return AttributionPatchingResult(obj, resid_est, attn, mlp, head, neuron,
                                      tp.position_labels(model.tokenizer), r_c, r_r)

@@ -4,8 +4,9 @@
 ``attn_out_l[t] = sum_h z_h[t] W_O[h] + b_O`` (one term per query head; grouped-query models
 share values, not outputs), ``mlp_out_l[t] = sum_n post_n[t] W_out[n] + b_out``.
 
-Gemma-2's sandwich norms apply an RMSNorm after attention and after the MLP
-(``ln1_post``, ``ln2_post``): ``attn_out = w_post * (sum_h ... + b_O) / s_post``. The per-head
+A model whose blocks apply a norm after attention and after the MLP (``model.post_norms``:
+Gemma-2's sandwich norms ``ln1_post``, ``ln2_post``; OLMo-2's ``ln1``, ``ln2`` on the bridge,
+with no norm before) writes ``attn_out = w_post * (sum_h ... + b_O) / s_post``. The per-head
 (and per-neuron) split holds exactly only with that post-norm's scale ``s_post`` frozen at its
 value in the run, which is what this module does; the heads then still sum to ``attn_out``.
 
@@ -26,23 +27,43 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import ActivationCache
 
+from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import accumulation_dtype
 from tl_reward.results import ShortRepr
 
 SUBLAYER_LEVELS = ("sublayer", "head", "neuron")
 
 
+def has_neurons(model: Any) -> bool:
+    """Whether each MLP is one layer of neurons (``mlp.hook_post``) written through ``W_out``;
+    a mixture of experts (Mixtral, Qwen3-MoE) is not."""
+    return hasattr(model.blocks[0].mlp, "W_out")
+
+
+def require_neurons(model: Any, analysis: str) -> None:
+    """Refuse ``analysis`` where :func:`has_neurons` is false, naming the family and what
+    still applies."""
+    if not has_neurons(model):
+        family = getattr(model.cfg, "architecture", None) or model.cfg.original_architecture
+        raise TLRewardError(
+            f"{analysis} needs one set of MLP neurons, and {family}'s MLP is a mixture of "
+            "experts (no single W_out): use the sublayer or head level (the whole MLP as one "
+            "component)")
+
+
 def component_hooks(model: object, per_position: bool = False, neurons: bool = False) -> list[str]:
     """Names of the hooks a decomposition reads (for ``run_with_cache(names_filter=...)``):
     nothing else is cached."""
     cfg = model.cfg  # type: ignore[attr-defined]
+    if neurons:
+        require_neurons(model, "a per-neuron split (neurons=True)")
+    post_norms = model.post_norms or ()  # type: ignore[attr-defined]
     names = ["hook_embed", f"blocks.{cfg.n_layers - 1}.hook_resid_post"]
     if cfg.positional_embedding_type == "standard":
         names.append("hook_pos_embed")
     for layer in range(cfg.n_layers):
         names += [f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.hook_mlp_out"]
-        if cfg.use_normalization_before_and_after:
-            names += [f"blocks.{layer}.ln1_post.hook_scale", f"blocks.{layer}.ln2_post.hook_scale"]
+        names += [f"blocks.{layer}.{norm}.hook_scale" for norm in post_norms]
         if per_position:
             names += [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_v"]
         if neurons:
@@ -118,18 +139,19 @@ def _value_bias(model: Any, layer: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _post_factor(
-    model: object, cache: ActivationCache | PooledActivations, layer: int, which: str,
+    model: object, cache: ActivationCache | PooledActivations, layer: int, which: int,
     rows: torch.Tensor, positions: torch.Tensor,
 ) -> Float[torch.Tensor, "batch d_model"] | None:
-    """``w_post / s_post`` at each row's position for Gemma-2's sandwich norm, else ``None``
-    (float32 at least: TransformerLens computes ``hook_scale`` in float32)."""
-    block = model.blocks[layer]  # type: ignore[attr-defined]
-    norm = getattr(block, which, None)
-    if norm is None or not model.cfg.use_normalization_before_and_after:  # type: ignore[attr-defined]
+    """``w_post / s_post`` at each row's position for the norm after attention (``which=0``)
+    or after the MLP (``1``) of ``model.post_norms``, else ``None`` (float32 at least:
+    TransformerLens computes ``hook_scale`` in float32)."""
+    post_norms = model.post_norms  # type: ignore[attr-defined]
+    if post_norms is None:
         return None
+    name = post_norms[which]
     acc = accumulation_dtype(model)
-    scale = _at(cache, f"blocks.{layer}.{which}.hook_scale", rows, positions).to(acc)  # [b, 1]
-    w = model.norm_gain(norm)  # type: ignore[attr-defined]
+    scale = _at(cache, f"blocks.{layer}.{name}.hook_scale", rows, positions).to(acc)  # [b, 1]
+    w = model.norm_gain(getattr(model.blocks[layer], name))  # type: ignore[attr-defined]
     gain = torch.ones_like(scale) if w is None else w[None].to(acc)
     return gain / scale
 
@@ -223,7 +245,7 @@ def final_components(
         b_v, w_o = _value_bias(model, layer, z), attn.W_O.to(acc)
         out = torch.einsum("bhe,hed->bhd", z - b_v, w_o)
         bias = (_bias(attn.b_O, out) + torch.einsum("he,hed->d", b_v, w_o)).expand(z.shape[0], -1)
-        post = _post_factor(model, cache, layer, "ln1_post", rows, positions)
+        post = _post_factor(model, cache, layer, 0, rows, positions)
         if post is not None:
             out, bias = out * post[:, None], bias * post
         heads.append(out)
@@ -240,12 +262,12 @@ def neuron_projections(
 ) -> tuple[Float[torch.Tensor, "batch layer d_mlp n_obj"],
            Float[torch.Tensor, "batch layer n_obj"]]:
     """``(post_n W_out[n] . u, b_out . u)`` per layer: each neuron's and the MLP bias's output
-    projected on ``directions`` (post-norm scale frozen for Gemma-2). Sums to the MLP's."""
+    projected on ``directions`` (a post-norm's scale frozen). Sums to the MLP's."""
     rows = torch.arange(positions.shape[0], device=positions.device)
     neurons, biases = [], []
     for layer in range(model.cfg.n_layers):  # type: ignore[attr-defined]
         mlp = model.blocks[layer].mlp  # type: ignore[attr-defined]
-        post = _post_factor(model, cache, layer, "ln2_post", rows, positions)
+        post = _post_factor(model, cache, layer, 1, rows, positions)
         u = directions if post is None else directions * post[:, None]
         acts = _at(cache, f"blocks.{layer}.mlp.hook_post", rows, positions).to(u.dtype)
         w_u = torch.einsum("nd,bkd->bnk", mlp.W_out.to(u.dtype), u)
@@ -265,7 +287,7 @@ def head_position_projections(
     out = []
     for layer in range(cfg.n_layers):
         attn = model.blocks[layer].attn  # type: ignore[attr-defined]
-        post = _post_factor(model, cache, layer, "ln1_post", rows, positions)
+        post = _post_factor(model, cache, layer, 0, rows, positions)
         u = directions if post is None else directions * post[:, None]
         pattern = _at(cache, f"blocks.{layer}.attn.hook_pattern", rows, positions).to(u.dtype)
         full = cache.full if isinstance(cache, PooledActivations) else cache

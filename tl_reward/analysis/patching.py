@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 
-from tl_reward.analysis.components import _value_bias
+from tl_reward.analysis.components import _value_bias, require_neurons
 from tl_reward.data.pairs import TokenizedPair, as_tokenized_pair
 from tl_reward.errors import TLRewardError, check_choice, check_range
 from tl_reward.model.inputs import EncodedInput, cached_batches
@@ -337,6 +337,8 @@ def _grid(model: Any, site: str, positions: str, layers: Sequence[int] | None,
     if layers is None:
         layers = list(range(n + 1 if site == "resid" else n))
     layers = list(layers)
+    if site == "neuron":
+        require_neurons(model, "patching neuron sites")
     if site in ("head", "neuron"):
         size = model.cfg.n_heads if site == "head" else model.cfg.d_mlp
         units = list(range(size)) if units is None else list(units)

@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from transformer_lens.model_bridge.generalized_components import NormalizationBridge
 
-from tl_reward.errors import UnsupportedArchitectureError
+from tl_reward.errors import TLRewardError, UnsupportedArchitectureError
 from tl_reward.model.heads import ArmoRMHead, LinearRewardHead, RewardHead, objective_names_of
 from tl_reward.model.pooling import check_rule
 from tl_reward.model.protocol import RewardModelMixin
@@ -100,19 +101,27 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         lm_head_rows: Sequence[int] | None = None,
         **hf_kwargs: Any,
     ) -> BridgeRewardModel:
-        """Wrap an HF sequence-classification reward model (a hub name, a local directory or
-        an in-memory ``hf_model``) without converting its weights. ``device`` and ``dtype``
+        """Wrap an HF sequence-classification reward model (a hub name, a local directory, an
+        in-memory ``hf_model``, or a built-in name: the demo RMs ``tl-reward/smollm2-135m-hh``
+        and ``tl-reward/smollm2-135m-multi``, loaded offline as ``HookedRewardModel`` loads
+        them) without converting its weights. ``device`` and ``dtype``
         move and cast the HF model first; the bridge itself never does. ``lm_head_rows`` reads
         those rows of a causal LM's head; ArmoRM, QRM, INF-ORM and InternLM2 (whose sequences
         end in its reward token, the pooled one) load through :func:`custom_head`."""
         import transformers
 
         if hf_model is None:
+            from tl_reward.model.loading import BUILTIN_MODELS
+
             if name_or_path is None:
                 raise ValueError("pass name_or_path or hf_model")
-            auto = transformers.AutoModelForSequenceClassification if lm_head_rows is None \
-                else transformers.AutoModelForCausalLM
-            hf_model = auto.from_pretrained(name_or_path, **hf_kwargs)
+            if name_or_path in BUILTIN_MODELS:  # the demo RMs, offline, as HookedRewardModel
+                hf_model, builtin_tokenizer = BUILTIN_MODELS[name_or_path](dtype)
+                tokenizer = tokenizer or builtin_tokenizer
+            else:
+                auto = transformers.AutoModelForSequenceClassification \
+                    if lm_head_rows is None else transformers.AutoModelForCausalLM
+                hf_model = auto.from_pretrained(name_or_path, **hf_kwargs)
         if tokenizer is None:
             tokenizer = transformers.AutoTokenizer.from_pretrained(
                 name_or_path or hf_model.config._name_or_path,
@@ -138,9 +147,10 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
             suffix = registered.suffix(config)
         model = build_reward_bridge(hf_model, arch)
         model.__class__ = cls
-        # Gemma-2's sandwich norms, as HookedTransformer's config says (the bridge's leaves it
-        # False, and the decompositions would skip the post-norms' scale)
-        model.cfg.use_normalization_before_and_after = hasattr(model.blocks[0], "ln1_post")
+        # norms after the sublayers (Gemma-2's, OLMo-2's), as HookedTransformer's config flags
+        # Gemma-2's (the bridge's leaves it False) for code reading the config; the
+        # decompositions read post_norms
+        model.cfg.use_normalization_before_and_after = model.post_norms is not None
         model.cfg.model_name = name_or_path or str(  # as HookedRewardModel names it
             getattr(hf_model.config, "name_or_path", "") or arch)
         names = objective_names_of(hf_model.config, hf_model.config.num_labels, objective_names)
@@ -175,13 +185,39 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         shows is Gemma's ``w``, not its ``1 + w``)."""
         return self.norm_affine(norm)[0]
 
+    @property
+    def post_norms(self) -> tuple[str, str] | None:
+        """The norms after attention and after the MLP, read off the bridge's block layout:
+        the modules whose output ``hook_attn_out`` and ``hook_mlp_out`` are (Gemma-2's
+        ``ln1_post``/``ln2_post``, OLMo-2's ``ln1``/``ln2``), else ``None``."""
+        block = self.blocks[0]
+        found = []
+        for hook in ("hook_attn_out", "hook_mlp_out"):
+            where = block.hook_aliases.get(hook)
+            name = where.removesuffix(".hook_out") if isinstance(where, str) else ""
+            found.append(name if isinstance(getattr(block, name, None), NormalizationBridge)
+                         else None)
+        if found == [None, None]:
+            return None
+        if None in found:
+            raise TLRewardError(
+                f"{self.cfg.architecture} normalises only one of its attention and MLP outputs "
+                f"({found}): the decompositions (DRA, the lens's split, direct-path patching) "
+                "do not handle it; use activation patching (tl_reward.analysis.patching)")
+        return found[0], found[1]
+
     @torch.no_grad()
     def value_bias(self, layer: int) -> torch.Tensor:
-        """HF's ``b_V`` plus the first norm's bias through ``W_V`` (``[kv_heads, d_head]``): what
-        HookedTransformer's processing folds into ``b_O``."""
-        attn = self.blocks[layer].attn
-        _, beta = self.norm_affine(self.blocks[layer].ln1)
-        b = torch.einsum("d,hde->he", beta, attn.W_V.detach().float())
+        """HF's ``b_V`` plus the bias of the norm before attention through ``W_V``
+        (``[kv_heads, d_head]``; OLMo-2 has no norm there: TransformerLens 3.9 maps its
+        ``ln1`` to the norm after attention, 4.3 has none): what HookedTransformer's processing
+        folds into ``b_O``."""
+        block = self.blocks[layer]
+        attn = block.attn
+        b = torch.zeros(attn.W_V.shape[::2], device=attn.W_V.device)
+        if hasattr(block, "ln1") and "ln1" not in (self.post_norms or ()):  # a norm before
+            _, beta = self.norm_affine(block.ln1)
+            b = torch.einsum("d,hde->he", beta, attn.W_V.detach().float())
         return b if attn.b_V is None else b + attn.b_V.detach().float()
 
     @property

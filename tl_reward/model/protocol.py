@@ -6,9 +6,9 @@ config (``n_ctx``, ``d_vocab``, ``device``), ``reward_head``, ``pooling``, ``pad
 ``HookedTransformer``) and :class:`~tl_reward.model.bridge_reward_model.BridgeRewardModel`
 (its ``TransformerBridge``) each add :meth:`pooled_outputs`, the one place a backend reads its
 rewards from its own forward, and what the decompositions read off the weights:
-``folded_head``, ``final_residual``, and (where the default is wrong) :meth:`norm_gain` and
-:meth:`value_bias`; besides these the analyses read hooks by their HookedTransformer names and
-the writing weights ``W_O`` and ``W_out``.
+``folded_head``, ``final_residual``, and (where the default is wrong) :meth:`norm_gain`,
+:meth:`value_bias` and :attr:`post_norms`; besides these the analyses read hooks by their
+HookedTransformer names and the writing weights ``W_O`` and ``W_out``.
 """
 
 from __future__ import annotations
@@ -133,6 +133,15 @@ class RewardModelMixin:
 
         return score_inputs(self, inputs, batch_size=batch_size, padding_side=padding_side,
                             pooling=pooling, progress=progress, labels=labels, names=names)
+
+    @property
+    def post_norms(self) -> tuple[str, str] | None:
+        """Names of the norm modules each block applies to its attention output and to its MLP
+        output before adding them to the residual (``blocks[l].<name>``), or ``None`` where the
+        outputs are added as they are. Gemma-2's sandwich norms: ``("ln1_post", "ln2_post")``;
+        OLMo-2 on the bridge (norms after each sublayer, none before): ``("ln1", "ln2")``.
+        The decompositions freeze their scale; edge circuits refuse such models."""
+        return ("ln1_post", "ln2_post") if self.cfg.use_normalization_before_and_after else None
 
     def norm_gain(self, norm: Any) -> torch.Tensor | None:
         """The gain of one of the model's norm modules (``None``: folded away)."""

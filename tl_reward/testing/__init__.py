@@ -3,6 +3,7 @@ tutorials and users' own checks)."""
 
 from tl_reward.testing.tiny import (
     ARCHITECTURES,
+    BRIDGE_ARCHITECTURES,
     CONVERSATIONS,
     CUSTOM_ARCHITECTURES,
     save_tiny_reward_model,
@@ -10,5 +11,5 @@ from tl_reward.testing.tiny import (
     tiny_tokenizer,
 )
 
-__all__ = ["ARCHITECTURES", "CONVERSATIONS", "CUSTOM_ARCHITECTURES", "save_tiny_reward_model",
-           "tiny_hf_reward_model", "tiny_tokenizer"]
+__all__ = ["ARCHITECTURES", "BRIDGE_ARCHITECTURES", "CONVERSATIONS", "CUSTOM_ARCHITECTURES",
+           "save_tiny_reward_model", "tiny_hf_reward_model", "tiny_tokenizer"]

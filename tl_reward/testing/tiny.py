@@ -19,6 +19,12 @@ ARCHITECTURES: tuple[str, ...] = (
 #: Tiny models of custom-code reward models beyond plain linear heads (reference modules in
 #: ``tl_reward.testing``), saved with their modeling code like the real checkpoints.
 CUSTOM_ARCHITECTURES: tuple[str, ...] = ("inform", "nemotron", "qrm", "internlm2")
+#: Families only :class:`~tl_reward.BridgeRewardModel` loads (no HookedRewardModel converter):
+#: mixture-of-experts MLPs, OLMo-2's norms after each sublayer (none before), Phi-3's fused
+#: projections, StableLM's LayerNorm with value biases (sequential, and with its parallel
+#: attention and MLP and per-head q/k norms).
+BRIDGE_ARCHITECTURES: tuple[str, ...] = ("mixtral", "olmo2", "phi3", "qwen3moe", "stablelm",
+                                         "stablelm_parallel")
 #: Custom-code architecture -> its reference class (saved with ``trust_remote_code``).
 _CUSTOM_CLASSES = {"armorm": "LlamaForRewardModelWithGating",
                    "inform": "INFORMForSequenceClassification",
@@ -107,6 +113,19 @@ def _config(arch: str, num_labels: int, tokenizer: Any) -> Any:
                              **ids)
     if arch in ("inform", "nemotron"):
         return tf.LlamaConfig(**llama_like)
+    if arch == "mixtral":
+        return tf.MixtralConfig(**llama_like, num_local_experts=4, num_experts_per_tok=2)
+    if arch == "qwen3moe":
+        return tf.Qwen3MoeConfig(**llama_like, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=32, head_dim=16)
+    if arch == "olmo2":
+        return tf.Olmo2Config(**llama_like)
+    if arch == "phi3":
+        return tf.Phi3Config(**llama_like)
+    if arch.startswith("stablelm"):
+        parallel = arch == "stablelm_parallel"
+        return tf.StableLmConfig(**llama_like, layer_norm_eps=1e-5, use_qkv_bias=True,
+                                 use_parallel_residual=parallel, qk_layernorm=parallel)
     if arch == "internlm2":
         from tl_reward.testing.internlm2_reference import InternLM2Config
 
@@ -125,7 +144,7 @@ def _config(arch: str, num_labels: int, tokenizer: Any) -> Any:
         cfg.gating_token_pattern = assistant_pattern(tokenizer)
         return cfg
     raise ValueError(f"unknown tiny architecture {arch!r}; choose from "
-                     f"{ARCHITECTURES + CUSTOM_ARCHITECTURES}")
+                     f"{ARCHITECTURES + CUSTOM_ARCHITECTURES + BRIDGE_ARCHITECTURES}")
 
 
 def randomize_(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -184,7 +203,13 @@ def tiny_hf_reward_model(
                "qwen2": tf.Qwen2ForSequenceClassification,
                "qwen3": tf.Qwen3ForSequenceClassification,
                "gemma2": tf.Gemma2ForSequenceClassification,
-               "gpt2": tf.GPT2ForSequenceClassification}[arch]
+               "gpt2": tf.GPT2ForSequenceClassification,
+               "mixtral": tf.MixtralForSequenceClassification,
+               "qwen3moe": tf.Qwen3MoeForSequenceClassification,
+               "olmo2": tf.Olmo2ForSequenceClassification,
+               "phi3": tf.Phi3ForSequenceClassification,
+               "stablelm": tf.StableLmForSequenceClassification,
+               "stablelm_parallel": tf.StableLmForSequenceClassification}[arch]
         kwargs = {"attn_implementation": "eager"}
         model = cls._from_config(cfg, **kwargs)
     randomize_(model, seed)

@@ -19,8 +19,12 @@ from typing import Any
 
 import torch
 from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
+from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge import TransformerBridge
-from transformer_lens.model_bridge.generalized_components import UnembeddingBridge
+from transformer_lens.model_bridge.generalized_components import (
+    PositionEmbeddingsAttentionBridge,
+    UnembeddingBridge,
+)
 from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 from transformer_lens.model_bridge.supported_architectures import (
     Gemma2ArchitectureAdapter,
@@ -47,6 +51,9 @@ def reward_adapter(base: type, head: str = "score") -> type:
         def __init__(self, cfg: Any) -> None:
             super().__init__(cfg)
             self.component_mapping["unembed"] = UnembeddingBridge(name=head, config=self.cfg)
+            attn = self.component_mapping["blocks"].submodules.get("attn")
+            if isinstance(attn, PositionEmbeddingsAttentionBridge):
+                float64_softmax(attn)
 
         def prepare_model(self, model: Any) -> None:
             super().prepare_model(model)
@@ -58,6 +65,71 @@ def reward_adapter(base: type, head: str = "score") -> type:
     return RewardAdapter
 
 
+class _KeptHookPoint(HookPoint):
+    """``hook_attn_scores`` keeping what its hooks return, in float64 only, for
+    :class:`_Float64Pattern`."""
+
+    kept: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().__call__(x)
+        self.kept = out if out.dtype == torch.float64 else None
+        return out
+
+
+class _Float64Pattern(HookPoint):
+    """``hook_pattern`` whose float64 input is the softmax redone in float64 from the scores
+    ``hook_attn_scores`` kept (a fully masked row, NaN, is 0 as TransformerLens makes it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores: _KeptHookPoint = self.__dict__["scores"]
+        kept, scores.kept = scores.kept, None
+        if kept is None or x.dtype != torch.float64 or kept.shape != x.shape:
+            return x
+        p = torch.softmax(kept, dim=-1)
+        return torch.where(p.isnan(), torch.zeros_like(p), p)
+
+
+def float64_softmax(attn: PositionEmbeddingsAttentionBridge) -> None:
+    """Make ``attn`` compute its softmax in float64 for a float64 model, as HF's SDPA attention
+    does: TransformerLens's ``PositionEmbeddingsAttentionBridge`` (Llama, Mistral, Qwen, Gemma-2,
+    OLMo-2, StableLM, the MoE families) computes it in float32 whatever the dtype, which moved
+    float64 rewards by about 1e-7 relative. Its ``hook_attn_scores`` keeps the (hooked) scores
+    and ``hook_pattern`` redoes the softmax from them before its hooks run; other dtypes pass
+    through unchanged."""
+    attn.hook_attn_scores.__class__ = _KeptHookPoint
+    attn.hook_pattern.__class__ = _Float64Pattern
+    attn.hook_pattern.__dict__["scores"] = attn.hook_attn_scores  # not a submodule
+
+
+class _RoundedHookPoint(HookPoint):
+    """A hook point that first casts what it is given to ``cast_to`` (``None``: as given)."""
+
+    cast_to: torch.dtype | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.cast_to is None else x.to(self.cast_to)
+
+
+class Olmo2Attention(PositionEmbeddingsAttentionBridge):
+    """OLMo-2's attention bridge with HF's rounding after the rotary: HF's OLMo-2 keeps cos and
+    sin in float32 and casts the rotated q and k back to their dtype; TransformerLens applies
+    Llama's rotary, which does not cast back, so in bf16 float32 attention weights met bf16
+    values ("expected m1 and m2 to have the same dtype"). ``hook_rot_q`` and ``hook_rot_k``
+    (fired right after the rotary) cast to the attention input's dtype first, so their hooks
+    and the attention see HF's q and k."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in ("hook_rot_q", "hook_rot_k"):
+            getattr(self, name).__class__ = _RoundedHookPoint  # keeps its hook conversion
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        self.hook_rot_q.cast_to = self.hook_rot_k.cast_to = hidden.dtype
+        return super().forward(*args, **kwargs)
+
+
 LlamaRewardAdapter = reward_adapter(LlamaArchitectureAdapter)
 MistralRewardAdapter = reward_adapter(MistralArchitectureAdapter)
 Qwen2RewardAdapter = reward_adapter(Qwen2ArchitectureAdapter)
@@ -66,7 +138,14 @@ Gemma2RewardAdapter = reward_adapter(Gemma2ArchitectureAdapter)
 GPT2RewardAdapter = reward_adapter(GPT2ArchitectureAdapter)
 # beyond the HookedTransformer converters: architectures only the bridge loads
 MixtralRewardAdapter = reward_adapter(MixtralArchitectureAdapter)
-Olmo2RewardAdapter = reward_adapter(Olmo2ArchitectureAdapter)
+
+
+class Olmo2RewardAdapter(reward_adapter(Olmo2ArchitectureAdapter)):  # type: ignore[misc]
+    """OLMo-2's reward adapter, its attention :class:`Olmo2Attention`."""
+
+    _attention_bridge_cls = Olmo2Attention
+
+
 Phi3RewardAdapter = reward_adapter(Phi3ArchitectureAdapter)
 Qwen3MoeRewardAdapter = reward_adapter(Qwen3MoeArchitectureAdapter)
 StableLmRewardAdapter = reward_adapter(StableLmArchitectureAdapter)

@@ -124,6 +124,34 @@ def cpu_config(cfg: HookedTransformerConfig) -> HookedTransformerConfig:
     return out
 
 
+def _process(state_dict: dict[str, torch.Tensor], cfg: HookedTransformerConfig
+             ) -> dict[str, torch.Tensor]:
+    """TransformerLens's ``ProcessWeights.process_weights`` with :data:`PROCESSING`; for a
+    float64 model its steps in float64, on the weights made float64 first: it rounds every
+    tensor that is not float32 to float32 and back (an upcast meant for bf16), and a float32
+    HF model's weights arrive float32, so float32 rounding went into every folded or centred
+    weight of a float64 model (rewards 1e-7 relative from HF's float64 forward)."""
+    from transformer_lens.weight_processing import ProcessWeights as PW
+
+    if cfg.dtype != torch.float64:
+        return PW.process_weights(state_dict, cfg, **PROCESSING)
+    state_dict = {k: v.double() if v.is_floating_point() else v  # the converters keep HF's
+                  for k, v in state_dict.items()}                # dtype (float32, say)
+    layer_norm = cfg.normalization_type in ("LN", "LNPre")
+    if layer_norm or cfg.normalization_type in ("RMS", "RMSPre"):  # fold_ln
+        state_dict = PW.fold_layer_norm(state_dict, cfg, fold_biases=layer_norm,
+                                        center_weights=layer_norm)
+    if layer_norm and not cfg.final_rms:  # center_writing_weights
+        state_dict = PW.center_writing_weights(state_dict, cfg)
+    state_dict = PW.fold_value_biases(state_dict, cfg)
+    if layer_norm:  # the folded b_O centred too, as process_weights does
+        for layer in range(cfg.n_layers):
+            key = f"blocks.{layer}.attn.b_O"
+            if key in state_dict:
+                state_dict[key] = state_dict[key] - state_dict[key].mean()
+    return state_dict
+
+
 def process_weights(
     model: Any,
     state_dict: dict[str, torch.Tensor],
@@ -141,7 +169,6 @@ def process_weights(
     whole converted model when it goes to a GPU). ``release(layer)`` is called after block
     ``layer`` is loaded, to free the source weights it came from.
     """
-    from transformer_lens.weight_processing import ProcessWeights
 
     cfg = model.cfg
     state_dict = model.fill_missing_keys(state_dict)
@@ -159,7 +186,7 @@ def process_weights(
         # block 0 carries the embeddings and head; later blocks see the embeddings only because
         # centring the writing weights reads them (their outputs are dropped)
         group.update(shared if layer == 0 else embeddings)
-        processed = ProcessWeights.process_weights(group, one_layer, **PROCESSING)
+        processed = _process(group, one_layer)
         del group
         block = {k[len("blocks.0."):]: processed.pop(k) for k in list(processed)
                  if k.startswith("blocks.0.")}
