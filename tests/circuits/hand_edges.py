@@ -6,7 +6,8 @@ One unpadded sequence. A source's output is read off HF's forward with plain PyT
 the output projection's input (``z``) through its columns of that projection, ``m{l}`` the MLP
 module's output. A destination's input gets an addition: a head's query (key, value) input is
 recomputed from the layer's attention norm of ``resid + add`` and only that head's (key/value
-head's) columns of the projection output are replaced; an MLP's input is the MLP norm's input;
+head's) columns of the projection output are replaced; an MLP's input is the MLP norm's input
+(where attention and MLP run in parallel on one norm, the MLP's input is recomputed likewise);
 ``reward`` the final norm's input. The metric is the model's own output, its first objective: a
 classifier's first logit, ArmoRM's and QRM's first reward before the gate; for
 a causal LM read through ``lm_head_rows=[row]``, that logit at the last token.
@@ -165,17 +166,25 @@ def patched_metric(hf: nn.Module, ids: list[int], dst: str, qkv: str, add: torch
         return _replace_first(args, kwargs, _first(args, kwargs) + add[None])
     if dst == "reward":
         pairs.append((lay.final_norm, "pre", plus))
-    elif dst.startswith("m"):
-        pairs.append((lay.sub(int(dst[1:]), lay.mlp_norm), "pre", plus))
-    else:
-        layer, head = (int(x) for x in dst[1:].split(".h"))
-        resid: dict[str, torch.Tensor] = {}
+        return _run(hf, ids, row, pairs)
+    layer = int(dst[1:].split(".h")[0])
+    mlp_norm = getattr(lay.layers[layer], lay.mlp_norm, None)
+    if dst.startswith("m") and mlp_norm is not None:
+        pairs.append((mlp_norm, "pre", plus))
+        return _run(hf, ids, row, pairs)
+    resid: dict[str, torch.Tensor] = {}
 
-        def keep(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            resid["x"] = _first(args, kwargs)
-        pairs.append((lay.layers[layer], "pre", keep))
+    def keep(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        resid["x"] = _first(args, kwargs)
+    pairs.append((lay.layers[layer], "pre", keep))
+    norm = lay.sub(layer, lay.attn_norm)
+    if dst.startswith("m"):  # parallel attention and MLP: the MLP reads the attention's norm
+        def renorm(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            return _replace_first(args, kwargs, norm(resid["x"] + add[None]))
+        pairs.append((lay.sub(layer, lay.mlp), "pre", renorm))
+    else:
+        head = int(dst.split(".h")[1])
         proj = lay.sub(layer, lay.proj[qkv])
-        norm = lay.sub(layer, lay.attn_norm)
 
         def swap(mod: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
             x = norm(resid["x"] + add[None])
@@ -184,6 +193,11 @@ def patched_metric(hf: nn.Module, ids: list[int], dst: str, qkv: str, add: torch
             return torch.cat([output[..., :c], new[..., c : c + lay.head_dim],
                               output[..., c + lay.head_dim :]], -1)
         pairs.append((proj, "fwd", swap))
+    return _run(hf, ids, row, pairs)
+
+
+def _run(hf: nn.Module, ids: list[int], row: int | None,
+         pairs: list[tuple[nn.Module, str, Callable[..., Any]]]) -> torch.Tensor:
     with _hooks(pairs):
         return _metric(hf, torch.tensor([ids]), row)
 

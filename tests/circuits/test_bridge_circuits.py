@@ -6,7 +6,8 @@ HF model's own modules (:mod:`tests.circuits.hand_edges`), on a fresh copy of th
 model. Under TransformerLens 3 also: the bridge's scores, metrics, circuits, faithfulness and
 SAE nodes equal :class:`~tl_reward.HookedRewardModel`'s (float32, 1e-5 of the largest score).
 Families whose sublayer outputs pass through a norm (Gemma-2's sandwich norms, OLMo-2's
-post-norms) have no edge graph: they refuse, naming the family.
+post-norms) have no edge graph, and a parallel block's MLP input has no hook on the bridge: they
+refuse, naming the family.
 """
 
 from __future__ import annotations
@@ -21,23 +22,23 @@ from helpers import needs_hooked_transformer, needs_sae_lens
 from tests.circuits import hand_edges
 from tl_reward.circuits import (
     RewardCircuit,
+    RewardGraph,
     edge_attribution,
     evaluate_circuit,
     faithfulness_curve,
 )
 from tl_reward.errors import TLRewardError
 from tl_reward.model.bridge_reward_model import BridgeRewardModel
-from tl_reward.testing import CONVERSATIONS, tiny_hf_reward_model, tiny_tokenizer
-from tl_reward.testing.tiny import randomize_
+from tl_reward.testing import CONVERSATIONS, tiny_hf_reward_model
+from tl_reward.testing.tiny import BRIDGE_ARCHITECTURES
 
 #: Families with a HookedRewardModel converter (tl_reward.testing's tiny architectures).
 HOOKED = ["llama", "mistral", "qwen2", "qwen3", "gpt2", "armorm", "qrm", "inform", "internlm2",
           "nemotron"]
-#: HF sequence classifiers only the bridge loads, with what their tiny config needs.
-BRIDGE_ONLY = {"Phi3": {}, "StableLm": {},
-               "Mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
-               "Qwen3Moe": {"num_experts": 4, "num_experts_per_tok": 2,
-                            "moe_intermediate_size": 32, "head_dim": 16}}
+#: HF sequence classifiers only the bridge loads. OLMo-2 refuses (its norms follow the
+#: sublayers), and so does StableLM with parallel attention and MLP on the bridge (the bridge
+#: has no hook on the MLP's own input there: one norm feeds both).
+BRIDGE_ONLY = [a for a in BRIDGE_ARCHITECTURES if a not in ("olmo2", "stablelm_parallel")]
 #: Edges into every kind of destination (q, key/value head, MLP, reward) from every kind of
 #: source (embeddings, heads, MLPs); layer 1 exists in every tiny model.
 EDGES = [("input", "a1.h1", "q"), ("a0.h1", "a1.h1", "k"), ("a0.h3", "a1.h0", "v"),
@@ -47,18 +48,8 @@ EDGES = [("input", "a1.h1", "q"), ("a0.h1", "a1.h1", "k"), ("a0.h3", "a1.h0", "v
 
 def build(family: str) -> tuple[Any, Any]:
     """A fresh seeded tiny HF reward model of ``family`` and its tokenizer."""
-    if family not in BRIDGE_ONLY:
-        return tiny_hf_reward_model(family)
-    import transformers as tf
-
-    tok = tiny_tokenizer()
-    cfg = getattr(tf, f"{family}Config")(
-        vocab_size=64 * (len(tok) // 64 + 1), hidden_size=64, intermediate_size=96,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_labels=1,
-        pad_token_id=tok.pad_token_id, max_position_embeddings=256, **BRIDGE_ONLY[family])
-    hf = getattr(tf, f"{family}ForSequenceClassification")._from_config(
-        cfg, attn_implementation="eager")
-    return randomize_(hf).eval(), tok
+    hf, tok = tiny_hf_reward_model(family)
+    return hf.eval(), tok
 
 
 def _kw(family: str) -> dict[str, Any]:
@@ -93,7 +84,7 @@ def _at(att: Any, src: str, dst: str, qkv: str) -> float:
     return float(att.scores[g.dests.index((dst, qkv)), g.sources.index(src)])
 
 
-@pytest.mark.parametrize("family", HOOKED + list(BRIDGE_ONLY))
+@pytest.mark.parametrize("family", HOOKED + BRIDGE_ONLY)
 def test_bridge_edges_equal_hand_patching_on_hf_modules(family: str) -> None:
     """Exact scores against edge patching by hand on HF's modules; EAP and EAP-IG (the
     reference's left rule, 2 steps) against hand gradients at the same points: to 1e-5 of the
@@ -101,13 +92,15 @@ def test_bridge_edges_equal_hand_patching_on_hf_modules(family: str) -> None:
     model, clean, corrupt = bridge(family)
     ref = build(family)[0]
     row = _kw(family).get("lm_head_rows", [None])[0]
-    ex = edge_attribution(model, clean[:1], corrupt[:1], method="exact", edges=EDGES)
+    edges = [e for e in EDGES if e in set(RewardGraph.from_model(model).edges())]  # parallel:
+    assert len(edges) >= len(EDGES) - 1  # a layer's MLP does not read its heads
+    ex = edge_attribution(model, clean[:1], corrupt[:1], method="exact", edges=edges)
     eap = edge_attribution(model, clean[:1], corrupt[:1], method="eap")
     ig = edge_attribution(model, clean[:1], corrupt[:1], method="eap-ig", ig_steps=2,
                           ig_rule="left")
     tol = 1e-5 * max(1.0, float(ex.clean_metric.abs().max()))
     moved = 0
-    for e in EDGES:
+    for e in edges:
         want = hand_edges.edge_score(ref, clean[0], corrupt[0], *e, row=row)
         assert _at(ex, *e) == pytest.approx(want, abs=tol), e
         moved += abs(want) > 10 * tol
@@ -115,24 +108,15 @@ def test_bridge_edges_equal_hand_patching_on_hf_modules(family: str) -> None:
             want = hand_edges.edge_gradient(ref, clean[0], corrupt[0], *e, alphas, row=row)
             assert _at(att, *e) == pytest.approx(want, abs=tol), (e, att.label)
     assert moved >= 4  # the edges carry the swap: a misrouted patch would show
-    assert ex.scores.isnan().sum() == ex.graph.edge_mask().numel() - len(EDGES)
+    assert ex.scores.isnan().sum() == ex.graph.edge_mask().numel() - len(edges)
 
 
-@pytest.mark.parametrize("family", ["gemma2", "Olmo2"])
-def test_families_with_normed_sublayer_outputs_refuse_by_name(family: str) -> None:
-    if family == "gemma2":
-        hf, tok = tiny_hf_reward_model("gemma2")
-    else:
-        import transformers as tf
-
-        tok = tiny_tokenizer()
-        cfg = tf.Olmo2Config(vocab_size=64 * (len(tok) // 64 + 1), hidden_size=64,
-                             intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, num_labels=1, pad_token_id=tok.pad_token_id)
-        hf = tf.Olmo2ForSequenceClassification._from_config(cfg, attn_implementation="eager")
-    model = BridgeRewardModel.from_pretrained(hf_model=hf.eval(), tokenizer=tok)
-    with pytest.raises(TLRewardError, match=f"(?i){family[:5]}.*node-level patching"):
-        edge_attribution(model, [[5, 6, 7]], [[5, 8, 7]], method="eap")
+@pytest.mark.parametrize("family", ["gemma2", "olmo2", "stablelm_parallel"])
+def test_families_without_edge_inputs_refuse_by_name(family: str) -> None:
+    model = bridge(family)[0]
+    for method in ("eap", "exact"):
+        with pytest.raises(TLRewardError, match=f"(?i)^{family[:5]}.*node-level patching"):
+            edge_attribution(model, [[5, 6, 7]], [[5, 8, 7]], method=method)
 
 
 @cache

@@ -3,6 +3,8 @@ own rewards), pruning leaves the metric unchanged, and faithfulness is its defin
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -152,3 +154,35 @@ def test_faithfulness_curve_points_are_circuit_evaluations(tiny) -> None:
     assert curve.cpr == pytest.approx(float(np.sum((f[1:] + f[:-1]) / 2 * np.diff(x))), abs=1e-6)
     assert curve.cmd == pytest.approx(
         float(np.sum((abs(1 - f[1:]) + abs(1 - f[:-1])) / 2 * np.diff(x))), abs=1e-6)
+
+
+def test_selection_sizes_are_checked_and_pruning_warns(tiny) -> None:
+    """``top(n)`` refuses n < 1 (and a fraction) and warns when pruning leaves fewer edges
+    than asked, or none; ``greedy(n)`` refuses the same and keeps at least n connected."""
+    model, _, _ = tiny("llama")
+    att = edge_attribution(model, CLEAN, CORRUPT, method="eap")
+    for bad in (0, -5, 2.5):
+        for select in (RewardCircuit.top, RewardCircuit.greedy):
+            with pytest.raises(TLRewardError, match="at least 1"):
+                select(att, bad)
+    g, scores = att.graph, att.scores.clone()
+    scores[g.dests.index(("a1.h2", "q")), g.sources.index("a0.h1")] = 1e3  # alone: no path
+    lone = dataclasses.replace(att, scores=scores)
+    with pytest.warns(UserWarning, match="of the top 1 edges, 0 lie.*none: an empty circuit"):
+        assert RewardCircuit.top(lone, 1).n_edges == 0
+    assert RewardCircuit.greedy(lone, 1).n_edges >= 1
+    n = 10
+    with pytest.warns(UserWarning, match=f"of the top {n} edges, .* lie on a path"):
+        top = RewardCircuit.top(att, n)
+    assert 0 < top.n_edges < n
+    assert RewardCircuit.greedy(att, n).n_edges >= n
+
+
+def test_one_item_reports_no_p_value(tiny) -> None:
+    model, _, _ = tiny("llama")
+    att = edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="eap")
+    ev = evaluate_circuit(model, RewardCircuit.greedy(att, 6), CLEAN[:1], CORRUPT[:1])
+    f = ev.faithfulness
+    assert f.n == 1 and np.isnan(f.p_value) and "p =" not in str(f)
+    assert f.value == pytest.approx(float(ev.per_item[0]))
+

@@ -99,6 +99,18 @@ def test_mean_interval_at_its_smallest_n() -> None:
         np.abs(x)).ci_low == pytest.approx(0.1)
 
 
+def test_one_value_has_no_p_value() -> None:
+    """One value: both sign patterns give the same |sum|, so the test would report p = 1
+    whatever the value; the mean says there is no p-value rather than print that one."""
+    assert sign_flip_test([0.7]).p_value == 1.0  # the test itself: it cannot reject
+    for x in ([0.7], [-3.0, np.nan]):
+        s = summarise_mean(x)
+        assert s.n == 1 and s.value == pytest.approx(np.nanmean(x))
+        assert np.isnan(s.p_value) and np.isnan(s.ci_low) and "no p-value" in s.method
+        assert "p =" not in str(s) and "n = 1" in str(s)
+    assert not np.isnan(summarise_mean([0.7, 0.2]).p_value)  # two values have one (0.5)
+
+
 def test_effect_size_ddof1_and_undefined_cases() -> None:
     x = np.array([0.2, 0.5, -0.1, 0.4, 0.3])
     es = paired_effect_size(x)

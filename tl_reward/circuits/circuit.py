@@ -15,6 +15,7 @@ the empty one the corrupted forward (the counterfactual's, or every source ablat
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,8 +115,21 @@ class RewardCircuit(ShortRepr):
 
     @classmethod
     def top(cls, attribution: EdgeAttribution, n: int, absolute: bool = True) -> RewardCircuit:
-        """The ``n`` edges of largest ``|score|`` (``absolute=False``: largest score), then
-        pruned (so possibly fewer)."""
+        """The ``n >= 1`` edges of largest ``|score|`` (``absolute=False``: largest score), then
+        pruned: edges off every ``input -> reward`` path go, so it may keep fewer (it warns
+        then; :meth:`greedy` keeps ``n`` connected edges)."""
+        _check_size(n)
+        out = cls._top(attribution, n, absolute)
+        if out.n_edges < n:
+            warnings.warn(
+                f"of the top {n} edges, {out.n_edges} lie on a path from the input to the "
+                f"reward{' (none: an empty circuit)' if out.n_edges == 0 else ''}; the rest "
+                "were pruned. RewardCircuit.greedy(attribution, n) grows a connected circuit "
+                "of n edges from the reward", UserWarning, stacklevel=2)
+        return out
+
+    @classmethod
+    def _top(cls, attribution: EdgeAttribution, n: int, absolute: bool) -> RewardCircuit:
         s = _ranking(attribution.circuit_scores(), absolute).flatten()
         mask = torch.zeros(s.numel(), dtype=torch.bool)
         mask[s.topk(max(0, min(int(n), int((s > -torch.inf).sum())))).indices] = True
@@ -124,11 +138,12 @@ class RewardCircuit(ShortRepr):
     @classmethod
     def fraction(cls, attribution: EdgeAttribution, f: float,
                  absolute: bool = True) -> RewardCircuit:
-        """The top ``round(f * n_edges)`` edges (``0 <= f <= 1``)."""
+        """The top ``round(f * n_edges)`` edges (``0 <= f <= 1``; 0 edges: the empty circuit),
+        pruned; the size a faithfulness curve reports is its ``n_edges``."""
         if not 0 <= f <= 1:
             raise TLRewardError(f"the fraction of edges must be in [0, 1], got {f}")
-        return cls.top(attribution, round(f * int((~attribution.circuit_scores().isnan()).sum())),
-                       absolute)
+        return cls._top(attribution, round(f * int((~attribution.circuit_scores().isnan()).sum())),
+                        absolute)
 
     @classmethod
     def threshold(cls, attribution: EdgeAttribution, t: float,
@@ -145,6 +160,7 @@ class RewardCircuit(ShortRepr):
         circuit, so every edge reaches ``reward``; the first steps after which :func:`prune`
         (which drops edges from nodes ``input`` does not reach) keeps at least ``n`` edges
         (more when one step connects several), or every step."""
+        _check_size(n)
         g, fe = attribution.graph, attribution.features
         s = _ranking(attribution.circuit_scores(), absolute)
         prefix = None if fe is None else fe.prefix
@@ -194,6 +210,12 @@ class RewardCircuit(ShortRepr):
                           "; SAE nodes: those of one SAE, whose edges replace those of the "
                           "sources they split into destinations after the hook")
         return cls.from_mask(graph, mask, prefix, features)
+
+
+def _check_size(n: int) -> None:
+    if int(n) != n or n < 1:
+        raise TLRewardError(f"a circuit of n = {n} edges: n must be a whole number of at least "
+                            "1 (RewardCircuit.fraction(attribution, f) takes a fraction)")
 
 
 def _feeds(graph: RewardGraph, prefix: str | None = None, n_cols: int = 0) -> list[list[int]]:

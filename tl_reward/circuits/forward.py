@@ -19,6 +19,7 @@ from tl_reward.circuits.graph import RewardGraph, split_inputs
 from tl_reward.circuits.inputs import Batch
 from tl_reward.circuits.nodes import sae_changes
 from tl_reward.circuits.sources import chunks, delta, source_hooks
+from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import accumulation_dtype, objective_at_pooled
 
 
@@ -114,10 +115,24 @@ def forward(
         return act
 
     groups = graph.dest_groups()
-    for name, first, count, up in groups[:-1]:
-        hooks.append((name, lambda act, hook, f=first, c=count, u=up: edit(act, f, c, u)))
+    fired: set[str] = set()
+
+    def dest(name: str, first: int, count: int, up: int) -> Callable[..., torch.Tensor]:
+        def fn(act: torch.Tensor, hook: Any) -> torch.Tensor:
+            fired.add(name)
+            return edit(act, first, count, up)
+        return fn
+    hooks += [(name, dest(*g)) for g in groups[:-1] for name in [g[0]]]
     with split_inputs(model), model.hooks(fwd_hooks=hooks):
         resid = model.final_residual(batch.tokens, batch.mask)
+    missed = [g[0] for g in groups[:-1] if g[0] not in fired]
+    if missed:  # an edit that never ran would leave a silently wrong number
+        family = model.cfg.original_architecture or getattr(model.cfg, "architecture", None)
+        raise TLRewardError(
+            f"{family}: the destination input {missed[0]} is never computed in this model's "
+            f"forward ({len(missed)} such hooks), so edges into it cannot be patched (on the "
+            "TransformerBridge, a block whose attention and MLP read one norm in parallel has "
+            "no MLP input of its own); use node-level patching (tl_reward.analysis.patching)")
     _, first, count, up = groups[-1]
     return edit(resid, first, count, up)
 

@@ -64,11 +64,11 @@ class RewardGraph:
     def from_model(cls, model: Any) -> RewardGraph:
         """The graph of a :class:`~tl_reward.HookedRewardModel` (pre-norm, with MLPs)."""
         cfg = model.cfg
-        if getattr(model, "post_norms", None) is not None or getattr(
-                cfg, "use_normalization_before_and_after", False) or (
+        if model.post_norms is not None or (
                 cfg.original_architecture in ("BertForMaskedLM", "BertModel")):
+            family = cfg.original_architecture or getattr(cfg, "architecture", None)
             raise TLRewardError(
-                f"{cfg.original_architecture} normalises each attention and MLP output (a norm "
+                f"{family} normalises each attention and MLP output (a norm "
                 "after the sublayer: Gemma-2's sandwich norms, OLMo-2's post-norms), so a "
                 "head's output is not a fixed vector added to the residual: edge circuits do "
                 "not apply; use node-level patching (tl_reward.analysis.patching)")

@@ -67,7 +67,7 @@ def _check(src: str, dst: str, qkv: str, n_layers: int, n_heads: int, parallel: 
 def to_mib_json(edges_df: pd.DataFrame, n_layers: int, n_heads: int,
                 in_graph: Collection[Edge] | None = None, path: str | Path | None = None, *,
                 n_kv_heads: int | None = None, d_model: int | None = None,
-                parallel_attn_mlp: bool = False) -> dict[str, Any]:
+                parallel_attn_mlp: bool = False, scoring: str | None = None) -> dict[str, Any]:
     """The EAP-IG graph dict of an edge table (columns ``src``, ``dst``, ``qkv``, ``score``),
     written to ``path`` if given (see the module doc).
 
@@ -78,6 +78,8 @@ def to_mib_json(edges_df: pd.DataFrame, n_layers: int, n_heads: int,
         n_kv_heads: key/value heads (grouped-query models; k/v rows then name them).
         d_model: the residual width (their loader needs it in ``cfg``).
         parallel_attn_mlp: whether a block's MLP reads its input in parallel with attention.
+        scoring: how the scores were made (``EdgeAttribution.label``, e.g. ``"eap-ig (left
+            rule, 5 steps)"``), written to ``cfg["scoring"]`` (their loader keeps extra keys).
     """
     if d_model is None:
         raise TLRewardError("pass d_model: EAP-IG's Graph.from_json reads it from cfg")
@@ -120,6 +122,8 @@ def to_mib_json(edges_df: pd.DataFrame, n_layers: int, n_heads: int,
                            "parallel_attn_mlp": parallel_attn_mlp, "d_model": d_model}
     if rep > 1:
         cfg["n_kv_heads"] = n_kv
+    if scoring is not None:
+        cfg["scoring"] = scoring
     names = ["input", *(n for la in range(n_layers) for n in [
         *(f"a{la}.h{h}" for h in range(n_heads)), f"m{la}"]), "logits"]
     out = {"cfg": cfg, "nodes": {n: {"in_graph": n in nodes_in} for n in names}, "edges": edges}

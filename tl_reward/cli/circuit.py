@@ -18,15 +18,26 @@ def add_parser(sub: Any) -> None:
                     "r(chosen) - r(rejected) of the preference pairs of --input (JSONL: "
                     "'prompt', 'chosen', 'rejected', or HH-RLHF), each reply ablated on its own "
                     "(--ablation mean: each source's mean over the pairs' replies per position "
-                    "class; zero). Writes the circuit view, the top --top edges' faithfulness "
-                    "and, with --mib-json, the graph in EAP-IG / MIB's JSON format.")
+                    "class; zero). Selects a circuit of --edges edges (default: grown greedily "
+                    "from the reward, so every edge lies on a path into it), evaluates its "
+                    "faithfulness, and draws that circuit; with --mib-json, also the scored "
+                    "graph in EAP-IG / MIB's JSON format.")
     add_model_options(p)
     p.add_argument("--input", type=Path, required=True, help="JSONL file of preference pairs")
     p.add_argument("--limit", type=int, help="use the first N pairs only")
     p.add_argument("--method", choices=["eap-ig", "eap", "exact"], default="eap-ig")
     p.add_argument("--ig-steps", type=int, default=5, help="EAP-IG steps (MIB uses 5)")
+    p.add_argument("--ig-rule", help="where EAP-IG's points sit between the corrupted (0) and "
+                                      "clean (1) input: left, k/m for k = 0..m-1 (hannamw/"
+                                      "EAP-IG's and MIB's); right, k = 1..m; midpoint, (k + "
+                                      "1/2)/m (default: the library's, docs/circuits.md)")
     p.add_argument("--ablation", choices=["mean", "zero"], default="mean")
-    p.add_argument("--top", type=int, default=100, help="edges in the evaluated circuit")
+    p.add_argument("--edges", "--top", dest="edges", type=int, default=100,
+                   help="edges in the circuit (--top: the same)")
+    p.add_argument("--select", choices=["greedy", "top"], default="greedy",
+                   help="greedy: grown from the reward, --edges connected edges; top: the "
+                        "--edges largest |scores|, then pruned to those on an input-to-reward "
+                        "path (possibly fewer, or none)")
     p.add_argument("--objective", help="the objective to read (needed when the model has "
                                        "several and no combined score)")
     p.add_argument("--batch-size", type=int, default=8)
@@ -43,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from tl_reward.circuits import RewardCircuit, edge_attribution, evaluate_circuit
     from tl_reward.circuits.mib import to_mib_json
 
-    if args.top < 1:
-        raise TLRewardError(f"--top must be at least 1, got {args.top}")
+    if args.edges < 1:
+        raise TLRewardError(f"--edges (--top) must be at least 1, got {args.edges}")
     if args.sae and args.mib_json:
         raise TLRewardError("--mib-json writes EAP-IG's graph, which has no SAE feature nodes: "
                             "drop --sae or --mib-json")
@@ -57,19 +68,25 @@ def run(args: argparse.Namespace) -> int:
         from tl_reward.sae import load_sae
 
         kw["sae"] = load_sae(model, args.sae, args.sae_id)
-    attr = edge_attribution(model, pairs, method=args.method, ig_steps=args.ig_steps, **kw)
-    circuit = RewardCircuit.top(attr, args.top)
+    rule = {} if args.ig_rule is None else {"ig_rule": args.ig_rule}
+    attr = edge_attribution(model, pairs, method=args.method, ig_steps=args.ig_steps,
+                            **rule, **kw)
+    select = RewardCircuit.greedy if args.select == "greedy" else RewardCircuit.top
+    circuit = select(attr, args.edges)
     ev = evaluate_circuit(model, circuit, pairs, **kw)
     print(attr)
-    print(f"top {args.top} edges ({circuit.n_edges} after pruning): faithfulness "
-          f"{ev.faithfulness}")
-    path = attr.view(title=f"{model.cfg.model_name}: {args.method} on {len(pairs)} pairs "
-                           f"(ablation {args.ablation}); top {circuit.n_edges} edges keep "
-                           f"{ev.faithfulness.value:.2f} of the margin").save(args.output)
+    how = ("grown greedily from the reward" if args.select == "greedy"
+           else f"the top {args.edges} by |score|, pruned")
+    print(f"circuit of {circuit.n_edges} edges ({how}): faithfulness {ev.faithfulness}")
+    title = (f"{model.cfg.model_name}: {attr.label} on {len(pairs)} pairs (ablation "
+             f"{args.ablation}); {circuit.n_edges} edges ({how}) keep "
+             f"{ev.faithfulness.value:.2f} of the margin")
+    path = circuit.view(attr, title=title).save(args.output)
     print(f"wrote {path}")
     if args.mib_json:
         cfg = model.cfg
         to_mib_json(attr.to_dataframe(), cfg.n_layers, cfg.n_heads, set(circuit.edges()),
-                    args.mib_json, n_kv_heads=attr.graph.n_kv_heads, d_model=cfg.d_model)
+                    args.mib_json, n_kv_heads=attr.graph.n_kv_heads, d_model=cfg.d_model,
+                    scoring=attr.label)
         print(f"wrote {args.mib_json}")
     return 0

@@ -24,10 +24,15 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """``--model`` and the device options."""
+    """``--model``, ``--backend`` and the device options."""
     parser.add_argument("--model", default=DEMO_MODEL_NAME,
                         help=f"hub name, local directory or built-in name (default: the demo RM "
                              f"{DEMO_MODEL_NAME})")
+    parser.add_argument("--backend", choices=["auto", "hooked", "bridge"], default="auto",
+                        help="hooked: HookedRewardModel (TransformerLens 3); bridge: "
+                             "BridgeRewardModel (TransformerLens's TransformerBridge, HF's own "
+                             "forward; the only one under TransformerLens 4); auto (default): "
+                             "hooked where HookedTransformer exists, else bridge")
     add_device_options(parser)
 
 
@@ -56,10 +61,21 @@ def apply_threads(args: argparse.Namespace) -> None:
 
 
 def load_model(args: argparse.Namespace, name: str | None = None) -> Any:
-    """The ``HookedRewardModel`` the options name (``name`` overrides ``--model``)."""
+    """The reward model the options name (``name`` overrides ``--model``), on ``--backend``."""
+    apply_threads(args)
+    backend = getattr(args, "backend", "auto")
+    if backend == "auto":
+        try:
+            from transformer_lens import HookedTransformer  # noqa: F401
+        except ImportError:  # TransformerLens 4 removed it
+            backend = "bridge"
+    if backend == "bridge":
+        from tl_reward.model.bridge_reward_model import BridgeRewardModel
+
+        return BridgeRewardModel.from_pretrained(name or args.model, device=args.device,
+                                                 trust_remote_code=args.trust_remote_code)
     from tl_reward import HookedRewardModel
 
-    apply_threads(args)
     return HookedRewardModel.from_pretrained(name or args.model, device=args.device,
                                              trust_remote_code=args.trust_remote_code)
 

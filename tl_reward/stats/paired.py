@@ -144,9 +144,13 @@ def sign_flip_test(x: ArrayLike, exact_max_n: int = EXACT_MAX_N, n_permutations:
 def summarise_mean(x: ArrayLike, confidence: float = 0.95, seed: int = 0,
                    n_permutations: int = 9_999, exact_max_n: int = EXACT_MAX_N) -> Estimate:
     """The mean of the non-NaN values of ``x`` as an :class:`Estimate` with the two-sided
-    sign-flip p and the interval that inverts it (:func:`sign_flip_test`)."""
+    sign-flip p and the interval that inverts it (:func:`sign_flip_test`). One value has no
+    p-value (its two sign patterns tie: p would be 1 whatever the value), so ``p`` is NaN."""
     t = sign_flip_test(x, exact_max_n, n_permutations, seed, confidence)
     how = f"mean; {t.method} sign-flip test and its inverted interval"
+    if t.n == 1:
+        return Estimate(t.mean, t.ci_low, t.ci_high, float("nan"), 1,
+                        "one value: no test, no p-value, no interval", confidence)
     return Estimate(t.mean, t.ci_low, t.ci_high, t.p_value, t.n,
                     how if t.ci_reason is None else f"{how} ({t.ci_reason})", confidence)
 
