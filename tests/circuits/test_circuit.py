@@ -186,3 +186,42 @@ def test_one_item_reports_no_p_value(tiny) -> None:
     assert f.n == 1 and np.isnan(f.p_value) and "p =" not in str(f)
     assert f.value == pytest.approx(float(ev.per_item[0]))
 
+
+
+def test_node_circuits_by_hand(tiny) -> None:
+    """``top_nodes(k)``: the k heads/MLPs of largest |sum of outgoing edge scores| (by hand
+    from the edge table), and every edge from the input or a chosen node into a chosen node's
+    input (a key/value head's when one query head of its group is chosen) or the reward."""
+    model, _, _ = tiny("llama")
+    att = edge_attribution(model, CLEAN, CORRUPT, method="eap")
+    df = att.to_dataframe()
+    node = df.groupby("src")["score"].sum().drop("input")
+    for k in (1, 4, 9):
+        chosen = set(node.abs().sort_values(ascending=False).index[:k]) | {"input"}
+
+        def reads(dst: str, qkv: str, chosen: set[str] = chosen) -> bool:
+            if qkv in ("k", "v"):  # a key/value head feeds its group's query heads
+                lay, j = (int(x) for x in dst[1:].split(".h"))
+                return any(f"a{lay}.h{h}" in chosen for h in att.graph.kv_group(j))
+            return dst == "reward" or dst in chosen
+        want = [e for e in att.graph.edges() if e[0] in chosen and reads(e[1], e[2])]
+        got = RewardCircuit.top_nodes(att, k)
+        assert got.n_edges > 0
+        assert set(got.edges()) == set(RewardCircuit.from_edges(att.graph, want).edges())
+    g = att.graph
+    full = RewardCircuit.top_nodes(att, len(g.sources))
+    assert full.n_edges == g.n_edges  # every node: the whole graph
+    curve = faithfulness_curve(model, att, CLEAN, CORRUPT, sizes=(0.0, 0.5, 1.0), select="nodes")
+    assert curve.select == "nodes" and curve.n_edges[-1] == g.n_edges
+    assert float(curve.faithfulness[0]) == pytest.approx(0.0, abs=1e-6)
+    assert float(curve.faithfulness[-1]) == pytest.approx(1.0, abs=1e-5)
+    k = round(0.5 * (len(g.sources) - 1))
+    half = evaluate_circuit(model, RewardCircuit.top_nodes(att, k), CLEAN, CORRUPT)
+    assert float(curve.faithfulness[1]) == pytest.approx(float(half.per_item.nanmean()))
+    greedy = faithfulness_curve(model, att, CLEAN, CORRUPT, sizes=(0.1,), select="greedy")
+    ev = evaluate_circuit(model, RewardCircuit.greedy(att, round(0.1 * g.n_edges)), CLEAN,
+                          CORRUPT)
+    assert greedy.n_edges[0] >= round(0.1 * g.n_edges)
+    assert float(greedy.faithfulness[0]) == pytest.approx(float(ev.per_item.nanmean()))
+    with pytest.raises(TLRewardError, match="select must be one of"):
+        faithfulness_curve(model, att, CLEAN, CORRUPT, select="best")

@@ -29,7 +29,7 @@ from tl_reward.circuits.graph import RewardGraph, edge_table, named_mask
 from tl_reward.circuits.inputs import Inputs, batches, is_pairs, prepare_inputs
 from tl_reward.circuits.nodes import edge_mask, lifted_saes, node_names, node_split, sae_split
 from tl_reward.data.pairs import as_pair_batch
-from tl_reward.errors import TLRewardError
+from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.model.inputs import as_items
 from tl_reward.model.readout import accumulation_dtype, resolve_objectives
 from tl_reward.results import ShortRepr
@@ -151,6 +151,37 @@ class RewardCircuit(ShortRepr):
         """Every edge with ``|score| >= t`` (``absolute=False``: ``score >= t``)."""
         s = attribution.circuit_scores()
         return cls._of(attribution, ((s.abs() if absolute else s) >= t).nan_to_num(False))
+
+    @classmethod
+    def top_nodes(cls, attribution: EdgeAttribution, k: int,
+                  absolute: bool = True) -> RewardCircuit:
+        """A node circuit (MIB's node level): the ``k`` heads and MLPs of largest ``|node
+        score|`` (``absolute=False``: score), a node's score being the sum of its outgoing
+        edges' scores (to first order, the effect of corrupting its output everywhere), and
+        every edge from ``input`` or a chosen node into a chosen node's input or ``reward``,
+        then pruned."""
+        _check_size(k)
+        if attribution.features is not None:
+            raise TLRewardError("node circuits are built from heads and MLPs; this attribution "
+                                "has SAE nodes: select its edges (top, greedy, threshold)")
+        node = attribution.scores.nan_to_num(0.0).sum(0)[1:]
+        rank = node.abs() if absolute else node
+        return cls._nodes(attribution, 1 + rank.topk(min(int(k), len(rank))).indices)
+
+    @classmethod
+    def _nodes(cls, attribution: EdgeAttribution, nodes: torch.Tensor) -> RewardCircuit:
+        """Every edge from ``input`` or a source in ``nodes`` into their inputs or ``reward``,
+        pruned."""
+        g = attribution.graph
+        chosen = torch.zeros(len(g.sources), dtype=torch.bool)
+        chosen[0] = True  # input
+        chosen[nodes] = True
+        reads = torch.zeros(len(g.dests), dtype=torch.bool)
+        reads[-1] = True  # reward
+        for u, ds in enumerate(_feeds(g)):
+            if chosen[u]:
+                reads[ds] = True
+        return cls._of(attribution, g.edge_mask() & chosen[None] & reads[:, None])
 
     @classmethod
     def greedy(cls, attribution: EdgeAttribution, n: int, absolute: bool = True
@@ -347,10 +378,12 @@ class FaithfulnessCurve(ShortRepr):
         n_edges: the pruned circuits' edge counts.
         faithfulness: ``[sizes]`` the mean over items.
         random: ``[sizes]`` the same for seeded random circuits of the same size (edges
-            drawn uniformly, then pruned).
+            drawn uniformly, then pruned; for node circuits, heads and MLPs drawn uniformly).
         cpr: MIB's area under ``f`` over the edge fraction (trapezoids).
         cmd: MIB's area under ``|1 - f|`` over the edge fraction (trapezoids).
-        method: the attribution's method.
+        method: the attribution's method (its label: EAP-IG's rule and steps).
+        select: how the circuits were selected (``"top"``, ``"greedy"``, ``"nodes"``: then
+            ``sizes`` are fractions of the heads and MLPs, and CPR and CMD are over them).
     """
 
     sizes: list[float]
@@ -360,6 +393,7 @@ class FaithfulnessCurve(ShortRepr):
     cpr: float
     cmd: float
     method: str
+    select: str = "top"
 
     def headline(self) -> dict[str, Any]:
         return {"CPR": self.cpr, "CMD": self.cmd}
@@ -369,19 +403,27 @@ def faithfulness_curve(model: Any, attribution: EdgeAttribution, clean: Any,
                        corrupt: Any = None, ablation: str | None = None, reference: Any = None,
                        sizes: tuple[float, ...] = MIB_SIZES, seed: int = 0,
                        batch_size: int = 8, padding_side: str = "right",
-                       sae: Any = None) -> FaithfulnessCurve:
-    """Faithfulness of :meth:`RewardCircuit.fraction` circuits of ``attribution`` at ``sizes``
-    against random circuits of the same size, with CPR and CMD (objective: the
-    attribution's; with its SAE nodes, ``sae`` as :func:`evaluate_circuit`)."""
+                       sae: Any = None, select: str = "top") -> FaithfulnessCurve:
+    """Faithfulness of circuits of ``attribution`` at ``sizes`` (fractions) against random
+    circuits of the same size, with CPR and CMD (objective: the attribution's; with its SAE
+    nodes, ``sae`` as :func:`evaluate_circuit`). ``select``: ``"top"``
+    (:meth:`RewardCircuit.fraction`: the top fraction of edges, pruned; MIB's), ``"greedy"``
+    (:meth:`RewardCircuit.greedy` of that many edges) or ``"nodes"``
+    (:meth:`RewardCircuit.top_nodes` of that fraction of the heads and MLPs)."""
+    check_choice(select, SELECTIONS, "select")
     graph = RewardGraph.from_model(model)
     if graph != attribution.graph:
         raise TLRewardError("the attribution was made on another model's graph")
     inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
     gen = torch.Generator().manual_seed(seed)
-    top = [RewardCircuit.fraction(attribution, f) for f in sizes]
+    top = [_select(attribution, select, f) for f in sizes]
     rand, edges = [], ~attribution.circuit_scores().isnan()
-    n_all = int(edges.sum())
+    n_all, n_nodes = int(edges.sum()), len(graph.sources) - 1
     for f in sizes:
+        if select == "nodes":  # random heads and MLPs, as many
+            perm = torch.randperm(n_nodes, generator=gen)[: round(f * n_nodes)]
+            rand.append(RewardCircuit._nodes(attribution, 1 + perm))
+            continue
         pick = torch.zeros(n_all, dtype=torch.bool)
         pick[torch.randperm(n_all, generator=gen)[: round(f * n_all)]] = True
         mask = torch.zeros_like(edges)
@@ -394,7 +436,28 @@ def faithfulness_curve(model: Any, attribution: EdgeAttribution, clean: Any,
     cur = f[: len(sizes)]
     return FaithfulnessCurve(list(sizes), [c.n_edges for c in top], cur, f[len(sizes):],
                              float(torch.trapezoid(cur, x)),
-                             float(torch.trapezoid((1 - cur).abs(), x)), attribution.method)
+                             float(torch.trapezoid((1 - cur).abs(), x)), attribution.label,
+                             select)
+
+
+#: How :func:`faithfulness_curve` selects its circuits.
+SELECTIONS = ("top", "greedy", "nodes")
+
+
+def _select(attribution: EdgeAttribution, select: str, f: float) -> RewardCircuit:
+    """The circuit of fraction ``f`` under ``select`` (0: the empty circuit)."""
+    if select == "top":
+        return RewardCircuit.fraction(attribution, f)
+    if not 0 <= f <= 1:
+        raise TLRewardError(f"the fraction must be in [0, 1], got {f}")
+    g = attribution.graph
+    n = round(f * (len(g.sources) - 1 if select == "nodes" else
+                   int((~attribution.circuit_scores().isnan()).sum())))
+    if n == 0:
+        return RewardCircuit._of(attribution, torch.zeros(attribution.circuit_scores().shape,
+                                                          dtype=torch.bool))
+    return (RewardCircuit.top_nodes if select == "nodes" else RewardCircuit.greedy)(
+        attribution, n)
 
 
 # -- stability and held-out faithfulness --------------------------------------------------------
