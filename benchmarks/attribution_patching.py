@@ -30,7 +30,7 @@ import torch
 from tl_reward import HookedRewardModel
 from tl_reward.analysis.attribution_patching import attribution_patching
 from tl_reward.analysis.patching import activation_patching
-from tl_reward.data import load_hh_rlhf, tokenize_pair
+from tl_reward.data import load_hh_rlhf, short_pairs
 from tl_reward.data.pairs import TokenizedPair
 from tl_reward.stats.resampling import spearman
 
@@ -42,14 +42,7 @@ def pick_pairs(model: HookedRewardModel, n: int, max_tokens: int) -> list[Tokeni
     from tl_reward.cli.demo import EXAMPLE_PAIRS
 
     source = load_hh_rlhf(HH, limit=50 * n) if HH.exists() else list(EXAMPLE_PAIRS)
-    out = []
-    for pair in source:
-        tp = tokenize_pair(model, pair)
-        if max(tp.chosen_len, tp.rejected_len) <= max_tokens:
-            out.append(tp)
-        if len(out) == n:
-            break
-    return out
+    return short_pairs(model, source, n, max_tokens)
 
 
 @torch.no_grad()

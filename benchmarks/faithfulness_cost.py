@@ -44,16 +44,9 @@ BEFORE = "chunk 8"
 
 
 def pick_pairs(model: Any, n: int, max_tokens: int) -> list[Any]:
-    from tl_reward.data import load_hh_rlhf, tokenize_pair
+    from tl_reward.data import load_hh_rlhf, short_pairs
 
-    out = []
-    for pair in load_hh_rlhf(HH):
-        tp = tokenize_pair(model, pair)
-        if max(tp.chosen_len, tp.rejected_len) <= max_tokens:
-            out.append(tp)
-        if len(out) >= n:
-            return out
-    return out
+    return short_pairs(model, load_hh_rlhf(HH), n, max_tokens)
 
 
 def timed(fn: Any) -> tuple[Any, float]:

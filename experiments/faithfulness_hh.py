@@ -22,7 +22,7 @@ import torch
 
 from tl_reward import HookedRewardModel
 from tl_reward.analysis.faithfulness import faithfulness_report
-from tl_reward.data import load_hh_rlhf, tokenize_pair
+from tl_reward.data import load_hh_rlhf, short_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
@@ -31,14 +31,7 @@ OUT = ROOT / "experiments" / "results"
 
 def select_pairs(model: HookedRewardModel, n: int, max_tokens: int) -> list:
     """First ``n`` pairs (file order) with both sides <= ``max_tokens`` tokens."""
-    chosen = []
-    for pair in load_hh_rlhf(DATA):
-        tp = tokenize_pair(model, pair)
-        if max(tp.chosen_len, tp.rejected_len) <= max_tokens:
-            chosen.append(tp)
-        if len(chosen) >= n:
-            break
-    return chosen
+    return short_pairs(model, load_hh_rlhf(DATA), n, max_tokens)
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ from scipy import stats
 from tl_reward import HookedRewardModel
 from tl_reward.circuits import edge_attribution
 from tl_reward.circuits.edges import IG_RULES
-from tl_reward.data import load_hh_rlhf, tokenize_pair
+from tl_reward.data import load_hh_rlhf, short_pairs
 from tl_reward.planted import plant_indirect, plant_trigger_head
 from tl_reward.planted.recovery import trigger_pairs
 from tl_reward.testing import tiny_hf_reward_model
@@ -108,13 +108,7 @@ def random_models(steps: tuple[int, ...], n_seq: int = 8) -> dict[str, Any]:
 
 def demo(n_pairs: int, max_tokens: int, n_top: int, n_random: int) -> dict[str, Any]:
     model = HookedRewardModel.from_pretrained("tl-reward/smollm2-135m-hh", device="cpu")
-    pairs = []
-    for pair in load_hh_rlhf(DATA):
-        tp = tokenize_pair(model, pair)
-        if max(tp.chosen_len, tp.rejected_len) <= max_tokens:
-            pairs.append(tp)
-        if len(pairs) >= n_pairs:
-            break
+    pairs = short_pairs(model, load_hh_rlhf(DATA), n_pairs, max_tokens)
     kw = {"ablation": "mean", "batch_size": 8}
     scores, seconds = {}, {}
     for name, extra in [("eap", {"method": "eap"}),

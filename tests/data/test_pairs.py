@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tl_reward.data import PreferencePair
-from tl_reward.data.pairs import align_ids, tokenize_pair, tokenize_pairs
+from tl_reward.data.pairs import align_ids, short_pairs, tokenize_pair, tokenize_pairs
 from tl_reward.errors import TLRewardError
 
 
@@ -57,3 +57,27 @@ def test_pair_from_a_prompt_string_or_a_conversation() -> None:
     assert one.prompt == [{"role": "user", "content": "Sky?"}]
     assert PreferencePair.from_prompt("Sky?", "Blue.", "No.", system="S").prompt[0] == {
         "role": "system", "content": "S"}
+
+
+def test_short_pairs_are_the_first_n_within_the_length(tiny) -> None:
+    """Against a count by hand of each pair's two sequences (the tokenizer's chat template),
+    and the source read no further than needed."""
+    model, _, tok = tiny("llama", 1)
+    pairs = [PreferencePair.from_prompt("Q?", "yes " * (k + 1), "no " * (8 - k))
+             for k in range(8)]
+
+    def n_tokens(p: PreferencePair) -> int:  # the template's ids (a dict per turn)
+        return max(len(tok.apply_chat_template(c, tokenize=True)["input_ids"])
+                   for c in (p.chosen_conversation(), p.rejected_conversation()))
+    limit = sorted(n_tokens(p) for p in pairs)[4]
+    want = [p for p in pairs if n_tokens(p) <= limit][:3]
+    read = []
+
+    def source():  # noqa: ANN202
+        for p in pairs:
+            read.append(p)
+            yield p
+    got = short_pairs(model, source(), 3, limit)
+    assert [tp.pair for tp in got] == want and len(got) == 3
+    assert all(max(tp.chosen_len, tp.rejected_len) <= limit for tp in got)
+    assert len(read) == pairs.index(want[-1]) + 2  # one past the last taken, then stop

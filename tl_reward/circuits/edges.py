@@ -60,7 +60,7 @@ METHODS = ("exact", "eap", "eap-ig")
 #: EAP-IG's rules for its points on the corrupted (0) -> clean (1) line (the module doc).
 IG_RULES = ("left", "right", "midpoint")
 #: The default rule, chosen by agreement with exact edge patching (docs/circuits.md).
-DEFAULT_IG_RULE = "midpoint"
+DEFAULT_IG_RULE = "right"
 
 
 def ig_alphas(rule: str, steps: int) -> list[float]:
@@ -133,7 +133,7 @@ class EdgeAttribution(ShortRepr):
 
     @property
     def label(self) -> str:
-        """The method as reports name it: ``"eap-ig (midpoint rule, 5 steps)"``."""
+        """The method as reports name it: ``"eap-ig (right rule, 5 steps)"``."""
         st = self.settings
         return (f"{self.method} ({st.get('ig_rule')} rule, {st['ig_steps']} steps)"
                 if self.method == "eap-ig" else self.method)

@@ -12,6 +12,7 @@ _EXPORTS = {
     "as_conversation": "tl_reward.data.conversation",
     "load_hh_rlhf": "tl_reward.data.hh_rlhf",
     "parse_dialogue": "tl_reward.data.hh_rlhf",
+    "short_pairs": "tl_reward.data.pairs",
     "tokenize_pair": "tl_reward.data.pairs",
     "tokenize_pairs": "tl_reward.data.pairs",
 }

@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,6 +188,23 @@ class PairBatch:
 def tokenize_pairs(model: Any, pairs: Sequence[PreferencePair | tuple[Any, str, str]]) -> PairBatch:
     """:func:`tokenize_pair` for each pair."""
     return PairBatch([tokenize_pair(model, p, k) for k, p in enumerate(pairs)])
+
+
+def short_pairs(model: Any, pairs: Iterable[PreferencePair | tuple[Any, str, str]], n: int,
+                max_tokens: int) -> list[TokenizedPair]:
+    """The first ``n`` of ``pairs``, in order, whose chosen and rejected sequences (as the
+    model builds them) both have at most ``max_tokens`` tokens, tokenised: how benchmarks and
+    experiments pick short pairs (``pairs`` is read only as far as needed)."""
+    out: list[TokenizedPair] = []
+    for pair in pairs:
+        if len(out) >= n:
+            break
+        if isinstance(pair, tuple):
+            pair = PreferencePair.from_prompt(*pair)
+        if max(len(model.encode(c).ids) for c in (pair.chosen_conversation(),
+                                                  pair.rejected_conversation())) <= max_tokens:
+            out.append(tokenize_pair(model, pair, len(out)))
+    return out
 
 
 def as_pair_batch(model: Any, pairs: Any) -> PairBatch:
