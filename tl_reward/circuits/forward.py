@@ -68,14 +68,28 @@ def forward(
         sae_hook = [] if nodes is None else [nodes[0].cfg.metadata.hook_name]
         hooks += [(h, rec(h)) for h in {*source_hooks(model), *sae_hook}]
 
-    # every edge patched (the empty circuit): each input adds all upstream differences, a
-    # running sum over sources that grows layer by layer (each difference built once)
-    full = patch is not None and patch.shape[0] == 1 and bool(
-        (patch[0] == graph.edge_mask().to(patch.device)).all())
+    # one mask for every row, patching more edges than it keeps (a circuit's complement, the
+    # empty circuit): each input adds the running sum of all upstream differences, which grows
+    # layer by layer (each difference built once), less those of the edges kept
+    kept = None
+    if patch is not None and patch.shape[0] == 1:
+        every = graph.edge_mask().to(patch.device)
+        if bool((patch[0].bool() & ~every).any()):
+            raise ValueError("patch holds pairs that are not edges of the graph")
+        kept = every & ~patch[0].bool()
+        if int(kept.sum()) > int(patch[0].bool().sum()):
+            kept = None
     run: dict[str, Any] = {"upto": 0, "sum": 0.0}
+    own: dict[int, torch.Tensor] = {}  # each kept edge's source difference, once per forward
+
+    def source_delta(u: int) -> torch.Tensor:
+        if u not in own:
+            block = next(b for b, s0, s1 in graph.source_blocks(u + 1) if s0 <= u < s1)
+            own[u] = delta(model, graph, batch.corr, cur, block, u, u + 1, batch.mask)[:, :, 0]
+        return own[u]
 
     def edit(act: torch.Tensor, first: int, count: int, up: int) -> torch.Tensor:
-        if full:
+        if kept is not None:
             for block, s0, s1 in chunks(graph, up, chunk_sources):
                 if max(s0, run["upto"]) < s1:
                     d = delta(model, graph, batch.corr, cur, block, max(s0, run["upto"]), s1,
@@ -83,8 +97,13 @@ def forward(
                     run["sum"] = run["sum"] + d.sum(2)
             run["upto"] = up
             if isinstance(run["sum"], torch.Tensor):
-                add = run["sum"] if act.ndim == 3 else run["sum"][:, :, None]
-                act = act + add.to(act.dtype)
+                add = run["sum"][:, :, None].expand(-1, -1, count, -1)
+                rows = kept[first : first + count]
+                if bool(rows.any()):
+                    add = add.clone()
+                    for j, u in rows.nonzero().tolist():
+                        add[:, :, j] -= source_delta(u)
+                act = act + (add if act.ndim == 4 else add[:, :, 0]).to(act.dtype)
         elif patch is not None:
             m = patch[:, first : first + count]
             if bool(m.any()):
