@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import CLEAN, CORRUPT, EDGE_ATOL
+from helpers import CLEAN, CORRUPT, EDGE_ATOL, needs_hooked_transformer
 from sae_lens.saes.sae import SAEMetadata
 from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
 
@@ -119,19 +119,26 @@ def _node_of(name: str) -> int | str:
 
 
 # -- one SAE: exact and gradient edges into its nodes -------------------------------------------
-@pytest.mark.parametrize("hook", [RESID, MLP])
-def test_exact_edges_into_nodes_are_hand_path_patches(tiny, hook: str) -> None:
+@pytest.mark.parametrize(("first", "hook"), [(None, RESID), (None, MLP),
+                                             ("blocks.0.hook_mlp_out", RESID)])
+def test_exact_edges_into_nodes_are_hand_path_patches(tiny, first: str | None,
+                                                      hook: str) -> None:
     """Edges into the feature of largest direct effect, another feature and the error node,
     from every source upstream of their input (every source before a residual hook; the
-    sources feeding layer 1's MLP), against the hand patch."""
+    sources feeding layer 1's MLP) against the hand patch; after an SAE at ``m0``, from its
+    nodes in place of ``m0``."""
     model, hf, _ = tiny("llama")
     sae = make_sae(model.cfg.d_model, hook)
-    fe = edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="exact", sae=sae,
-                          feature_inputs=True).features
+    saes = [sae] if first is None else [make_sae(model.cfg.d_model, first, seed=1), sae]
+    att = edge_attribution(model, CLEAN[:1], CORRUPT[:1], method="exact", sae=saes,
+                           feature_inputs=True)
+    fe = att.features if first is None else att.downstream
     upstream = [s for s in fe.graph.sources if _layer(s) < 1 or (
         hook == RESID and _layer(s) == 1) or (s.startswith("a1.") and hook == MLP)]
+    if first is not None:
+        upstream = [s for s in upstream if s != "m0"] + att.features.nodes
     assert fe.input_sources == upstream and fe.inputs.shape == (len(fe.nodes), len(upstream))
-    cols = _columns(model, hf, CLEAN[0], CORRUPT[0])
+    cols = _columns(model, hf, CLEAN[0], CORRUPT[0], None if first is None else (saes[0], "m0"))
     top = int(fe.scores[-1, :-1].abs().argmax())
     for k in (top, (top + 1) % len(fe.features), len(fe.features)):
         node = "err" if k == len(fe.features) else fe.features[k]
@@ -139,6 +146,7 @@ def test_exact_edges_into_nodes_are_hand_path_patches(tiny, hook: str) -> None:
                             for s in upstream])
         torch.testing.assert_close(fe.inputs[k], ref, atol=EDGE_ATOL, rtol=0)
         assert ref.abs().max() > 1e-3, node
+    assert first is None or ref[-1].abs() > 1e-3  # the upstream error node's edge counts
     df = fe.to_dataframe()
     assert set(df.dst) >= set(fe.nodes) and len(df) == int((~fe.scores.isnan()).sum()
                                                              + fe.inputs.numel())
@@ -368,3 +376,23 @@ def test_sae_pairs_and_feature_inputs_are_checked(tiny) -> None:
         edge_attribution(model, CLEAN, CORRUPT, method="eap", sae=[early, early, late])
     with pytest.raises(TLRewardError, match="pass sae="):
         edge_attribution(model, CLEAN, CORRUPT, method="eap", feature_inputs=True)
+
+
+@needs_hooked_transformer
+def test_edges_into_nodes_on_the_bridge_equal_hooked() -> None:
+    """The TransformerBridge (its own MLP-input and residual hooks) gives the edges into two
+    SAEs' nodes HookedRewardModel's do (checked by hand above), exact and EAP."""
+    from tests.circuits.test_bridge_circuits import _close, bridge, hooked
+
+    model, clean, corrupt = bridge("llama")
+    ht = hooked("llama")
+    saes = [make_sae(model.cfg.d_model, h, seed=i)
+            for i, h in enumerate(["blocks.0.hook_resid_post", MLP])]
+    for method in ("exact", "eap"):
+        a, b = (edge_attribution(m, clean, corrupt, method=method, sae=saes)
+                for m in (model, ht))
+        r = float(b.clean_metric.abs().max())
+        for x, y in [(a.features, b.features), (a.downstream, b.downstream)]:
+            assert x.features == y.features and x.input_sources == y.input_sources
+            _close(x.inputs, y.inputs, f"{y.prefix} {method}", r)
+        assert b.downstream.inputs.abs().max() > 1e-2

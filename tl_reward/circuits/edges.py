@@ -22,7 +22,8 @@ contribute. Source differences are built one chunk of sources at a time (at most
 ``chunk_sources``, never crossing a layer). EAP and EAP-IG hold every destination's gradient,
 summed over the IG points, for one batch: ``[n_dests, rows, pos, d_model]`` in the accumulation
 dtype (lower ``batch_size`` to shrink it), so each source difference is built and contracted
-once per batch. With SAE nodes, their changes are taken at the clean run.
+once per batch. With SAE nodes, their changes are taken at the clean run; edges into them:
+:mod:`tl_reward.circuits.node_inputs`.
 """
 
 from __future__ import annotations

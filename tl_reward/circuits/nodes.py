@@ -9,7 +9,7 @@ and the error node's by the rest of ``dx`` (the change of ``x - x_hat``), so the
 sum exactly to ``dx`` and, EAP being linear in them, their edges into a destination sum to the
 hook's. Nodes are the features whose activation changes at some real token (every other
 feature's edges are exactly 0). Forwards run the plain model (an attached SAE is lifted off for
-the call).
+the call). The nodes as destinations of edges: :mod:`tl_reward.circuits.node_inputs`.
 """
 
 from __future__ import annotations
