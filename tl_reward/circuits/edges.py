@@ -261,6 +261,8 @@ def edge_attribution(
     if edges is not None and method != "exact":
         raise TLRewardError("edges= picks the edges exact patching scores; EAP and EAP-IG "
                             "score every edge at once: drop edges= or use method='exact'")
+    from tl_reward.sae.splice import decoder_directions
+
     alphas = ig_alphas(ig_rule, ig_steps) if method == "eap-ig" else None
     with lifted_saes(model, sae) as saes:
         graph = RewardGraph.from_model(model)
@@ -273,8 +275,6 @@ def edge_attribution(
         scores = torch.zeros(len(graph.dests), len(graph.sources), dtype=acc, device=dev)
         clean_m = torch.zeros(n_items, dtype=acc, device=dev)
         corr_m = torch.zeros(n_items, dtype=acc, device=dev)
-        from tl_reward.sae.splice import decoder_directions
-
         into = len(saes) > 1 if feature_inputs is None else feature_inputs
         if into and not saes:
             raise TLRewardError("feature_inputs=True scores the edges into SAE nodes: pass sae=")
@@ -325,7 +325,8 @@ def edge_attribution(
                 "ig_rule": None if alphas is None else ig_rule}
     fes = []
     for k, s in enumerate(sites):
-        keep = [*moved[k].nonzero().flatten().tolist(), ws[k].shape[0]]
+        nodes = list(s.nodes) if into else moved[k].nonzero().flatten().tolist()
+        keep = [*nodes, ws[k].shape[0]]  # with edges in, the same features, found first
         fs = (fscores[k][:, keep] / n_items).masked_fill(~s.dests(graph)[:, None].to(dev),
                                                           torch.nan)
         fe = FeatureEdges(graph, s.hook, s.prefix, keep[:-1], fs.cpu())
