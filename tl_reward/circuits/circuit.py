@@ -320,7 +320,11 @@ def _metrics(model: Any, graph: RewardGraph, inputs: Inputs, obj: str,
     full, empty = (torch.zeros(n, dtype=acc, device=dev) for _ in range(2))
     out = [torch.zeros(n, dtype=acc, device=dev) for _ in circuits]
     n_src = len(graph.sources)
-    with torch.no_grad(), lifted_saes(model, sae) as sae:  # forwards run the plain model
+    with torch.no_grad(), lifted_saes(model, sae) as saes:  # forwards run the plain model
+        if len(saes) > 1:
+            raise TLRewardError(f"sae= holds {len(saes)} SAEs; a circuit holds the nodes of "
+                                "one (circuits over two SAEs' nodes are not built)")
+        sae = saes[0] if saes else None
         kws: list[dict[str, Any]] = []
         for c in circuits:
             kws.append({"patch": (graph.edge_mask() & ~c.mask[:, :n_src]).to(dev)[None]})

@@ -9,7 +9,7 @@ read by the library's one readout (float32 at least).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -17,6 +17,7 @@ import torch
 
 from tl_reward.circuits.graph import RewardGraph, split_inputs
 from tl_reward.circuits.inputs import Batch
+from tl_reward.circuits.node_inputs import Into, into_hooks
 from tl_reward.circuits.nodes import sae_changes
 from tl_reward.circuits.sources import chunks, delta, source_hooks
 from tl_reward.errors import TLRewardError
@@ -43,6 +44,8 @@ def forward(
     embed: torch.Tensor | None = None,
     chunk_sources: int | None = None,
     nodes: tuple[Any, list[int], torch.Tensor] | None = None,
+    into: Into | None = None,
+    watch: Sequence[tuple[str, Callable[..., Any]]] = (),
 ) -> torch.Tensor:
     """The objective-ready final residual ``[batch, pos, d_model]`` of one forward.
 
@@ -53,7 +56,9 @@ def forward(
     :func:`sae_changes` at this forward's activations). ``on_grad(first, count, upstream,
     grad)`` receives the
     gradient of each destination hook's input (the embeddings become a leaf that needs a
-    gradient). ``embed`` replaces the embeddings.
+    gradient). ``embed`` replaces the embeddings. ``into``: edges into SAE nodes, one node per
+    row (:class:`~tl_reward.circuits.node_inputs.Into`; nothing else patched). ``watch``:
+    hooks run after every edit (they read activations).
     """
     cur: dict[str, torch.Tensor] = {}
     hooks: list[tuple[str, Callable[..., Any]]] = []
@@ -62,10 +67,12 @@ def forward(
             e = (act if embed is None else embed).detach().to(act.dtype)
             return e.requires_grad_(on_grad is not None)
         hooks.append(("blocks.0.hook_resid_pre", leaf))
-    if patch is not None or nodes is not None:
+    if patch is not None or nodes is not None or into is not None:
         def rec(name: str) -> Callable[[torch.Tensor, Any], None]:
             return lambda act, hook: cur.__setitem__(name, act)  # by the name asked for
         sae_hook = [] if nodes is None else [nodes[0].cfg.metadata.hook_name]
+        if into is not None and into.site.upstream is not None:
+            sae_hook.append(into.site.upstream.hook)
         hooks += [(h, rec(h)) for h in {*source_hooks(model), *sae_hook}]
 
     # one mask for every row, patching more edges than it keeps (a circuit's complement, the
@@ -142,6 +149,9 @@ def forward(
             return edit(act, first, count, up)
         return fn
     hooks += [(name, dest(*g)) for g in groups[:-1] for name in [g[0]]]
+    if into is not None:
+        hooks += into_hooks(model, graph, batch, into, cur, chunk_sources)
+    hooks += list(watch)
     with split_inputs(model), model.hooks(fwd_hooks=hooks):
         resid = model.final_residual(batch.tokens, batch.mask)
     missed = [g[0] for g in groups[:-1] if g[0] not in fired]

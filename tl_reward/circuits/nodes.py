@@ -9,7 +9,7 @@ and the error node's by the rest of ``dx`` (the change of ``x - x_hat``), so the
 sum exactly to ``dx`` and, EAP being linear in them, their edges into a destination sum to the
 hook's. Nodes are the features whose activation changes at some real token (every other
 feature's edges are exactly 0). Forwards run the plain model (an attached SAE is lifted off for
-the call).
+the call). The nodes as destinations of edges: :mod:`tl_reward.circuits.node_inputs`.
 """
 
 from __future__ import annotations
@@ -74,11 +74,12 @@ def edge_mask(graph: RewardGraph, prefix: str | None = None, n_nodes: int = 0) -
 
 
 @contextmanager
-def lifted_saes(model: Any, sae: Any) -> Iterator[Any]:
-    """The SAE to make nodes of (``sae``, else the one attached to ``model``, else None), with
-    every attached SAE lifted off for the duration and attached again after, with its
-    settings (SAELens keeps them on its wrappers, ``_acts_to_saes``). An SAE attached without
-    its error term is refused (the forward would not be the one the graph sums)."""
+def lifted_saes(model: Any, sae: Any) -> Iterator[list[Any]]:
+    """The SAEs to make nodes of: ``sae`` (one, or a list or tuple of them), else the one
+    attached to ``model``, else none; every attached SAE is lifted off for the duration and
+    attached again after, with its settings (SAELens keeps them on its wrappers,
+    ``_acts_to_saes``). An SAE attached without its error term is refused (the forward would
+    not be the one the graph sums)."""
     attached = dict(getattr(model, "_acts_to_saes", None) or {})
     bare = sorted(h for h, w in attached.items() if not w.use_error_term)
     if bare:  # without it the forward is not the graph's sum of sources
@@ -88,15 +89,28 @@ def lifted_saes(model: Any, sae: Any) -> Iterator[Any]:
     if sae is None and len(attached) > 1:
         raise TLRewardError(f"{len(attached)} SAEs are attached ({sorted(attached)}); SAE "
                             "nodes come from one: pass sae= the one to use")
-    sae = sae if sae is not None else next((w.sae for w in attached.values()), None)
+    if sae is None:
+        saes = [w.sae for w in attached.values()][:1]
+    else:
+        saes = list(sae) if isinstance(sae, (list, tuple)) else [sae]
     if attached:
         model.reset_saes()
     try:
-        yield sae
+        yield saes
     finally:
         for w in attached.values():
             model.add_sae(w.sae, use_error_term=w.use_error_term,
                           exclude_special_tokens=w.exclude_special_tokens)
+
+
+def encode_change(sae: Any, w: torch.Tensor, x: torch.Tensor, dx: torch.Tensor,
+                  mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(df, d_err)``: the SAE's feature activations' change (its own encoder on the whole
+    input; zero where ``mask`` is 0) and its error term's (the rest of ``dx``, through the
+    decoder directions ``w``) when its hook's activation goes from ``x`` to ``x + dx``."""
+    f0, f1 = (sae.encode(v.to(sae.dtype)).to(x.dtype) for v in (x, x + dx))
+    df = (f1 - f0) * mask[:, :, None].to(x.dtype)
+    return df, dx - df @ w.to(x.dtype)
 
 
 @torch.no_grad()
@@ -113,10 +127,14 @@ def sae_changes(model: Any, graph: RewardGraph, sae: Any, batch: Batch,
     acc = accumulation_dtype(model)
     dx = sum(delta(model, graph, batch.corr, base, b, max(s0, lo), s1, batch.mask).sum(2)
              for b, s0, s1 in chunks(graph, hi, None) if s1 > lo)
-    x = base[hook].to(acc)
-    f0, f1 = (sae.encode(v.to(sae.dtype)).to(acc) for v in (x, x + dx))
-    df = (f1 - f0) * batch.mask[:, :, None].to(acc)
-    return df, dx - df @ decoder_directions(sae).detach().to(acc)
+    return encode_change(sae, decoder_directions(sae).detach(), base[hook].to(acc), dx,
+                         batch.mask)
+
+
+def moved_features(df: torch.Tensor) -> torch.Tensor:
+    """The features whose activation changes at some token of ``df`` ``[rows, pos, d_sae]``:
+    the SAE's nodes (every other feature's edges out are exactly 0)."""
+    return (df != 0).flatten(0, 1).any(0).nonzero().flatten()
 
 
 def node_chunks(df: torch.Tensor, d_err: torch.Tensor, w: torch.Tensor, moved: torch.Tensor,
