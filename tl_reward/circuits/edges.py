@@ -341,7 +341,10 @@ def edge_attribution(
 
 
 def _checked_sites(model: Any, graph: RewardGraph, saes: list[Any]) -> list[Site]:
-    """The :class:`~tl_reward.circuits.node_inputs.Site` of each SAE, each checked to fit."""
+    """The :class:`~tl_reward.circuits.node_inputs.Site` of each SAE, each checked to fit
+    (none without SAEs: SAELens is imported only when one is given)."""
+    if not saes:
+        return []
     from tl_reward.model.hooked_sae_reward_model import HookedSAERewardModel
     from tl_reward.sae.splice import check_affine_sae
 
