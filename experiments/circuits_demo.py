@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--n-pairs", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--selects", default="greedy,top,nodes")
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("TL_REWARD_THREADS", "1")))
     model = HookedRewardModel.from_pretrained("tl-reward/smollm2-135m-hh", device="cpu")
@@ -69,7 +71,7 @@ def main() -> None:
         t = time.time()
         att = atts[name] = edge_attribution(model, fit, **kw, **extra)
         res: dict[str, Any] = {"label": att.label, "attribution_s": time.time() - t}
-        for select in ("greedy", "top", "nodes"):
+        for select in args.selects.split(","):
             c = faithfulness_curve(model, att, held, sizes=SIZES, select=select, **kw)
             res[select] = {"n_edges": c.n_edges, "faithfulness": c.faithfulness.tolist(),
                            "random": c.random.tolist(), "cpr": c.cpr, "cmd": c.cmd}
@@ -79,8 +81,8 @@ def main() -> None:
                                  if k in ("cpr", "cmd", "edges_for_half", "edges_for_80")},
                   flush=True)
         out["methods"][name] = res
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(json.dumps(out, indent=1))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1))
     att = atts[f"eap-ig {DEFAULT_IG_RULE}"]  # the command line's defaults
     circuit = RewardCircuit.greedy(att, 100)
     ev = evaluate_circuit(model, circuit, held, **kw)
@@ -88,8 +90,8 @@ def main() -> None:
                           "faithfulness": ev.faithfulness.value,
                           "ci": [ev.faithfulness.ci_low, ev.faithfulness.ci_high]}
     print("cli default", out["cli_default"], flush=True)
-    OUT.write_text(json.dumps(out, indent=1))
-    print(f"wrote {OUT}")
+    args.out.write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
