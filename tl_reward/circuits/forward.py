@@ -82,7 +82,7 @@ def forward(
     if patch is not None and patch.shape[0] == 1:
         every = graph.edge_mask().to(patch.device)
         if bool((patch[0].bool() & ~every).any()):
-            raise ValueError("patch holds pairs that are not edges of the graph")
+            raise TLRewardError("patch holds pairs that are not edges of the graph")
         kept = every & ~patch[0].bool()
         if int(kept.sum()) > int(patch[0].bool().sum()):
             kept = None
