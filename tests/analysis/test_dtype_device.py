@@ -113,13 +113,15 @@ def test_bf16_tolerance_can_fail() -> None:
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_fast_sweep_cache_in_bf16(arch: str) -> None:
-    """The fast prefix cache (hook-free lean path) against the naive bf16 forward
-    (TransformerLens's own kernels), every objective: within three bf16 roundings of the reward
-    scale (3 x 2^-8 x max |reward|). The two paths multiply differently shaped batches, so a
-    CPU's bf16 kernels may round them differently: equal bit for bit on the Intel CPU this was
-    written on, one reward of 120 off by 1.8 roundings (gemma2) on an AMD EPYC. Before the fix
-    it summed the prefix and new parts of ``pattern @ v`` in bf16 (three roundings instead of
-    TransformerLens's one) and differed by 0.023 on llama (scale 1.0): 5.9 roundings."""
+    """The fast prefix cache (hook-free lean path) against the naive bf16 forward with
+    TransformerLens's materialised attention, every objective: within three bf16 roundings of
+    the reward scale (3 x 2^-8 x max |reward|). The two paths multiply differently shaped
+    batches, so a CPU's bf16 kernels may round them differently: equal bit for bit on the Intel
+    CPU this was written on, one reward of 120 off by 1.8 roundings (gemma2) on an AMD EPYC.
+    Before the fix it summed the prefix and new parts of ``pattern @ v`` in bf16 (three
+    roundings instead of TransformerLens's one) and differed by 0.023 on llama (scale 1.0): 5.9
+    roundings. Fused attention rounds bf16 differently again (as far from float32:
+    ``test_fused_attention``), so both sides here use the materialised kernels."""
     from tl_reward.model.response_template import response_template
     from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS, candidate_ids, score_vocabulary
 
@@ -129,6 +131,7 @@ def test_fast_sweep_cache_in_bf16(arch: str) -> None:
     ids = candidate_ids(model)[:120]
     template = response_template(tok, PAPER_PROMPTS["best"])
     seqs = torch.tensor([template.ids(v) for v in ids])
+    model.fused_attention = False  # prefix and naive: the kernels the lean path mirrors
     with torch.no_grad():
         naive = model(seqs, attention_mask=torch.ones_like(seqs), return_type="reward").float()
     fast = score_vocabulary(model, {"b": PAPER_PROMPTS["best"]}, ids, batch_size=64,

@@ -28,6 +28,7 @@ from tl_reward.model.loading import load_reward_model
 from tl_reward.model.pooling import check_rule, implied_mask
 from tl_reward.model.protocol import RewardModelMixin
 from tl_reward.model.readout import normalise, read_rewards, readout_attachment
+from tl_reward.tl_backend.fused_attention import fused_layers, install_fused_attention, set_fused
 
 
 class HookedRewardModel(RewardModelMixin, HookedTransformer):
@@ -59,7 +60,19 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
         if pad_token_id is None and tokenizer is not None:
             pad_token_id = tokenizer.pad_token_id
         self.pad_token_id = pad_token_id
+        install_fused_attention(self)
         self.setup()
+
+    @property
+    def fused_attention(self) -> bool:
+        """Whether attention runs PyTorch's fused kernel where no hook needs the scores or
+        pattern (:mod:`~tl_reward.tl_backend.fused_attention`; on by default). ``False``
+        materialises every pattern, as TransformerLens does."""
+        return all(fused_layers(self))
+
+    @fused_attention.setter
+    def fused_attention(self, on: bool) -> None:
+        set_fused(self, on)
 
     # -- loading -------------------------------------------------------------------------
     @classmethod
