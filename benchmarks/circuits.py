@@ -6,14 +6,25 @@ example pairs when ../shared is missing), the margin r(chosen) - r(rejected) wit
 mean-ablated on its own. Each measurement runs in its own process (spawned after the model is
 cached), so its peak resident memory is its own:
 
-* ``forward+backward``: one forward and one backward of every pair's two replies (the floor
-  any gradient method pays);
+* ``forward+backward``: one forward and one backward of every pair's two replies, weight
+  gradients included (the unit the EAP-IG target is stated in);
+* ``fwd+bwd frozen``: the same with the weights frozen, gradients flowing from the embeddings
+  only (what each of EAP-IG's passes must pay at least: it takes no weight gradients);
 * ``eap``: ``edge_attribution(method="eap")``;
 * ``eap-ig``: ``edge_attribution(method="eap-ig", ig_steps=5)``.
 
 It prints seconds and peak memory of each, EAP-IG's ratio to EAP and to forward+backward, and
 the size of the ``[rows, pos, sources, d_model]`` difference tensor that chunking over sources
 never builds; and writes ``benchmarks/results/circuits_cpu.json``.
+
+Where EAP's and EAP-IG's time goes (:func:`phases`, timers around ``edge_attribution``'s own
+steps): the mean-ablation means (one forward over the reference rows), the clean run recorded
+(one forward), the clean metric (one forward through the graph), the all-corrupted metric (one
+forward with every edge patched), the gradient passes (EAP: one forward+backward; EAP-IG:
+``m = ig_steps`` of them, at the points between corrupted and clean embeddings) and the
+contraction of the summed gradients with the source differences. The analysis line gives
+EAP-IG / (m x forward+backward): EAP-IG can be at most 5x forward+backward only if its
+``m`` passes and the four forwards around them fit in that time.
 
 ``--shape llama-3.1-8b --device cuda --dtype bfloat16`` runs the same three on a seeded
 random-weight RM of that shape (``vocab_sweep.build_shape``: 1,569 destinations, about 0.83M
@@ -34,6 +45,8 @@ import multiprocessing as mp
 import platform
 import resource
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,28 +64,141 @@ def setup(threads: int) -> Any:
     return HookedRewardModel.from_pretrained(DEMO_MODEL_NAME, device="cpu")
 
 
+RUNS = ("forward+backward", "fwd+bwd frozen", "eap", "eap-ig")
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def phases(device: str) -> Iterator[dict[str, float]]:
+    """Seconds spent in each step of ``edge_attribution`` (EAP / EAP-IG) while inside, by
+    timers put around the functions ``tl_reward.circuits.edges`` calls (put back on exit):
+    ``means`` (``prepare_inputs``: the mean-ablation reference forward), ``clean record``,
+    ``clean metric`` (the graph forward without gradients), ``corrupted metric``, ``gradient
+    passes`` (``_gradient`` until its contraction starts: its forwards and backwards) and
+    ``contraction`` (the rest of ``_gradient``: source differences times gradients). The
+    device is synchronised at every boundary."""
+    import torch
+
+    from tl_reward.circuits import edges
+
+    spent: dict[str, float] = dict.fromkeys(
+        ("means", "clean record", "clean metric", "corrupted metric", "gradient passes",
+         "contraction"), 0.0)
+    contraction_start: list[float] = []
+
+    def timed(name: str, fn: Callable[..., Any], when: Callable[[], bool] = lambda: True
+              ) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not when():
+                return fn(*args, **kwargs)
+            _sync(device)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _sync(device)
+                spent[name] += time.perf_counter() - t0
+        return wrapper
+
+    def chunks(*args: Any, **kwargs: Any) -> Any:
+        _sync(device)  # the passes are over: the contraction starts
+        contraction_start.append(time.perf_counter())
+        return original["chunks"](*args, **kwargs)
+
+    def gradient(*args: Any, **kwargs: Any) -> Any:
+        _sync(device)
+        t0 = time.perf_counter()
+        contraction_start.clear()
+        out = original["_gradient"](*args, **kwargs)
+        _sync(device)
+        t1 = time.perf_counter()
+        mid = contraction_start[0] if contraction_start else t1
+        spent["gradient passes"] += mid - t0
+        spent["contraction"] += t1 - mid
+        return out
+
+    names = ("prepare_inputs", "record", "forward", "corrupted_metric", "_gradient", "chunks")
+    original = {n: getattr(edges, n) for n in names}
+    patched = {
+        "prepare_inputs": timed("means", edges.prepare_inputs),
+        "record": timed("clean record", edges.record),
+        "forward": timed("clean metric", edges.forward, lambda: not torch.is_grad_enabled()),
+        "corrupted_metric": timed("corrupted metric", edges.corrupted_metric),
+        "_gradient": gradient, "chunks": chunks}
+    for n, f in patched.items():
+        setattr(edges, n, f)
+    try:
+        yield spent
+    finally:
+        for n, f in original.items():
+            setattr(edges, n, f)
+
+
 def run(model: Any, what: str, pairs: list[Any], ig_steps: int, batch_size: int,
         n_top: int) -> dict[str, Any]:
-    """One forward and backward of every reply (``batch_size`` replies per forward), or
-    ``edge_attribution(method=what)``: its edge count and ``n_top`` top edges."""
-    from tl_reward.circuits import edge_attribution
+    """One forward and backward of every reply (``batch_size`` replies per forward; with
+    ``what="fwd+bwd frozen"`` the weights frozen, gradients from the embeddings on), or
+    ``edge_attribution(method=what)``: its edge count, ``n_top`` top edges and
+    :func:`phases`."""
+    import torch
 
-    if what == "forward+backward":
+    from tl_reward.circuits import edge_attribution
+    from tl_reward.circuits.forward import frozen_params
+
+    if what in ("forward+backward", "fwd+bwd frozen"):
+        frozen = what == "fwd+bwd frozen"
+
+        def leaf(x: torch.Tensor, hook: Any) -> torch.Tensor:  # the gradients' only source
+            return x.detach().requires_grad_(True)
+
+        hooks = [("hook_embed", leaf)] if frozen else []
         per = max(1, batch_size // 2)  # pairs per forward: batch_size rows
-        for i in range(0, len(pairs), per):
-            ids = [x for tp in pairs[i:i + per] for x in (tp.chosen_ids, tp.rejected_ids)]
-            batch = model.make_batch(ids)
-            model.zero_grad(set_to_none=True)
-            out = model(batch.tokens, return_type="reward", attention_mask=batch.attention_mask)
-            out.float().sum().backward()
+        with frozen_params(model) if frozen else torch.enable_grad():
+            for i in range(0, len(pairs), per):
+                ids = [x for tp in pairs[i:i + per] for x in (tp.chosen_ids, tp.rejected_ids)]
+                batch = model.make_batch(ids)
+                model.zero_grad(set_to_none=True)
+                out = model.run_with_hooks(batch.tokens, return_type="reward",
+                                           attention_mask=batch.attention_mask,
+                                           fwd_hooks=hooks)
+                out.float().sum().backward()
         model.zero_grad(set_to_none=True)
         return {}
-    res = edge_attribution(model, pairs, method=what, ablation="mean", ig_steps=ig_steps,
-                           batch_size=batch_size)
+    with phases(str(model.cfg.device)) as spent:
+        res = edge_attribution(model, pairs, method=what, ablation="mean", ig_steps=ig_steps,
+                               batch_size=batch_size)
     top = res.to_dataframe().head(n_top)
-    return {"edges": res.graph.n_edges,
+    return {"edges": res.graph.n_edges, "phases": dict(spent),
             "top": [f"{r.src}->{r.dst}{'<' + r.qkv + '>' if r.qkv else ''} {r.score:+.4f}"
                     for r in top.itertuples()]}
+
+
+def analysis(results: dict[str, Any], ig_steps: int) -> list[str]:
+    """Lines saying where EAP-IG's time goes against ``m = ig_steps`` forward+backward
+    passes (``results``: the seconds and phases of :data:`RUNS`)."""
+    fb, frozen = results["forward+backward"]["seconds"], results["fwd+bwd frozen"]["seconds"]
+    ig, m = results["eap-ig"], ig_steps
+    ph = ig.get("phases", {})
+    total = ig["seconds"]
+    other = total - sum(ph.values())
+    lines = [f"EAP-IG ({m} steps) = {total:.1f} s = {total / fb:.2f} x forward+backward "
+             f"({fb:.1f} s; weights frozen {frozen:.1f} s, {frozen / fb:.2f} of it); "
+             f"EAP-IG / ({m} x forward+backward) = {total / (m * fb):.2f}",
+             "where EAP-IG's time goes (s, and x forward+backward):"]
+    for name, sec in [*ph.items(), ("other (batching, ablated inputs, readout)", other)]:
+        lines.append(f"  {name:>42}: {sec:7.1f}  {sec / fb:5.2f}")
+    passes = ph.get("gradient passes", float("nan"))
+    lines.append(f"each of the {m} gradient passes = {passes / m / fb:.2f} x forward+backward "
+                 f"= {passes / m / frozen:.2f} x forward+backward with frozen weights; "
+                 f"the {m} passes alone are {passes / fb:.2f} x forward+backward, everything "
+                 f"else {(total - passes) / fb:.2f} x")
+    return lines
 
 
 def measure(what: str, n_pairs: int, max_tokens: int, threads: int, ig_steps: int,
@@ -149,7 +275,7 @@ def measure_device(args: argparse.Namespace) -> dict[str, Any]:
     weights = _sync_peak(args.device, reset=True)
     out: dict[str, Any] = {"load_s": load_s, "weights_gib": weights, "pairs": len(pairs),
                            "tokens_mean": sum(tokens) / len(tokens), "tokens_max": max(tokens)}
-    for what in ("warm-up", "forward+backward", "eap", "eap-ig"):
+    for what in ("warm-up", *RUNS):
         base = _sync_peak(args.device, reset=True)
         t0 = time.perf_counter()
         some = pairs[: max(1, args.batch_size // 2)] if what == "warm-up" else pairs
@@ -178,12 +304,14 @@ def main_device(args: argparse.Namespace) -> None:
           f"{results['tokens_mean']:.0f} tokens per reply; EAP-IG / EAP = {ig / eap:.2f}; "
           f"EAP-IG / forward+backward = {ig / fb:.1f}; loaded in {results['load_s']:.0f} s, "
           f"weights {results['weights_gib']:.1f} GiB")
+    lines = analysis(results, args.ig_steps)
+    print(*lines, sep="\n")
     print("top EAP-IG edges:", *results["eap-ig"]["top"], sep="\n  ")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
         "settings": vars(args) | {"output": str(args.output)},
-        "device": name, "torch": torch.__version__,
-        "results": results}, indent=2))
+        "device": name, "dtype": args.dtype, "shape": args.shape, "torch": torch.__version__,
+        "results": results, "analysis": lines}, indent=2))
     print(f"wrote {args.output}")
 
 
@@ -207,9 +335,13 @@ def main() -> None:
             f"circuits_{args.shape}_{args.device.split(':')[0]}.json")
         return main_device(args)
     args.output = args.output or ROOT / "benchmarks" / "results" / "circuits_cpu.json"
+    print(f"demo RM (SmolLM2-135M), float32, on cpu ({platform.processor() or platform.machine()}),"
+          f" {args.threads} threads: {args.n_pairs} HH pairs of at most {args.max_tokens} tokens,"
+          f" {args.batch_size} replies per forward, mean ablation, ig_steps {args.ig_steps}; "
+          "each run in its own process")
     ctx = mp.get_context("spawn")
     results = {}
-    for what in ("forward+backward", "eap", "eap-ig"):
+    for what in RUNS:
         with ctx.Pool(1) as pool:
             results[what] = pool.apply(measure, (what, args.n_pairs, args.max_tokens,
                                                  args.threads, args.ig_steps, args.batch_size))
@@ -222,11 +354,15 @@ def main() -> None:
     full = results["eap-ig"]["full_difference_tensor_mib"]
     print(f"{results['eap-ig']['edges']} edges; the whole [rows, pos, sources, d_model] "
           f"difference tensor of one batch would be {full:.0f} MiB")
+    lines = analysis(results, args.ig_steps)
+    print(*lines, sep="\n")
     print("top EAP-IG edges:", *results["eap-ig"]["top"], sep="\n  ")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"settings": vars(args) | {"output": str(args.output)},
                                        "machine": platform.processor() or platform.machine(),
-                                       "results": results}, indent=2))
+                                       "device": "cpu", "dtype": "float32",
+                                       "model": "demo RM (SmolLM2-135M)",
+                                       "results": results, "analysis": lines}, indent=2))
     print(f"wrote {args.output}")
 
 

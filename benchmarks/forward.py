@@ -1,9 +1,14 @@
 """Forward time and peak memory: HookedRewardModel against the HF model's own forward.
 
 Same inputs (HH-RLHF conversations when ../shared is present, else built-in pairs), same batch
-size, same run. Each side runs in its own subprocess so peak memory is measured cleanly: on CPU
-the resident-set high-water mark above the post-load baseline (reset through
-``/proc/self/clear_refs``), on GPU ``torch.cuda.max_memory_allocated`` above the weights.
+size, same run. Each side runs in its own subprocess where only its model is alive, so peak
+memory is measured cleanly: on CPU the resident-set high-water mark above the post-load
+baseline (reset through ``/proc/self/clear_refs``), on GPU ``torch.cuda.max_memory_allocated``
+above the weights. Sides: ``hf`` (HF's forward), ``tl`` (``HookedRewardModel``, fused attention
+where the backend offers it and no hook needs the pattern) and ``tl-materialised`` (the same
+with ``fused_attention = False``: TransformerLens's attention, every pattern materialised;
+where the backend has no such switch it runs the same path as ``tl``). The printed header and
+the JSON name the model, device (and GPU), dtype, threads and the batch.
 
     python benchmarks/forward.py [--model tl-reward/smollm2-135m-hh] [--n 32] [--batch-size 8]
 """
@@ -22,6 +27,7 @@ import torch
 from memory import peak_mb, start_peak
 
 ROOT = Path(__file__).resolve().parents[1]
+SIDES = ("hf", "tl", "tl-materialised")
 HH = ROOT.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 
 
@@ -38,6 +44,19 @@ def _conversations(n: int, max_tokens: int, tok: Any) -> list[list[dict[str, str
 
 
 def _worker(side: str, args: dict[str, Any], out: Any) -> None:
+    """Run :func:`_measure` and put its result, or the error's traceback, on ``out`` (so the
+    parent never waits on a queue a failed child will not fill)."""
+    try:
+        _measure(side, args, out)
+    except BaseException:
+        import traceback
+
+        out.put({"error": traceback.format_exc()})
+        raise
+
+
+def _measure(side: str, args: dict[str, Any], out: Any) -> None:
+    """Load the model, keep only ``side``'s, time its passes and put the figures on ``out``."""
     torch.set_num_threads(args["threads"])
     from tl_reward import HookedRewardModel
     from tl_reward.model.loading import BUILTIN_MODELS, load_hf_reward_model
@@ -65,6 +84,8 @@ def _worker(side: str, args: dict[str, Any], out: Any) -> None:
     else:
         del hf
         runner = model
+        if side == "tl-materialised" and hasattr(model, "fused_attention"):
+            model.fused_attention = False
 
         def step(b: Any) -> torch.Tensor:
             return runner(b.tokens, attention_mask=b.attention_mask, return_type="score")
@@ -79,7 +100,9 @@ def _worker(side: str, args: dict[str, Any], out: Any) -> None:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
     peak = peak_mb(device)
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
     out.put({"side": side, "seconds": statistics.median(times), "peak_mb": peak - base,
+             "device_name": name, "fused_attention": getattr(runner, "fused_attention", None),
              "n_seqs": len(convs), "n_tokens": int(sum(b.lengths.sum() for b in batches)),
              "scores": torch.cat(scores).tolist()})
 
@@ -98,26 +121,39 @@ def main() -> None:
     args = vars(p.parse_args())
     ctx = mp.get_context("spawn")
     results = {}
-    for side in ("hf", "tl"):
+    for side in SIDES:
         q = ctx.Queue()
         proc = ctx.Process(target=_worker, args=(side, args, q))
         proc.start()
         results[side] = q.get()
         proc.join()
-    hf, tl = results["hf"], results["tl"]
-    diff = max(abs(a - b) for a, b in zip(hf["scores"], tl["scores"], strict=True))
-    print(f"model {args['model']}  device {args['device']}  dtype {args['dtype']}  "
-          f"{hf['n_seqs']} sequences, {hf['n_tokens']} tokens, batch {args['batch_size']}")
-    print(f"{'':22}{'HF forward':>14}{'HookedRewardModel':>20}{'ratio TL/HF':>14}")
-    print(f"{'time per pass (s)':22}{hf['seconds']:14.3f}{tl['seconds']:20.3f}"
-          f"{tl['seconds'] / hf['seconds']:14.2f}")
-    print(f"{'peak extra memory (MB)':22}{hf['peak_mb']:14.1f}{tl['peak_mb']:20.1f}"
-          f"{tl['peak_mb'] / max(hf['peak_mb'], 1e-9):14.2f}")
-    print(f"max |score difference| = {diff:.2e}")
+        if "error" in results[side]:
+            raise SystemExit(f"side {side!r} failed in its process:\n{results[side]['error']}")
+    hf = results["hf"]
+    diffs = {k: max(abs(a - b) for a, b in zip(hf["scores"], v["scores"], strict=True))
+             for k, v in results.items() if k != "hf"}
+    device = f"{args['device']} ({hf['device_name']})" if args["device"].startswith(
+        "cuda") else args["device"]
+    print(f"model {args['model']}  device {device}  dtype {args['dtype']}  threads "
+          f"{args['threads']}  {hf['n_seqs']} sequences, {hf['n_tokens']} tokens, batch "
+          f"{args['batch_size']}; each side alone in its process")
+    head = {"hf": "HF forward", "tl": "HookedRewardModel", "tl-materialised": "materialised"}
+    print(f"{'':24}" + "".join(f"{head[k]:>19}" for k in results) + f"{'ratio TL/HF':>13}"
+          + f"{'materialised/HF':>17}")
+    for label, key, fmt in (("time per pass (s)", "seconds", "19.3f"),
+                            ("peak extra memory (MB)", "peak_mb", "19.1f")):
+        vals = [results[k][key] for k in results]
+        ratios = [results[k][key] / max(hf[key], 1e-9) for k in results if k != "hf"]
+        print(f"{label:24}" + "".join(f"{v:{fmt}}" for v in vals)
+              + "".join(f"{r:{w}.2f}" for r, w in zip(ratios, (13, 17), strict=False)))
+    print("max |score difference| vs HF: "
+          + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items())
+          + f"; fused_attention switch: {results['tl']['fused_attention']}")
     if args["json"]:
         summary = {k: {kk: vv for kk, vv in v.items() if kk != "scores"}
                    for k, v in results.items()}
-        args["json"].write_text(json.dumps({**summary, "max_abs_diff": diff,
+        args["json"].write_text(json.dumps({**summary, "max_abs_diff": diffs["tl"],
+                                            "max_abs_diff_by_side": diffs, "device": device,
                                             "config": args}, indent=2, default=str))
 
 

@@ -18,7 +18,9 @@ attached (the hooked path is the one before the hook-free fast path existed). Th
 the cached scores against naive full-sequence scoring, and with ``--n-tokens`` scores that many
 candidates end to end for candidates/s. ``--shape llama-3.1-8b`` builds a seeded random-weight
 Llama-3.1-8B-shaped RM directly on the device (no hub, nothing saved) instead of loading
-``--model``:
+``--model``. ``--profile FILE`` then runs a few hook-free sweep batches under
+``torch.profiler`` and writes where the time goes (operators by total and by self time) to
+FILE:
 
     python benchmarks/vocab_sweep.py roofline [--threads 2]                # demo RM, CPU
     python benchmarks/vocab_sweep.py roofline --shape llama-3.1-8b --dtype bfloat16 \
@@ -310,9 +312,39 @@ def roofline(args: argparse.Namespace) -> None:
     if args.peak_tflops:
         result["peak_tflops"] = args.peak_tflops
         result["fraction_of_peak"] = result["achieved_tflops"] / args.peak_tflops
+    if args.profile:
+        result["profile"] = profile_sweep(args, lambda: score_candidates(model, template, batch,
+                                                                        cache))
     print(json.dumps(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+def profile_sweep(args: argparse.Namespace, sweep: Any) -> str:
+    """Run ``--profile-batches`` hook-free sweep batches under ``torch.profiler`` and write
+    where the time goes to ``--profile``: the operators by total device time (CPU time on a
+    CPU), then by self time (each kernel counted once, not again in its callers)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = args.device.startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sweep()  # warm (the timed rounds above already were; one more keeps the trace clean)
+    _sync(args.device)
+    with profile(activities=acts) as prof:
+        for _ in range(args.profile_batches):
+            sweep()
+        _sync(args.device)
+    dev = "cuda" if cuda else "cpu"
+    avg = prof.key_averages()
+    text = (f"{args.profile_batches} sweep batches of {args.batch_size} candidates, "
+            f"{args.dtype} on {args.device}\n\nby {dev}_time_total:\n"
+            + avg.table(sort_by=f"{dev}_time_total", row_limit=25)
+            + f"\n\nby self_{dev}_time_total:\n"
+            + avg.table(sort_by=f"self_{dev}_time_total", row_limit=25) + "\n")
+    Path(args.profile).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.profile).write_text(text)
+    print(text)
+    return str(args.profile)
 
 
 def full(args: argparse.Namespace) -> None:
@@ -380,6 +412,10 @@ def main() -> None:
                    help="the device's stated peak (e.g. 989 for H100 SXM bf16 dense)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--json", default="")
+    r.add_argument("--profile", default="",
+                   help="also profile hook-free sweep batches (torch.profiler) and write the "
+                        "operator tables to this file")
+    r.add_argument("--profile-batches", type=int, default=3)
     f = sub.choices["full"]
     f.add_argument("--output", default=str(RESULTS / "smollm2_paper_prompts.parquet"))
     f.add_argument("--k", type=int, default=15)

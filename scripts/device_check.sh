@@ -1,29 +1,48 @@
 #!/usr/bin/env bash
-# One-shot GPU check on a lent device machine (H100/H200 image: Python 3.12, torch 2.11+cu130,
-# transformers 5.17; no network). Run from the repository root, with .whl carried:
+# The one prepared GPU run for issue 38 on a lent device machine (H100/H200 image: Python 3.12,
+# torch 2.11+cu130, transformers 5.17; no network). Run from the repository root, with .whl
+# carried:
 #
-#   bash scripts/device_check.sh
+#   bash scripts/device_check.sh          # run tool: timeout_s=580
 #
-# Installs the wheels in .whl/ (transformer-lens, sae-lens and the packages they import that the
-# image lacks) into /tmp/site, then runs, each step whatever the previous gave:
-#   (a) import tl_reward, transformer_lens, sae_lens
-#   (b) benchmarks/cuda_parity.py --device cuda           -> $OUT/cuda_parity.txt
-#   (c) benchmarks/bridge.py on an 8B-shaped seeded Llama RM in bf16  -> $OUT/bridge_8b.txt
-#   (d) pytest of the readout, bridge and attachment tests (on the device's CPU)
-# Everything goes to $OUT/log.txt; each step's exit status to $OUT/rc.txt. Exits non-zero when
-# any step failed. Expected: about 4 minutes; the per-step timeouts and T_TOTAL (480 s) bound
-# it to about 8 minutes at worst (run it with timeout_s=560).
+# .whl holds transformer-lens, sae-lens and the packages they import that the image lacks
+# (the "versions" line below names what the image has), e.g. filled once on a machine with
+# PyPI by `python -m pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12
+# --platform manylinux2014_x86_64 transformer-lens sae-lens ...`. They are installed into
+# /tmp/site, then each step runs whatever the previous gave (files named for the card that
+# `nvidia-smi -L` reports: SFX=h200, h100 or gpu):
+#   (0) import tl_reward, transformer_lens, sae_lens
+#   (a) benchmarks/bridge.py, Llama-3.1-8B shape, bf16, batch 8 x 1024 tokens: hf, bridge,
+#       hooked (fused attention) and hooked (materialised), each row alone in its own process,
+#       peak above its own weights          -> $OUT/bridge_llama-3.1-8b_$SFX.{txt,json}
+#   (b) benchmarks/vocab_sweep.py roofline at the 8B shape, the whole 128,256-token vocabulary,
+#       batch 512, with a torch.profiler table of where a sweep batch's time goes
+#       -> $OUT/vocab_sweep_llama8b_$SFX.{txt,json}, $OUT/vocab_sweep_profile_llama8b_$SFX.txt
+#   (c) benchmarks/circuits.py at the 8B shape, bf16, $PAIRS pairs, 2 replies per forward:
+#       forward+backward (with and without weight gradients), EAP, EAP-IG and where EAP-IG's
+#       time goes      -> $OUT/circuits_breakdown_llama-3.1-8b_$SFX.{txt,json}
+#   (d) benchmarks/cuda_parity.py --device cuda (if time is left)  -> $OUT/cuda_parity_$SFX.txt
+#   (e) pytest of the fused-attention, readout and bridge tests (if time is left)
+# Everything goes to $OUT/log.txt; each step's exit status and seconds to $OUT/rc.txt (a step
+# with under MIN_LEFT seconds of T_TOTAL left is recorded as skipped). Exits non-zero when any
+# step failed. Expected: (a) ~150 s, (b) ~90 s, (c) ~90 s, about 6 minutes with the install;
+# the per-step timeouts and T_TOTAL (500 s) bound it to about 9 minutes at worst.
 set -u -o pipefail
+SFX=gpu PEAK=0  # set from nvidia-smi -L in main
 
 OUT=${OUT:-/tmp/device_check_out}
 mkdir -p "$OUT"
 PY=${PY:-python3}
 SITE=${SITE:-/tmp/site}
 T_IMPORT=${T_IMPORT:-90}
-T_PARITY=${T_PARITY:-120}
-T_PYTEST=${T_PYTEST:-120}
-T_BRIDGE=${T_BRIDGE:-200}
-T_TOTAL=${T_TOTAL:-480}  # no step starts a timeout past this many seconds from the start
+T_BRIDGE=${T_BRIDGE:-220}
+T_SWEEP=${T_SWEEP:-150}
+T_CIRCUITS=${T_CIRCUITS:-180}
+T_PARITY=${T_PARITY:-90}
+T_PYTEST=${T_PYTEST:-90}
+T_TOTAL=${T_TOTAL:-500}  # no step runs past this many seconds from the start
+MIN_LEFT=${MIN_LEFT:-30}  # a step with less time than this left is skipped
+PAIRS=${PAIRS:-16}       # (c): preference pairs
 
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled
@@ -34,7 +53,11 @@ export HF_HUB_DISABLE_TELEMETRY=1 DO_NOT_TRACK=1
 step() {  # step NAME TIMEOUT CMD...: run, log, record the exit status, never abort
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS left=$((T_TOTAL - SECONDS))
-  [ "$left" -lt 15 ] && left=15
+  if [ "$left" -lt "$MIN_LEFT" ]; then
+    echo "=== [$name] skipped: ${left}s of T_TOTAL left"
+    echo "$name skipped 0s" >>"$OUT/rc.txt"
+    return 0
+  fi
   [ "$limit" -gt "$left" ] && limit=$left
   echo "=== [$name] $* (timeout ${limit}s)"
   timeout --kill-after=10 "$limit" "$@"
@@ -47,10 +70,18 @@ step() {  # step NAME TIMEOUT CMD...: run, log, record the exit status, never ab
 main() {
   local fail=0 t_start=$SECONDS
   echo "=== host: $(hostname) $(date -u +%FT%TZ) in $PWD"
-  nvidia-smi -L 2>&1 | head -4
+  local cards; cards=$(nvidia-smi -L 2>&1 | head -4)
+  echo "$cards"
+  case "$cards" in  # result files are named for the card
+    *H200*) SFX=h200; PEAK=989 ;;
+    *H100*) SFX=h100; PEAK=989 ;;
+    *) SFX=gpu; PEAK=0 ;;
+  esac
+  echo "=== result files: *_$SFX"
 
   if [ "${SKIP_INSTALL:-0}" != 1 ]; then
-    local n; n=$(ls .whl/*.whl 2>/dev/null | wc -l)
+    local n; n=$(find .whl -maxdepth 1 -name '*.whl' 2>/dev/null | wc -l)
+    [ "$n" -eq 0 ] && echo "!!! no wheels in .whl: fill it (see the header) or SKIP_INSTALL=1"
     echo "=== [install] $n wheels from .whl into $SITE"
     if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" .whl/*.whl; then
@@ -83,17 +114,31 @@ EOF
     'import tl_reward, transformer_lens, sae_lens; from tl_reward import HookedRewardModel; print("imports ok:", tl_reward.__file__, transformer_lens.__file__, sae_lens.__file__)' \
     || fail=1
 
-  step cuda_parity "$T_PARITY" bash -o pipefail -c \
-    "\"$PY\" benchmarks/cuda_parity.py --device cuda 2>&1 | tee \"$OUT/cuda_parity.txt\"" \
-    || fail=1
-
+  # (a) the hooked row shows fused attention against materialised; every row alone
   step bridge_8b "$T_BRIDGE" bash -o pipefail -c \
-    "cd benchmarks && \"$PY\" bridge.py --shape llama-3.1-8b --dtype bfloat16 --device cuda --batch 8 --tokens 1024 2>&1 | tee \"$OUT/bridge_8b.txt\"" \
+    "cd benchmarks && \"$PY\" bridge.py --shape llama-3.1-8b --dtype bfloat16 --device cuda --batch 8 --tokens 1024 --json \"$OUT/bridge_llama-3.1-8b_$SFX.json\" 2>&1 | tee \"$OUT/bridge_llama-3.1-8b_$SFX.txt\"" \
     || fail=1
 
-  step pytest "$T_PYTEST" "$PY" -m pytest -q -rs -p no:cacheprovider -x \
-    tests/model/test_one_readout.py tests/model/test_bridge.py tests/analysis/test_attachments.py \
+  # (b) the sweep against its in-run roofline, and where its time goes
+  step sweep_8b "$T_SWEEP" bash -o pipefail -c \
+    "cd benchmarks && \"$PY\" vocab_sweep.py roofline --shape llama-3.1-8b --dtype bfloat16 --device cuda --n-tokens 128256 --batch-size 512 --peak-tflops $PEAK --json \"$OUT/vocab_sweep_llama8b_$SFX.json\" --profile \"$OUT/vocab_sweep_profile_llama8b_$SFX.txt\" 2>&1 | tee \"$OUT/vocab_sweep_llama8b_$SFX.txt\"" \
     || fail=1
+
+  # (c) EAP-IG against m forward+backward passes, and where its time goes
+  step circuits_8b "$T_CIRCUITS" bash -o pipefail -c \
+    "cd benchmarks && \"$PY\" circuits.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --n-pairs $PAIRS --batch-size 2 --output \"$OUT/circuits_breakdown_llama-3.1-8b_$SFX.json\" 2>&1 | tee \"$OUT/circuits_breakdown_llama-3.1-8b_$SFX.txt\"" \
+    || fail=1
+
+  step cuda_parity "$T_PARITY" bash -o pipefail -c \
+    "\"$PY\" benchmarks/cuda_parity.py --device cuda 2>&1 | tee \"$OUT/cuda_parity_$SFX.txt\"" \
+    || fail=1
+
+  local tests=() t
+  for t in tests/model/test_fused_attention.py tests/model/test_one_readout.py \
+      tests/model/test_bridge.py; do
+    [ -f "$t" ] && tests+=("$t")
+  done
+  step pytest "$T_PYTEST" "$PY" -m pytest -q -rs -p no:cacheprovider -x "${tests[@]}" || fail=1
 
   echo "=== summary ($((SECONDS - t_start)) s in all):"
   cat "$OUT/rc.txt"
