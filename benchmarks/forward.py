@@ -11,6 +11,7 @@ where the backend has no such switch it runs the same path as ``tl``). The print
 the JSON name the model, device (and GPU), dtype, threads and the batch.
 
     python benchmarks/forward.py [--model tl-reward/smollm2-135m-hh] [--n 32] [--batch-size 8]
+    python benchmarks/forward.py --interleaved --threads 1 --n 16 --repeats 7   # time only
 """
 
 from __future__ import annotations
@@ -107,6 +108,44 @@ def _measure(side: str, args: dict[str, Any], out: Any) -> None:
              "scores": torch.cat(scores).tolist()})
 
 
+def _interleaved(args: dict[str, Any]) -> dict[str, float]:
+    """Median seconds per pass of each side, the sides taking turns pass by pass in one process
+    (HF's model and the hooked one both alive: time only), so machine drift hits them alike."""
+    torch.set_num_threads(args["threads"])
+    from tl_reward import HookedRewardModel
+    from tl_reward.model.loading import BUILTIN_MODELS
+
+    dtype = getattr(torch, args["dtype"])
+    hf, tok = BUILTIN_MODELS[args["model"]](dtype)
+    model = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, device=args["device"],
+                                              dtype=dtype)
+    hf = hf.to(args["device"])
+    convs = _conversations(args["n"], args["max_tokens"], tok)
+    batches = [model.make_batch(convs[i : i + args["batch_size"]])
+               for i in range(0, len(convs), args["batch_size"])]
+
+    def run(side: str) -> None:
+        model.fused_attention = side == "tl"
+        for b in batches:
+            if side == "hf":
+                hf(input_ids=b.tokens, attention_mask=b.attention_mask)
+            else:
+                model(b.tokens, attention_mask=b.attention_mask, return_type="score")
+        if args["device"].startswith("cuda"):
+            torch.cuda.synchronize()
+
+    times: dict[str, list[float]] = {side: [] for side in SIDES}
+    with torch.inference_mode():
+        for side in SIDES:
+            run(side)  # warm-up
+        for _ in range(args["repeats"]):
+            for side in SIDES:
+                t0 = time.perf_counter()
+                run(side)
+                times[side].append(time.perf_counter() - t0)
+    return {side: statistics.median(t) for side, t in times.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tl-reward/smollm2-135m-hh")
@@ -118,7 +157,20 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--interleaved", action="store_true",
+                   help="time only: the sides take turns in one process (a built-in model)")
     args = vars(p.parse_args())
+    if args.pop("interleaved"):
+        med = _interleaved(args)
+        print(f"model {args['model']}  device {args['device']}  dtype {args['dtype']}  threads "
+              f"{args['threads']}  {args['n']} conversations, batch {args['batch_size']}; "
+              f"sides taking turns in one process, median of {args['repeats']} passes")
+        for side, sec in med.items():
+            print(f"{side:16} {sec:8.3f} s  {sec / med['hf']:5.2f} x HF")
+        if args["json"]:
+            args["json"].write_text(json.dumps({"interleaved_seconds": med, "config": args},
+                                               indent=2, default=str))
+        return
     ctx = mp.get_context("spawn")
     results = {}
     for side in SIDES:
