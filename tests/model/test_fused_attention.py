@@ -226,3 +226,16 @@ def test_bfloat16_fused_is_as_close_to_float32_as_materialised() -> None:
     err = [float((x.float().flatten() - want).abs().mean() / want.abs().max())
            for x in (fused, mat, swept)]
     assert max(err[0], err[2]) <= 2 * err[1] and err[0] < 4 * 2 ** -8, err
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "gpt2"])
+def test_without_an_attention_mask(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unpadded batch given no mask takes the kernel's causal path (Mistral's sliding
+    window an explicit mask) and equals the materialised path in float64 to 1e-12."""
+    model, _ = _model(family, torch.float64)
+    tokens = model.build(CONVERSATIONS[:1]).tokens.repeat(2, 1)
+    calls = _sdpa_calls(monkeypatch)
+    with torch.no_grad():
+        fused, mat = _both(model, lambda: model(tokens))
+    assert len(calls) == model.cfg.n_layers
+    torch.testing.assert_close(fused, mat, atol=1e-12 * float(mat.abs().max()), rtol=0)

@@ -81,18 +81,22 @@ def _forward(
         q = self.hook_rot_q(self.apply_rotary(q, 0, attention_mask))
         k = self.hook_rot_k(self.apply_rotary(k, 0, attention_mask))
     n = q.shape[1]
-    allowed = self._make_causal_mask(n, n, 0, q.device)  # [1, 1, pos, pos]; local windows
-    if attention_mask is not None:
-        allowed = allowed & attention_mask.to(q.device).bool()[:, None, None, :]
-    # a query with no key to read (a left pad) gets z = 0, as TransformerLens's zeroed
-    # pattern gives; it reads itself inside the kernel so no NaN reaches any gradient
-    dead = ~allowed.any(-1, keepdim=True)
-    allowed = allowed | (dead & torch.eye(n, dtype=torch.bool, device=q.device))
+    allowed, dead = None, None
+    if attention_mask is not None or self.attn_type == "local":
+        allowed = self._make_causal_mask(n, n, 0, q.device)  # [1, 1, pos, pos]
+        if attention_mask is not None:
+            allowed = allowed & attention_mask.to(q.device).bool()[:, None, None, :]
+            # a query with no key to read (a left pad) gets z = 0, as TransformerLens's zeroed
+            # pattern gives; it reads itself in the kernel so no NaN reaches any gradient
+            dead = ~allowed.any(-1, keepdim=True)
+            allowed = allowed | (dead & torch.eye(n, dtype=torch.bool, device=q.device))
     z = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=allowed, scale=1.0 / float(self.attn_scale),
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed,
+        is_causal=allowed is None, scale=1.0 / float(self.attn_scale),
         enable_gqa=k.shape[2] != q.shape[2])
-    z = self.hook_z(z.masked_fill(dead, 0.0).transpose(1, 2))  # [batch, pos, head, d_head]
+    if dead is not None:
+        z = z.masked_fill(dead, 0.0)
+    z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
     w = einops.rearrange(self.W_O, "head d_head d_model -> d_model (head d_head)")
     return F.linear(z.reshape(*z.shape[:2], -1).to(w.dtype), w, self.b_O)
 
