@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import platform
 import statistics
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from alone import run_alone
 from loading_memory import SHAPES
 from memory import peak_mb, start_peak
 
@@ -110,18 +110,6 @@ def _device_name(device: str) -> str:
     if device.startswith("cuda"):
         return f"{device} ({torch.cuda.get_device_name(device)})"
     return f"{device} ({platform.processor() or platform.machine()})"
-
-
-def _worker(row: str, args: dict[str, Any], out: Any) -> None:
-    """Run :func:`_measure` and put its result, or the error's traceback, on ``out`` (so the
-    parent never waits on a queue a failed child will not fill)."""
-    try:
-        _measure(row, args, out)
-    except BaseException:
-        import traceback
-
-        out.put({"error": traceback.format_exc()})
-        raise
 
 
 def _measure(row: str, args: dict[str, Any], out: Any) -> None:
@@ -205,16 +193,7 @@ def main() -> None:
     unknown = set(rows) - set(ROWS)
     if unknown:
         p.error(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
-    ctx = mp.get_context("spawn")
-    got: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        q = ctx.Queue()
-        proc = ctx.Process(target=_worker, args=(row, args, q))
-        proc.start()
-        got[row] = q.get()
-        proc.join()
-        if "error" in got[row]:
-            raise SystemExit(f"row {row!r} failed in its process:\n{got[row]['error']}")
+    got = {row: run_alone(_measure, row, args) for row in rows}
     ref, exact = (torch.tensor(got["hf"][k], dtype=torch.float64) for k in ("rewards", "exact"))
     table: dict[str, dict[str, Any]] = {}
     for row, r in got.items():

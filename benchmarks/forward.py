@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from alone import run_alone
 from memory import peak_mb, start_peak
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,18 +42,6 @@ def _conversations(n: int, max_tokens: int, tok: Any) -> list[list[dict[str, str
                                                             return_dict=True)["input_ids"])
             <= max_tokens]
     return keep[:n]
-
-
-def _worker(side: str, args: dict[str, Any], out: Any) -> None:
-    """Run :func:`_measure` and put its result, or the error's traceback, on ``out`` (so the
-    parent never waits on a queue a failed child will not fill)."""
-    try:
-        _measure(side, args, out)
-    except BaseException:
-        import traceback
-
-        out.put({"error": traceback.format_exc()})
-        raise
 
 
 def _measure(side: str, args: dict[str, Any], out: Any) -> None:
@@ -171,16 +159,7 @@ def main() -> None:
             args["json"].write_text(json.dumps({"interleaved_seconds": med, "config": args},
                                                indent=2, default=str))
         return
-    ctx = mp.get_context("spawn")
-    results = {}
-    for side in SIDES:
-        q = ctx.Queue()
-        proc = ctx.Process(target=_worker, args=(side, args, q))
-        proc.start()
-        results[side] = q.get()
-        proc.join()
-        if "error" in results[side]:
-            raise SystemExit(f"side {side!r} failed in its process:\n{results[side]['error']}")
+    results = {side: run_alone(_measure, side, args) for side in SIDES}
     hf = results["hf"]
     diffs = {k: max(abs(a - b) for a, b in zip(hf["scores"], v["scores"], strict=True))
              for k, v in results.items() if k != "hf"}
