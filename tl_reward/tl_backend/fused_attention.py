@@ -19,6 +19,7 @@ import einops
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
+from torch.nn.modules import module as nn_module
 from transformer_lens.components import Attention, GroupedQueryAttention
 from transformer_lens.hook_points import HookPoint
 
@@ -36,8 +37,6 @@ def fused_unsupported(attn: Any, past_kv_cache_entry: Any = None,
                       additive_attention_mask: Any = None, position_bias: Any = None
                       ) -> str | None:
     """Why this call of ``attn`` must materialise its pattern, or ``None`` when it may fuse."""
-    from torch.nn.modules import module as nn_module
-
     cfg = attn.cfg
     checks = [
         (not getattr(attn, "fused", False), "fused attention is off"),
@@ -119,7 +118,7 @@ class FusedGroupedQueryAttention(GroupedQueryAttention):
 
 
 _FUSED = {Attention: FusedAttention, GroupedQueryAttention: FusedGroupedQueryAttention}
-_FUSED_CLASSES = (FusedAttention, FusedGroupedQueryAttention)
+_FUSED_CLASSES = tuple(_FUSED.values())
 
 
 def install_fused_attention(model: Any) -> None:
