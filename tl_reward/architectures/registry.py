@@ -57,6 +57,8 @@ class Architecture:
             conversation input (InternLM2's reward token).
         bridge_body: optional map from the HF model to an HF body a TransformerBridge adapter
             knows, where its own is custom code (InternLM2's, as HF's ``LlamaModel``).
+        step_tag: a process reward model's step tag (Qwen2.5-Math-PRM: ``"<extra_0>"``): the
+            loaded model reads a reward at each step (:mod:`tl_reward.model.steps`).
     """
 
     hf_class: str
@@ -70,6 +72,7 @@ class Architecture:
     description: str = ""
     suffix_ids: Callable[[Any], list[int]] | None = None
     bridge_body: Callable[[nn.Module], nn.Module] | None = None
+    step_tag: str | None = None
 
     def suffix(self, hf_config: Any) -> tuple[int, ...]:
         """The ids appended after every text or conversation input (:attr:`suffix_ids`)."""

@@ -99,6 +99,8 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         pooling: str | None = None,
         objective_names: Sequence[str] | None = None,
         lm_head_rows: Sequence[int] | None = None,
+        step_tag: str | None = None,
+        head_weights: Sequence[float] | None = None,
         **hf_kwargs: Any,
     ) -> BridgeRewardModel:
         """Wrap an HF sequence-classification reward model (a hub name, a local directory, an
@@ -107,7 +109,8 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         them) without converting its weights. ``device`` and ``dtype``
         move and cast the HF model first; the bridge itself never does. ``lm_head_rows`` reads
         those rows of a causal LM's head; ArmoRM, QRM, INF-ORM and InternLM2 (whose sequences
-        end in its reward token, the pooled one) load through :func:`custom_head`."""
+        end in its reward token, the pooled one) load through :func:`custom_head`.
+        ``step_tag`` and ``head_weights`` as for HookedRewardModel (a process reward model)."""
         import transformers
 
         if hf_model is None:
@@ -140,6 +143,7 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
                 "class name")
         hf_model = hf_model.to(device=device, dtype=dtype).eval()
         suffix: tuple[int, ...] = ()
+        registered = None
         if custom:
             config = hf_model.config
             hf_model, registered, build = custom_head(hf_model, lm_head_rows, objective_names)
@@ -163,6 +167,7 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         model.tokenizer = tokenizer
         adds_bos = len(tokenizer.encode("")) > 0
         model.cfg.tokenizer_prepends_bos = model.cfg.default_prepend_bos = adds_bos
+        model.use_steps(step_tag or (registered.step_tag if registered else None), head_weights)
         return model  # type: ignore[return-value]
 
     @torch.no_grad()

@@ -89,6 +89,8 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
         n_ctx: int | None = None,
         trust_remote_code: bool = False,
         lm_head_rows: Sequence[int] | None = None,
+        step_tag: str | None = None,
+        head_weights: Sequence[float] | None = None,
         **hf_kwargs: Any,
     ) -> HookedRewardModel:
         """Load a reward model by hub name, local directory, built-in name or HF object.
@@ -105,11 +107,16 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
             trust_remote_code: needed for custom modeling code (ArmoRM, INF-ORM, QRM, ...).
             lm_head_rows: load a ``*ForCausalLM`` checkpoint whose reward is these rows of its
                 LM head at the last token (Llama-3.1-Nemotron-70B-Reward-HF: ``[0]``).
+            step_tag: a process reward model's step tag: a reward is read at each step
+                (:mod:`tl_reward.model.steps`; Qwen2.5-Math-PRM's ``<extra_0>`` is known).
+            head_weights: combine the K head outputs into the score (``[-1, 1]``: a
+                two-class PRM head, or ``lm_head_rows=[bad, good]``: good minus bad).
         """
         return load_reward_model(
             cls, name_or_path, hf_model, tokenizer, device=device, dtype=dtype, pooling=pooling,
             objective_names=objective_names, n_ctx=n_ctx, trust_remote_code=trust_remote_code,
-            lm_head_rows=lm_head_rows, **hf_kwargs,
+            lm_head_rows=lm_head_rows, step_tag=step_tag, head_weights=head_weights,
+            **hf_kwargs,
         )
 
     def set_tokenizer(self, tokenizer: Any, default_padding_side: str | None = None) -> None:

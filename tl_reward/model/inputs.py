@@ -36,7 +36,12 @@ RewardInput = (
 
 
 def is_single(inputs: Any) -> bool:
-    """Whether ``inputs`` is one input (text, ids, a pair or a conversation), not a list of them."""
+    """Whether ``inputs`` is one input (text, ids, a pair, a conversation, a solution as
+    ``(question, [steps])`` or an :class:`EncodedInput`), not a list of them."""
+    if isinstance(inputs, EncodedInput):
+        return True
+    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], list):
+        return True
     if isinstance(inputs, (str, torch.Tensor)):
         return isinstance(inputs, str) or inputs.ndim == 1
     if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], str):
@@ -59,6 +64,12 @@ class EncodedInput:
     ids: list[int]
     response_start: int | None = None
     name: str | None = field(default=None, compare=False)
+    #: a process reward model's step tags (indices into ``ids``) and the steps' texts
+    #: (:mod:`~tl_reward.model.steps`); empty for an outcome input
+    read_at: tuple[int, ...] = ()
+    steps: tuple[str, ...] = ()
+    #: the step this input ends at (a step prefix), else ``None``
+    step: int | None = None
 
 
 def encode_inputs(model: Any, items: Sequence[Any], names: Sequence[str] | None = None
@@ -163,6 +174,11 @@ def input_kind(item: Any) -> str:
         return "pair"
     if is_conversation(item):
         return "conversation"
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], list):
+        raise TLRewardError(
+            "(question, [steps]) is a process reward model's input, and this model has no step "
+            "format; load a PRM with its step tag (from_pretrained(..., step_tag=...)) or pass "
+            "(question, reply)")
     raise TypeError(
         "unsupported input: pass a string, a list of {'role','content'} messages, a "
         f"(prompt, response) tuple, or token ids; got {type(item).__name__}"
@@ -184,6 +200,8 @@ def encode(tokenizer: Any, item: RewardInput, suffix_ids: Sequence[int] = ()) ->
     ``suffix_ids`` (InternLM2's reward token) follow every text, pair or conversation; token-id
     inputs (a tensor, list or tuple of ints) are taken exactly as given.
     """
+    if isinstance(item, EncodedInput):  # already built (a step prefix): taken as it is
+        return item
     kind = input_kind(item)
     if kind == "ids":
         ids = item.tolist() if isinstance(item, torch.Tensor) else item

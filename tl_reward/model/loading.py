@@ -122,6 +122,8 @@ def from_hf_model(
     model_name: str | None = None,
     lm_head_rows: Sequence[int] | None = None,
     release_hf: bool = False,
+    step_tag: str | None = None,
+    head_weights: Sequence[float] | None = None,
 ) -> HookedRewardModel:
     """Convert an in-memory HF reward model (registered architecture) to ``cls``; with
     ``lm_head_rows`` a causal LM whose LM-head rows become ``W_U``.
@@ -184,6 +186,7 @@ def from_hf_model(
     model.setup()
     model.move_model_modules_to_device()
     model.reward_head.to(cfg.device)
+    model.use_steps(step_tag or arch.step_tag, head_weights)
     model.eval()
     return model
 
@@ -223,6 +226,8 @@ def load_reward_model(
     n_ctx: int | None = None,
     trust_remote_code: bool = False,
     lm_head_rows: Sequence[int] | None = None,
+    step_tag: str | None = None,
+    head_weights: Sequence[float] | None = None,
     **hf_kwargs: Any,
 ) -> HookedRewardModel:
     """Resolve ``name_or_path``/``hf_model``/``tokenizer`` and convert (see ``from_pretrained``)."""
@@ -248,4 +253,4 @@ def load_reward_model(
     return from_hf_model(cls, hf_model, tokenizer, device=device, dtype=dtype, pooling=pooling,
                          objective_names=objective_names, n_ctx=n_ctx,
                          model_name=name_or_path, lm_head_rows=lm_head_rows,
-                         release_hf=owned)
+                         release_hf=owned, step_tag=step_tag, head_weights=head_weights)

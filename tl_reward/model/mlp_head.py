@@ -34,12 +34,14 @@ class MLPRewardHead(RewardHead):
     """``out(ReLU(hidden(x)))`` on the normed final residual.
 
     Hooks: ``reward_head.hook_pre`` (the hidden layer before the ReLU, ``[..., d_hidden]``) and
-    ``reward_head.hook_post`` (after it). With K = 1 the score is the single output.
+    ``reward_head.hook_post`` (after it). With K = 1 the score is the single output; ``weights``
+    combine K outputs into a score (a two-class PRM head: ``[-1, 1]``, class 1 minus class 0).
     """
 
     nonlinear = True
 
-    def __init__(self, objectives: Sequence[str], hidden: nn.Linear, out: nn.Linear) -> None:
+    def __init__(self, objectives: Sequence[str], hidden: nn.Linear, out: nn.Linear,
+                 weights: torch.Tensor | None = None) -> None:
         super().__init__(objectives)
         if out.out_features != len(self.objectives):
             raise ValueError(f"{out.out_features} outputs for {len(self.objectives)} objectives")
@@ -47,8 +49,9 @@ class MLPRewardHead(RewardHead):
         self.out = out
         self.hook_pre = HookPoint()
         self.hook_post = HookPoint()
-        self.register_buffer("weights", torch.ones(1) if out.out_features == 1 else None,
-                             persistent=False)
+        if weights is None and out.out_features == 1:
+            weights = torch.ones(1)
+        self.register_buffer("weights", weights, persistent=False)
 
     @property
     def d_hidden(self) -> int:

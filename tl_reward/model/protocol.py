@@ -31,6 +31,7 @@ from tl_reward.model.inputs import (
     encode_inputs,
 )
 from tl_reward.model.pooling import pool_positions
+from tl_reward.model.steps import StepFormat, StepRow, StepSpec, check_step_end, select_steps
 
 
 class RewardModelMixin:
@@ -44,6 +45,10 @@ class RewardModelMixin:
     #: ids appended after every text or conversation input (InternLM2's reward token); token-id
     #: inputs are taken as given.
     suffix_ids: tuple[int, ...] = ()
+    #: how inputs are built when not as plain outcome inputs: a process reward model's
+    #: :class:`~tl_reward.model.steps.StepFormat`, a judge's verdict template (an object with
+    #: ``encode(tokenizer, item, suffix_ids) -> EncodedInput``); ``None`` for an outcome RM.
+    input_format: Any = None
     #: whether the forward can start at a layer from a cached residual and a key/value prefix
     #: (HookedTransformer's ``start_at_layer``); a bridge runs HF's forward whole.
     starts_at_layer: bool = True
@@ -64,8 +69,46 @@ class RewardModelMixin:
     # -- inputs ------------------------------------------------------------------------------
     def encode(self, item: RewardInput) -> EncodedInput:
         """Token ids of one input (string, conversation, (prompt, response) or ids): the chat
-        template as ids with one BOS, then :attr:`suffix_ids`; token ids are taken as given."""
+        template as ids with one BOS, then :attr:`suffix_ids`; token ids are taken as given.
+        A PRM or judge builds through its :attr:`input_format`."""
+        if self.input_format is not None:
+            return self.input_format.encode(self.tokenizer, item, self.suffix_ids)
         return encode(self.tokenizer, item, self.suffix_ids)
+
+    @property
+    def step_format(self) -> StepFormat | None:
+        """A process reward model's step format (where each step's reward is read), else
+        ``None``."""
+        fmt = self.input_format
+        return fmt if isinstance(fmt, StepFormat) else None
+
+    def use_steps(self, tag: str | None, head_weights: Sequence[float] | None = None,
+                  **format_kwargs: Any) -> None:
+        """Read a reward at each step's ``tag`` (a :class:`~tl_reward.model.steps.StepFormat`
+        with ``format_kwargs``; ``None`` leaves the format as it is) and, with
+        ``head_weights``, combine the head's K outputs into the score with them (``[-1, 1]``:
+        the second output minus the first, as a two-class PRM or a good/bad token pair is read).
+        The loaders call this for ``step_tag=`` and ``head_weights=``."""
+        if head_weights is not None:
+            w = torch.tensor([float(x) for x in head_weights])
+            if w.numel() != self.reward_head.n_objectives:
+                raise TLRewardError(
+                    f"head_weights has {w.numel()} entries for the head's "
+                    f"{self.reward_head.n_objectives} outputs {self.objectives}; give one each")
+            self.reward_head.weights = w.to(self.cfg.device)
+        if tag is not None:
+            self.input_format = StepFormat.from_tokenizer(self.tokenizer, tag, **format_kwargs)
+
+    def at_steps(self, inputs: Any, step: StepSpec, names: Sequence[str] | None = None
+                 ) -> tuple[list[EncodedInput], list[StepRow]]:
+        """The inputs of the selected steps (:func:`~tl_reward.model.steps.select_steps`):
+        each the solution's ids up to that step's tag, an input every analysis takes, with
+        the (input, step) each one is. What ``step=`` of every analysis runs."""
+        if self.step_format is None:
+            raise TLRewardError(
+                "step= selects a process reward model's steps, and this model has no step "
+                "format: load a PRM (from_pretrained(..., step_tag=...)), or drop step=")
+        return select_steps(encode_inputs(self, as_items(inputs), names), step)
 
     def build(
         self, inputs: RewardInput | Sequence[RewardInput], padding_side: str = "right"
@@ -76,9 +119,14 @@ class RewardModelMixin:
 
     make_batch = build
 
-    def collate(self, encoded: Sequence[EncodedInput], padding_side: str = "right") -> RewardBatch:
+    def collate(self, encoded: Sequence[EncodedInput], padding_side: str = "right",
+                whole: bool = False) -> RewardBatch:
         """Pad already-encoded inputs (checking context length and vocabulary) and find each
-        row's pooled position under the model's pooling rule."""
+        row's pooled position under the model's pooling rule. A PRM's rows must end at a step
+        tag (:func:`~tl_reward.model.steps.check_step_end`) unless ``whole`` (whole solutions
+        whose steps are read at their tags, as :meth:`rewards` reads them)."""
+        if not whole:
+            check_step_end(self, encoded)
         batch = collate(encoded, self.pad_token_id, padding_side, self.cfg.n_ctx, self.cfg.d_vocab)
         batch = batch.to(self.cfg.device)
         batch.pooled = self.pool_positions(batch.tokens, batch.attention_mask)
