@@ -229,6 +229,10 @@ def input_texts(items: Sequence[Any], tokenizer: Any = None) -> dict[str, list[s
     where an input has no such text; a column only where some input has one."""
     rows: list[dict[str, str | None]] = []
     for item in items:
+        if isinstance(item, EncodedInput):
+            item = item.ids
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], list):
+            item = (item[0], "\n\n".join(item[1]))  # a solution's steps
         kind = input_kind(item)
         if kind == "ids":
             ids = item.tolist() if isinstance(item, torch.Tensor) else list(item)
