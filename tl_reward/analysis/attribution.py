@@ -34,8 +34,9 @@ from tl_reward.analysis.components import (
 )
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
-from tl_reward.model.inputs import as_items, encode_inputs, input_batches
+from tl_reward.model.inputs import input_batches
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, reward_readout
+from tl_reward.model.steps import StepRow, StepSpec
 from tl_reward.results import PairSides, ShortRepr
 
 
@@ -56,6 +57,8 @@ class DirectAttribution(ShortRepr):
         head_positions: per input ``[layer, head, pos, n_obj]``: each head's contribution split
             over the source positions it attends to, or None.
         tokens: per input, its token strings; ``positions``: ``[N]`` the pooled position.
+        steps: a process reward model's (input, step) of each row (``step=``), else None.
+        read_at: per row, its steps' tag positions (a PRM's step prefixes), else None.
     """
 
     objectives: list[str]
@@ -71,6 +74,8 @@ class DirectAttribution(ShortRepr):
     neurons: Float[torch.Tensor, "n layer d_mlp n_obj"] | None = None
     mlp_bias: Float[torch.Tensor, "n layer n_obj"] | None = None
     head_positions: list[Float[torch.Tensor, "layer head pos n_obj"]] | None = None
+    steps: list[StepRow] | None = None
+    read_at: list[tuple[int, ...]] | None = None
 
     def __len__(self) -> int:
         return self.reward.shape[0]
@@ -166,6 +171,7 @@ def direct_reward_attribution(
     per_position: bool = False,
     batch_size: int = 8,
     progress: bool | None = None,
+    step: StepSpec | None = None,
 ) -> DirectAttribution:
     """Exact direct reward attribution of ``inputs`` (anything ``model.make_batch`` accepts).
 
@@ -175,8 +181,10 @@ def direct_reward_attribution(
         neurons: also split every MLP into neurons (``[N, layer, d_mlp, n_obj]``).
         per_position: also split every head over source positions (token maps).
         batch_size: inputs per forward pass.
+        step: a process reward model's steps (an index, a list, ``"all"``, ``"last"``): one
+            row per selected (input, step), the reward read at that step's tag.
     """
-    encoded = encode_inputs(model, as_items(inputs))
+    encoded, step_rows = model.encode_steps(inputs, step)
     parts: list[dict[str, Any]] = []
     for batch in input_batches(model, encoded, batch_size, "attribution", progress):
         part = _attribute_batch(model, batch.tokens, batch.attention_mask, objectives, neurons,
@@ -197,7 +205,8 @@ def direct_reward_attribution(
     return DirectAttribution(
         parts[0]["readout"].objectives, *(cat(k) for k in terms),
         torch.cat([p["readout"].positions.cpu() for p in parts]), tokens, parts[0]["embed_names"],
-        cat("neurons") if neurons else None, cat("mlp_bias") if neurons else None, head_positions)
+        cat("neurons") if neurons else None, cat("mlp_bias") if neurons else None, head_positions,
+        step_rows, [e.read_at for e in encoded] if any(e.read_at for e in encoded) else None)
 
 
 @dataclass(repr=False)

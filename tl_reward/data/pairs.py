@@ -207,8 +207,32 @@ def short_pairs(model: Any, pairs: Iterable[PreferencePair | tuple[Any, str, str
     return out
 
 
-def as_pair_batch(model: Any, pairs: Any) -> PairBatch:
-    """A :class:`PairBatch` from a batch, one pair, a tokenised pair or a list of either."""
+def step_pairs(model: Any, pairs: Any, step: Any) -> PairBatch:
+    """Pairs of a process reward model's solutions compared at ``step``: each ``(a, b)``
+    (solution inputs) becomes the pair of their prefixes up to that step's tag
+    (:meth:`~tl_reward.model.protocol.RewardModelMixin.at_steps`), ``a`` as chosen; shared
+    leading ids aligned by index, the rest from the end (:func:`align_ids`)."""
+    if isinstance(pairs, tuple) and len(pairs) == 2:
+        pairs = [pairs]
+    out = []
+    for k, pair in enumerate(pairs):
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise TLRewardError(f"pair {k}: with step= a pair is (solution_a, solution_b)")
+        a, rows_a = model.at_steps([pair[0]], step, [f"pair {k} a"])
+        b, rows_b = model.at_steps([pair[1]], step, [f"pair {k} b"])
+        if [r.step for r in rows_a] != [r.step for r in rows_b]:
+            raise TLRewardError(f"pair {k}: step={step!r} selects steps "
+                                f"{[r.step for r in rows_a]} of a and {[r.step for r in rows_b]} "
+                                "of b; pass an index both solutions have")
+        out += [align_ids(x.ids, y.ids) for x, y in zip(a, b, strict=True)]
+    return PairBatch(out)
+
+
+def as_pair_batch(model: Any, pairs: Any, step: Any = None) -> PairBatch:
+    """A :class:`PairBatch` from a batch, one pair, a tokenised pair or a list of either; with
+    ``step`` (a PRM), solution pairs ``(a, b)`` at that step (:func:`step_pairs`)."""
+    if step is not None:
+        return step_pairs(model, pairs, step)
     if isinstance(pairs, PairBatch):
         return pairs
     if isinstance(pairs, (TokenizedPair, PreferencePair)) or (
@@ -218,9 +242,10 @@ def as_pair_batch(model: Any, pairs: Any) -> PairBatch:
                       for k, p in enumerate(pairs)])
 
 
-def as_tokenized_pair(model: Any, pair: Any) -> TokenizedPair:
-    """One :class:`TokenizedPair` from a pair in any accepted form."""
-    batch = as_pair_batch(model, pair)
+def as_tokenized_pair(model: Any, pair: Any, step: Any = None) -> TokenizedPair:
+    """One :class:`TokenizedPair` from a pair in any accepted form (``step``: see
+    :func:`as_pair_batch`)."""
+    batch = as_pair_batch(model, pair, step)
     if len(batch) != 1:
         raise TLRewardError(f"expected one preference pair, got {len(batch)}")
     return batch[0]

@@ -251,11 +251,13 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
     @torch.no_grad()
     def pooled_outputs(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor, pooling: str | None = None,
+        read_at: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``(rewards [b, K], score [b] or None, gating [b, K] or None)``: ``unembed.hook_out``
         of the forward at the pooled token, in float32 (float64 for a float64 model); a gate
         (ArmoRM, QRM) reads the final residual the same forward records, normed afresh as
-        HookedRewardModel reads it."""
+        HookedRewardModel reads it. ``read_at = (rows, positions)``: row ``rows[i]`` at
+        ``positions[i]`` instead (a PRM's steps, one output per pair)."""
         seen: dict[str, torch.Tensor] = {}
 
         def grab(name: str) -> Callable[[torch.Tensor, Any], None]:
@@ -268,7 +270,12 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         self.run_with_hooks(tokens, attention_mask=attention_mask, return_type=None,
                             fwd_hooks=[(n, grab(n)) for n in names])
         out, states = seen[names[0]], seen.get(names[-1]) if head.reads_states else None
-        pos = self.pool_positions(tokens, attention_mask, pooling).to(device)
+        if read_at is None:
+            pos = self.pool_positions(tokens, attention_mask, pooling).to(device)
+        else:
+            rows_at, pos = (t.to(device) for t in read_at)
+            out, tokens = out[rows_at], tokens[rows_at]
+            states = None if states is None else states[rows_at]
         rows = torch.arange(tokens.shape[0], device=device)
         rewards = out[rows, pos].to(acc)
         normed = rewards[:, None] if states is None else normalise(self, states)

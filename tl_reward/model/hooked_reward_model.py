@@ -268,12 +268,19 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
     @torch.no_grad()
     def pooled_outputs(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor, pooling: str | None = None,
+        read_at: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``(rewards [b, K], score [b] or None, gating [b, K] or None)`` of one padded batch,
         read by :func:`~tl_reward.model.readout.read_rewards` (float32; float64 for a float64
-        model): what every scoring path of this backend calls."""
+        model): what every scoring path of this backend calls. ``read_at = (rows, positions)``
+        reads row ``rows[i]`` at ``positions[i]`` instead of each row at its pooled token (a
+        PRM's steps: one forward, every tag), giving one output per pair."""
         resid = self.final_residual(tokens, attention_mask)
-        pos = self.pool_positions(tokens, attention_mask, pooling)
+        if read_at is None:
+            pos = self.pool_positions(tokens, attention_mask, pooling)
+        else:
+            rows_at, pos = (t.to(resid.device) for t in read_at)
+            resid, tokens = resid[rows_at], tokens[rows_at]
         rewards, score = read_rewards(self, resid, tokens, pos)
         gating = None
         if isinstance(self.reward_head, ArmoRMHead):

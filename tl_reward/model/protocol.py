@@ -119,6 +119,16 @@ class RewardModelMixin:
 
     make_batch = build
 
+    def encode_steps(self, inputs: Any, step: StepSpec | None = None,
+                     names: Sequence[str] | None = None
+                     ) -> tuple[list[EncodedInput], list[StepRow] | None]:
+        """An analysis's inputs encoded: as given (``step=None``; a PRM's rows must then end
+        at a tag), or the selected steps' prefixes and their (input, step) rows
+        (:meth:`at_steps`). What ``step=`` of every analysis calls."""
+        if step is None:
+            return encode_inputs(self, as_items(inputs), names), None
+        return self.at_steps(inputs, step, names)
+
     def collate(self, encoded: Sequence[EncodedInput], padding_side: str = "right",
                 whole: bool = False) -> RewardBatch:
         """Pad already-encoded inputs (checking context length and vocabulary) and find each
@@ -173,10 +183,20 @@ class RewardModelMixin:
         progress: bool | None = None,
         labels: Sequence[str] | None = None,
         names: Sequence[str] | None = None,
+        step: StepSpec | None = None,
     ) -> Any:
         """Score inputs in length-sorted batches; returns a :class:`RewardResult`. ``names``:
         what errors call each input (default ``input i``; the command line gives
-        ``path:line``)."""
+        ``path:line``). A process reward model gives a
+        :class:`~tl_reward.model.step_rewards.StepRewardResult`, one row per (input, step) of
+        ``step`` (default every step), read in one forward per batch."""
+        if self.step_format is not None:
+            from tl_reward.model.step_rewards import score_steps
+
+            return score_steps(self, inputs, "all" if step is None else step, batch_size,
+                               padding_side, progress, labels, names)
+        if step is not None:
+            self.at_steps(inputs, step)  # the error naming what step= needs
         from tl_reward.model.scoring import score_inputs
 
         return score_inputs(self, inputs, batch_size=batch_size, padding_side=padding_side,

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from tl_reward.errors import EmptyResponseError, TLRewardError
 from tl_reward.model.inputs import EncodedInput, encode, input_kind, input_messages
+from tl_reward.results import result_type
 
 #: ``step=`` of every analysis: an index (negative from the end), a list of them, every step
 #: (``"all"``) or the last (``"last"``).
@@ -161,6 +162,7 @@ def step_prefix(e: EncodedInput, k: int) -> EncodedInput:
                    name=f"{e.name or 'input'} step {k}", step=k)
 
 
+@result_type
 @dataclass(frozen=True)
 class StepRow:
     """One selected step: the input it belongs to and its index there."""

@@ -1,0 +1,19 @@
+"""Process reward models: analyses across a solution's steps (a reward at every step).
+
+Loading a PRM, its step format and per-step rewards live with the model
+(:mod:`tl_reward.model.steps`, :mod:`tl_reward.model.step_rewards`); every analysis takes
+``step=``. Here are the questions only steps ask: which earlier step a step's reward is read
+from (:func:`step_sources`) and how a changed step moves the later steps' rewards
+(:func:`step_propagation`).
+"""
+
+from tl_reward._lazy import lazy_exports
+
+_EXPORTS = {
+    "StepSources": "tl_reward.process.sources",
+    "step_sources": "tl_reward.process.sources",
+    "StepPropagation": "tl_reward.process.propagation",
+    "step_propagation": "tl_reward.process.propagation",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
