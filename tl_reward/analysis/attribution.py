@@ -250,10 +250,11 @@ class PairAttribution(PairSides, ShortRepr):
 def differential_attribution(
     model: Any, pairs: Any, objectives: ObjectiveSpec = None, neurons: bool = False,
     per_position: bool = False, batch_size: int = 8, progress: bool | None = None,
+    step: StepSpec | None = None,
 ) -> PairAttribution:
     """DRA of both replies of each preference pair (``PreferencePair`` list or a
     :class:`~tl_reward.data.pairs.PairBatch`)."""
-    batch: PairBatch = as_pair_batch(model, pairs)
+    batch: PairBatch = as_pair_batch(model, pairs, step)
     kw = dict(objectives=objectives, neurons=neurons, per_position=per_position,
               batch_size=batch_size, progress=progress)
     return PairAttribution(

@@ -33,6 +33,7 @@ from tl_reward.model.readout import (
     objective_at_pooled,
     resolve_objectives,
 )
+from tl_reward.model.steps import StepSpec
 from tl_reward.results import CleanMargin, ShortRepr
 
 
@@ -98,11 +99,12 @@ SITE_HOOKS = {"resid": "hook_resid_pre", "attn_out": "hook_attn_out",
 
 
 def attribution_patching(
-    model: Any, pair: Any, objective: int | str | None = None
+    model: Any, pair: Any, objective: int | str | None = None, step: StepSpec | None = None,
 ) -> AttributionPatchingResult:
     """First-order estimates of denoising and noising at every site of one preference pair,
-    from one forward and one backward pass (chosen and rejected batched)."""
-    tp = as_tokenized_pair(model, pair)
+    from one forward and one backward pass (chosen and rejected batched). ``step``: a process
+    reward model's pair of solutions ``(a, b)`` compared at that step's tag."""
+    tp = as_tokenized_pair(model, pair, step)
     obj = resolve_objectives(model, objective)[0]
     n_layers = model.cfg.n_layers
     final_hook = f"blocks.{n_layers - 1}.hook_resid_post"

@@ -31,6 +31,7 @@ from tl_reward.model.readout import (
     resolve_objectives,
     reward_readout,
 )
+from tl_reward.model.steps import StepSpec
 from tl_reward.results import CleanMargin, ShortRepr
 
 
@@ -71,6 +72,7 @@ def direct_path_patching(
     mode: str = "denoising",
     scale: str = "frozen",
     objective: int | str | None = None,
+    step: StepSpec | None = None,
 ) -> DirectPathResult:
     """Direct-path patching of every component (``level`` ``"sublayer"`` or ``"head"``).
 
@@ -79,7 +81,7 @@ def direct_path_patching(
     """
     check_choice(mode, ("denoising", "noising"), "direct-path patching mode")
     check_choice(scale, ("frozen", "recompute"), "scale")
-    tp = as_tokenized_pair(model, pair)
+    tp = as_tokenized_pair(model, pair, step)
     obj = resolve_objectives(model, objective)[0]
     runs = {}
     for side in ("chosen", "rejected"):

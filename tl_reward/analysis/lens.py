@@ -36,8 +36,9 @@ from jaxtyping import Float
 
 from tl_reward.data.pairs import as_pair_batch
 from tl_reward.model.heads import objective_slot
-from tl_reward.model.inputs import as_items, cached_batches, encode_inputs
+from tl_reward.model.inputs import cached_batches
 from tl_reward.model.readout import ObjectiveSpec, accumulation_dtype, normalise, reward_readout
+from tl_reward.model.steps import StepRow, StepSpec
 from tl_reward.results import PairSides, ShortRepr
 
 CONVENTIONS = ("frozen", "recompute")
@@ -64,10 +65,11 @@ class PooledResiduals(ShortRepr):
 @torch.no_grad()
 def pooled_residuals(
     model: Any, inputs: Any, objectives: ObjectiveSpec = None, batch_size: int = 8,
-    progress: bool | None = None,
+    progress: bool | None = None, step: StepSpec | None = None,
 ) -> PooledResiduals:
-    """Collect :class:`PooledResiduals` for ``inputs`` (anything ``model.make_batch`` takes)."""
-    encoded = encode_inputs(model, as_items(inputs))
+    """Collect :class:`PooledResiduals` for ``inputs`` (anything ``model.make_batch`` takes;
+    ``step``: a process reward model's steps, one row per selected (input, step))."""
+    encoded = model.encode_steps(inputs, step)[0]
     n_layers = model.cfg.n_layers
     names = [f"blocks.{i}.hook_resid_pre" for i in range(n_layers)]
     names.append(f"blocks.{n_layers - 1}.hook_resid_post")
@@ -94,12 +96,14 @@ class RewardLens(ShortRepr):
         values: convention -> ``[N, L + 1, n_obj]`` (layer 0 = embeddings).
         reward: ``[N, n_obj]`` the model's rewards (equal to the last lens value).
         objectives: names; ``layer_names``: ``["embed", "L0", ..., "L{L-1}"]`` (after block).
+        steps: a process reward model's (input, step) of each row (``step=``), else None.
     """
 
     values: dict[str, Float[torch.Tensor, "n layer1 n_obj"]]
     reward: Float[torch.Tensor, "n n_obj"]
     objectives: list[str]
     layer_names: list[str]
+    steps: list[StepRow] | None = None
 
     def _obj(self, objective: int | str) -> int:
         return objective_slot(self.objectives, objective)
@@ -155,11 +159,15 @@ def _recomputed_head(model: Any, pooled: PooledResiduals) -> Float[torch.Tensor,
 
 def reward_lens(
     model: Any, inputs: Any, objectives: ObjectiveSpec = None, batch_size: int = 8,
-    progress: bool | None = None,
+    progress: bool | None = None, step: StepSpec | None = None,
 ) -> RewardLens:
-    """The reward lens of ``inputs`` in both scale conventions."""
-    return lens_from_residuals(model, pooled_residuals(model, inputs, objectives, batch_size,
-                                                       progress))
+    """The reward lens of ``inputs`` in both scale conventions (``step``: a process reward
+    model's steps, one row per selected (input, step), named in ``.steps``)."""
+    lens = lens_from_residuals(model, pooled_residuals(model, inputs, objectives, batch_size,
+                                                       progress, step))
+    if step is not None:
+        lens.steps = model.at_steps(inputs, step)[1]
+    return lens
 
 
 @dataclass(repr=False)
@@ -218,9 +226,10 @@ class PairLens(PairSides, ShortRepr):
 def differential_lens(
     model: Any, pairs: Any, objectives: ObjectiveSpec = None, batch_size: int = 8,
     progress: bool | None = None,
+    step: StepSpec | None = None,
 ) -> PairLens:
     """The reward lens of both replies of each preference pair."""
-    batch = as_pair_batch(model, pairs)
+    batch = as_pair_batch(model, pairs, step)
     chosen = [torch.tensor(p.chosen_ids) for p in batch]
     rejected = [torch.tensor(p.rejected_ids) for p in batch]
     return PairLens(reward_lens(model, chosen, objectives, batch_size, progress),

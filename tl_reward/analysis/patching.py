@@ -50,6 +50,7 @@ from tl_reward.model.readout import (
     objective_at_pooled,
     resolve_objectives,
 )
+from tl_reward.model.steps import StepSpec
 from tl_reward.results import CleanMargin, ShortRepr
 from tl_reward.tl_backend import cache_keys, frozen_kv_cache
 
@@ -370,6 +371,7 @@ def activation_patching(
     fraction: float = 1.0,
     chunk_size: int = 32,
     reuse_prefix: bool = True,
+    step: StepSpec | None = None,
 ) -> PatchingResult:
     """Patch every site of one kind on one preference pair, batched.
 
@@ -388,7 +390,7 @@ def activation_patching(
     """
     check_choice(mode, MODES, "mode")
     check_choice(positions, ("each", "all"), "positions")
-    tp: TokenizedPair = as_tokenized_pair(model, pair)
+    tp: TokenizedPair = as_tokenized_pair(model, pair, step)
     obj = resolve_objectives(model, objective)[0]
     sites, layer_list, unit_list, dims, shape = _grid(model, site, positions, layers, units,
                                                       tp.n_aligned)
@@ -463,12 +465,13 @@ def patch_components(
     chunk_size: int = 32,
     reuse_prefix: bool = True,
     by_layer: bool = False,
+    step: StepSpec | None = None,
 ) -> Float[torch.Tensor, " C"]:
     """Whole-sequence denoising or noising of named components (``"embed"``, ``"L3.attn"``,
     ``"L3.mlp"``, ``"L3.H2"``) on the aligned positions, batched; normalised effects ``[C]``.
     Attention biases (equal in both runs) get 0. ``by_layer``: see :func:`run_patched`."""
     check_choice(mode, ("denoising", "noising"), "component patching mode")
-    tp = as_tokenized_pair(model, pair)
+    tp = as_tokenized_pair(model, pair, step)
     obj = resolve_objectives(model, objective)[0]
     keep = [i for i, nm in enumerate(names) if not nm.endswith("attn_bias")]
     sites = [component_site(model, names[i]) for i in keep]

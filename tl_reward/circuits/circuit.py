@@ -32,6 +32,7 @@ from tl_reward.data.pairs import as_pair_batch
 from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.model.inputs import as_items
 from tl_reward.model.readout import accumulation_dtype, resolve_objectives
+from tl_reward.model.steps import StepSpec
 from tl_reward.results import ShortRepr
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.paired import summarise_mean
@@ -353,15 +354,16 @@ def _faithfulness(m: torch.Tensor, full: torch.Tensor, empty: torch.Tensor) -> t
 def evaluate_circuit(model: Any, circuit: RewardCircuit, clean: Any, corrupt: Any = None,
                      ablation: str | None = None, reference: Any = None,
                      objective: int | str | None = None, batch_size: int = 8,
-                     padding_side: str = "right", sae: Any = None) -> CircuitEvaluation:
-    """The metric with every edge outside ``circuit`` corrupted, and its faithfulness (inputs
-    and corruption as :func:`~tl_reward.circuits.edges.edge_attribution`; ``sae``: the SAE
-    whose nodes the circuit holds, default the one attached)."""
+                     padding_side: str = "right", sae: Any = None,
+                     step: StepSpec | None = None) -> CircuitEvaluation:
+    """The metric with every edge outside ``circuit`` corrupted, and its faithfulness (inputs,
+    corruption and ``step`` as :func:`~tl_reward.circuits.edges.edge_attribution`; ``sae``:
+    the SAE whose nodes the circuit holds, default the one attached)."""
     graph = RewardGraph.from_model(model)
     if graph != circuit.graph:
         raise TLRewardError("the circuit was made on another model's graph")
     obj = resolve_objectives(model, objective)[0]
-    inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
+    inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size, step)
     full, empty, (m,) = _metrics(model, graph, inputs, obj, [circuit], batch_size,
                                  padding_side, sae)
     f = _faithfulness(m, full, empty)
@@ -407,7 +409,8 @@ def faithfulness_curve(model: Any, attribution: EdgeAttribution, clean: Any,
                        corrupt: Any = None, ablation: str | None = None, reference: Any = None,
                        sizes: tuple[float, ...] = MIB_SIZES, seed: int = 0,
                        batch_size: int = 8, padding_side: str = "right",
-                       sae: Any = None, select: str = "top") -> FaithfulnessCurve:
+                       sae: Any = None, select: str = "top",
+                       step: StepSpec | None = None) -> FaithfulnessCurve:
     """Faithfulness of circuits of ``attribution`` at ``sizes`` (fractions) against random
     circuits of the same size, with CPR and CMD (objective: the attribution's; with its SAE
     nodes, ``sae`` as :func:`evaluate_circuit`). ``select``: ``"top"``
@@ -418,7 +421,7 @@ def faithfulness_curve(model: Any, attribution: EdgeAttribution, clean: Any,
     graph = RewardGraph.from_model(model)
     if graph != attribution.graph:
         raise TLRewardError("the attribution was made on another model's graph")
-    inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
+    inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size, step)
     gen = torch.Generator().manual_seed(seed)
     top = [_select(attribution, select, f) for f in sizes]
     rand, edges = [], ~attribution.circuit_scores().isnan()
@@ -517,5 +520,6 @@ def heldout_faithfulness(model: Any, clean: Any, corrupt: Any = None, *,
 
     circuit = select(edge_attribution(model, *side(order[:n_fit]), **kwargs))
     keep = {k: v for k, v in kwargs.items()
-            if k in ("ablation", "reference", "objective", "batch_size", "padding_side", "sae")}
+            if k in ("ablation", "reference", "objective", "batch_size", "padding_side", "sae",
+                     "step")}
     return evaluate_circuit(model, circuit, *side(order[n_fit:]), **keep)

@@ -62,6 +62,7 @@ from tl_reward.circuits.nodes import (
 from tl_reward.circuits.sources import chunks, delta, record
 from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.model.readout import accumulation_dtype, resolve_objectives
+from tl_reward.model.steps import StepSpec
 from tl_reward.results import ShortRepr
 
 METHODS = ("exact", "eap", "eap-ig")
@@ -243,6 +244,7 @@ def edge_attribution(
     sae: Any = None,
     edges: Any = None,
     feature_inputs: bool | None = None,
+    step: StepSpec | None = None,
 ) -> EdgeAttribution:
     """Score every edge of ``model``'s graph (methods, corruption and the sign in the module
     doc). ``clean``: sequences (built with the model's own builder) or preference pairs (the
@@ -256,7 +258,9 @@ def edge_attribution(
     with two SAEs only). ``ig_steps`` and ``ig_rule``: EAP-IG's
     points (:func:`ig_alphas`). ``edges`` (``"exact"`` only): score just these edges, ``(src,
     dst, qkv)`` names or a ``[n_dests, n_sources]`` bool mask (the others are NaN), e.g. to
-    check a gradient method's top edges on a model too large to patch every edge of."""
+    check a gradient method's top edges on a model too large to patch every edge of.
+    ``step``: a process reward model's solutions at that step (the metric is that step's
+    linear reward; solution pairs ``(a, b)``: the margin there), corrupt solutions likewise."""
     check_choice(method, METHODS, "method")
     if edges is not None and method != "exact":
         raise TLRewardError("edges= picks the edges exact patching scores; EAP and EAP-IG "
@@ -268,7 +272,7 @@ def edge_attribution(
         graph = RewardGraph.from_model(model)
         scored = graph.edge_mask() if edges is None else graph.mask_of(edges)
         obj = resolve_objectives(model, objective)[0]
-        inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size)
+        inputs = prepare_inputs(model, clean, corrupt, ablation, reference, batch_size, step)
         acc = accumulation_dtype(model)
         dev = model.cfg.device
         n_items = inputs.n_items

@@ -63,9 +63,25 @@ class Inputs:
         return max(self.item) + 1
 
 
+def at_step(model: Any, inputs: Any, step: Any) -> Any:
+    """``inputs`` of a process reward model at ``step``: solution pairs ``(a, b)`` as pairs of
+    their step prefixes (the metric is the margin at that step), other solutions as their
+    prefixes; unchanged when ``step`` is None."""
+    from tl_reward.model.steps import is_solution_pair
+
+    if step is None or inputs is None:
+        return inputs
+    items = [inputs] if is_solution_pair(inputs) else list(as_items(inputs))
+    if items and is_solution_pair(items[0]):
+        return as_pair_batch(model, items, step)
+    return model.at_steps(items, step)[0]
+
+
 def prepare_inputs(model: Any, clean: Any, corrupt: Any = None, ablation: str | None = None,
-                   reference: Any = None, batch_size: int = 8) -> Inputs:
-    """Check and encode ``clean`` and its corruption (see the module doc)."""
+                   reference: Any = None, batch_size: int = 8, step: Any = None) -> Inputs:
+    """Check and encode ``clean`` and its corruption (see the module doc; ``step``: a process
+    reward model's inputs at that step, :func:`at_step`)."""
+    clean, corrupt, reference = (at_step(model, x, step) for x in (clean, corrupt, reference))
     rows, sign, item = _encode(model, clean)
     if ablation is not None and ablation not in ABLATIONS:
         raise TLRewardError(f"ablation must be one of {ABLATIONS} or None, got {ablation!r}")

@@ -212,12 +212,17 @@ def step_pairs(model: Any, pairs: Any, step: Any) -> PairBatch:
     (solution inputs) becomes the pair of their prefixes up to that step's tag
     (:meth:`~tl_reward.model.protocol.RewardModelMixin.at_steps`), ``a`` as chosen; shared
     leading ids aligned by index, the rest from the end (:func:`align_ids`)."""
-    if isinstance(pairs, tuple) and len(pairs) == 2:
+    from tl_reward.model.steps import is_solution_pair
+
+    if isinstance(pairs, PairBatch):
+        return pairs
+    if is_solution_pair(pairs):
         pairs = [pairs]
     out = []
     for k, pair in enumerate(pairs):
-        if not (isinstance(pair, tuple) and len(pair) == 2):
-            raise TLRewardError(f"pair {k}: with step= a pair is (solution_a, solution_b)")
+        if not is_solution_pair(pair):
+            raise TLRewardError(f"pair {k}: with step= a pair is (solution_a, solution_b), "
+                                "each a (question, [steps]) or (question, reply) solution")
         a, rows_a = model.at_steps([pair[0]], step, [f"pair {k} a"])
         b, rows_b = model.at_steps([pair[1]], step, [f"pair {k} b"])
         if [r.step for r in rows_a] != [r.step for r in rows_b]:

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from tl_reward.data.conversation import Conversation, Message, as_conversation
 from tl_reward.errors import TLRewardError
 from tl_reward.model.inputs import template_ids
@@ -106,3 +108,34 @@ def response_template(tokenizer: Any, prompt: Prompt, suffix_ids: Sequence[int] 
         )
     prefix, suffix = found[0]
     return ResponseTemplate(conv, tuple(prefix), (*suffix, *(int(t) for t in suffix_ids)))
+
+
+def step_template(model: Any, solution: Any, step: int, position: int | None = None
+                  ) -> ResponseTemplate:
+    """A process reward model's step ``step`` of ``solution`` with one token inserted before
+    the step's ``position``-th id (0: its first; default: just before its tag), up to that
+    step's tag: ``prefix + [v] + suffix`` is read at the tag, so a sweep ranks the single
+    tokens that raise or lower that step's reward (the prefix cache still applies)."""
+    from tl_reward.model.steps import step_indices
+
+    (e,), _ = model.encode_steps([solution])
+    k = step_indices(e, step)[0]
+    start = e.read_at[k - 1] + 1 if k > 0 else (e.response_start or 0)
+    tag = e.read_at[k]
+    p = tag - start if position is None else int(position)
+    if not 0 <= p <= tag - start:
+        raise TLRewardError(f"position {position} is outside step {k}, which has {tag - start} "
+                            f"ids before its tag (positions 0..{tag - start})")
+    conv = ([] if isinstance(solution, (list, torch.Tensor)) and not
+            (solution and isinstance(solution[0], Mapping)) else _solution_conversation(solution))
+    return ResponseTemplate(conv, tuple(e.ids[: start + p]), tuple(e.ids[start + p : tag + 1]))
+
+
+def _solution_conversation(solution: Any) -> Conversation:
+    from tl_reward.model.inputs import EncodedInput, input_messages
+
+    if isinstance(solution, EncodedInput) or isinstance(solution, str):
+        return []
+    if isinstance(solution, tuple) and len(solution) == 2 and isinstance(solution[1], list):
+        solution = (solution[0], "\n\n".join(solution[1]))
+    return as_conversation(input_messages(solution))

@@ -32,6 +32,12 @@ def is_steps_input(item: Any) -> bool:
             and all(isinstance(s, str) for s in item[1]))
 
 
+def is_solution_pair(item: Any) -> bool:
+    """True for ``(solution_a, solution_b)``: two solutions (not text) compared at a step."""
+    return (isinstance(item, tuple) and len(item) == 2 and not is_steps_input(item)
+            and not any(isinstance(x, str) for x in item))
+
+
 @dataclass(frozen=True)
 class StepFormat:
     """How a PRM's input marks its steps.

@@ -39,6 +39,7 @@ from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
 from tl_reward.model.inputs import as_items, encode_inputs, input_batches
 from tl_reward.model.readout import ObjectiveSpec, resolve_objectives, reward_readout
+from tl_reward.model.steps import StepSpec
 from tl_reward.results import PairSides, ShortRepr
 from tl_reward.sae.splice import (
     SAEError,
@@ -354,11 +355,12 @@ def sae_attribution(
 def differential_sae_attribution(
     model: Any, sae: Any, pairs: Any, objectives: ObjectiveSpec = None, method: str = "auto",
     batch_size: int = 8, progress: bool | None = None,
+    step: StepSpec | None = None,
 ) -> PairSAEAttribution:
     """:func:`sae_attribution` of both replies of each preference pair (``PreferencePair`` s,
     ``(prompt, chosen, rejected)`` tuples or a :class:`~tl_reward.data.pairs.PairBatch`)."""
     model = as_sae_model(model)  # wrapped once
-    batch: PairBatch = as_pair_batch(model, pairs)
+    batch: PairBatch = as_pair_batch(model, pairs, step)
     kw: dict[str, Any] = dict(objectives=objectives, method=method, batch_size=batch_size,
                               progress=progress)
     return PairSAEAttribution(

@@ -30,9 +30,14 @@ from tl_reward.data.conversation import Conversation, Message, is_conversation
 from tl_reward.errors import ContextLengthError, TLRewardError, UnknownObjectiveError, check_choice
 from tl_reward.model.fingerprint import model_fingerprint, tokenizer_fingerprint
 from tl_reward.model.heads import objective_slot
-from tl_reward.model.inputs import EncodedInput
+from tl_reward.model.inputs import EncodedInput, as_items
 from tl_reward.model.readout import read_rewards
-from tl_reward.model.response_template import Prompt, ResponseTemplate, prompt_conversation
+from tl_reward.model.response_template import (
+    Prompt,
+    ResponseTemplate,
+    prompt_conversation,
+    step_template,
+)
 from tl_reward.results import ShortRepr
 from tl_reward.sweep.store import (
     SweepSpec,
@@ -405,6 +410,10 @@ def score_vocabulary(
         shard: ``(i, n)``: score only shard ``i`` of ``n`` (whole batches; merge the files with
             :func:`~tl_reward.sweep.store.merge_sweeps`).
         id_range: ``(lo, hi)``: score only ids in ``[lo, hi)``.
+        step: a process reward model's step: ``prompts`` are solutions, and each candidate is
+            inserted into that step (:func:`~tl_reward.model.response_template.step_template`)
+            and scored at its tag.
+        position: where in the step (its ``position``-th id; default: just before the tag).
 
     Returns:
         A :class:`VocabSweep`.
@@ -475,6 +484,8 @@ def plan_sweep(
     cache: str = "auto",
     shard: tuple[int, int] | None = None,
     id_range: tuple[int, int] | None = None,
+    step: int | None = None,
+    position: int | None = None,
 ) -> SweepPlan:
     """Validate a sweep's arguments (as :func:`score_vocabulary` takes them) and split it into
     chunks. Executors score the chunks anywhere with :func:`score_chunk`; the chunks, and so the
@@ -487,8 +498,20 @@ def plan_sweep(
     if model.tokenizer is None:
         raise TLRewardError("a vocabulary sweep needs the model's tokenizer (pass tokenizer= "
                             "when loading)")
-    convs, labels = _prompts(prompts, labels)
-    templates = [model.response_template(c) for c in convs]
+    if step is None:
+        convs, labels = _prompts(prompts, labels)
+        templates = [model.response_template(c) for c in convs]
+    else:  # a PRM's solutions, a token inserted into step `step` (step_template)
+        if mode == "text":
+            raise TLRewardError("step= sweeps token ids inserted into a step; mode='text' "
+                                "re-tokenises a whole reply and has no step")
+        items = list(prompts.values()) if isinstance(prompts, Mapping) else as_items(prompts)
+        if labels is None:
+            labels = (list(prompts) if isinstance(prompts, Mapping)
+                      else [f"solution_{i}" for i in range(len(items))])
+        templates = [step_template(model, x, step, position) for x in items]
+        convs = [t.conversation for t in templates]
+        _, labels = _prompts(["?"] * len(items), labels)  # the label checks
     for label, t in zip(labels, templates, strict=True):
         if len(t.prefix) + 1 + len(t.suffix) > model.cfg.n_ctx:
             raise ContextLengthError(
