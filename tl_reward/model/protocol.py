@@ -88,7 +88,8 @@ class RewardModelMixin:
         with ``format_kwargs``; ``None`` leaves the format as it is) and, with
         ``head_weights``, combine the head's K outputs into the score with them (``[-1, 1]``:
         the second output minus the first, as a two-class PRM or a good/bad token pair is read).
-        The loaders call this for ``step_tag=`` and ``head_weights=``."""
+        A tag sets pooling to ``"mask"`` (each step's input ends at its tag). The loaders call
+        this for ``step_tag=`` and ``head_weights=``."""
         if head_weights is not None:
             w = torch.tensor([float(x) for x in head_weights])
             if w.numel() != self.reward_head.n_objectives:
@@ -98,6 +99,9 @@ class RewardModelMixin:
             self.reward_head.weights = w.to(self.cfg.device)
         if tag is not None:
             self.input_format = StepFormat.from_tokenizer(self.tokenizer, tag, **format_kwargs)
+            # a step's input ends at its tag: read the last real token whatever the pad id
+            # (a rule that stops at the first pad would read inside a chat template's turns)
+            self.pooling = "mask"
 
     def at_steps(self, inputs: Any, step: StepSpec, names: Sequence[str] | None = None
                  ) -> tuple[list[EncodedInput], list[StepRow]]:
