@@ -7,7 +7,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, load_model, read_pairs, require_objective
+from tl_reward.cli.common import (
+    add_model_options,
+    add_step_option,
+    load_model,
+    read_pairs,
+    require_objective,
+)
 from tl_reward.errors import TLRewardError
 
 
@@ -47,6 +53,7 @@ def add_parser(sub: Any) -> None:
                                  "become nodes of the circuit")
     p.add_argument("--sae-id", help="the SAE id within the release --sae (needs the hub)")
     p.add_argument("--output", type=Path, default=Path("circuit.html"), help="HTML view path")
+    add_step_option(p, "the metric (an index or 'last'; the replies are solutions)")
     p.set_defaults(run=run)
 
 
@@ -64,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     require_objective(model, args.objective)
     kw: dict[str, Any] = {"ablation": args.ablation, "objective": args.objective,
                           "batch_size": args.batch_size}
+    if args.step is not None:  # a PRM: each pair's two replies as solutions, at that step
+        pairs = [((p.prompt, p.chosen), (p.prompt, p.rejected)) for p in pairs]
+        kw["step"] = args.step
     if args.sae:
         from tl_reward.sae import load_sae
 

@@ -33,7 +33,30 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                              "BridgeRewardModel (TransformerLens's TransformerBridge, HF's own "
                              "forward; the only one under TransformerLens 4); auto (default): "
                              "hooked where HookedTransformer exists, else bridge")
+    parser.add_argument("--step-tag", help="read a reward at each step's TAG (a process reward "
+                        "model; Qwen2.5-Math-PRM and the demo PRM know theirs)")
+    parser.add_argument("--head-weights", help="combine the head's outputs into the reward, "
+                        "e.g. --head-weights=-1,1 (a two-class PRM head: class 1 minus class 0)")
     add_device_options(parser)
+
+
+def add_step_option(parser: argparse.ArgumentParser, what: str = "the analysis") -> None:
+    """``--step`` of a process reward model: an index, a comma list, ``all`` or ``last``."""
+    parser.add_argument("--step", type=parse_step, default=None,
+                        help=f"a process reward model's step(s) {what} reads: an index (negative "
+                             "from the end), a comma list such as 0,2, 'all' or 'last'")
+
+
+def parse_step(text: str) -> Any:
+    """``--step``'s value: ``"all"``, ``"last"``, an int, or a list of ints."""
+    if text in ("all", "last"):
+        return text
+    try:
+        items = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--step {text!r}: pass an index, a comma list of indices, 'all' or 'last'") from None
+    return items[0] if len(items) == 1 else items
 
 
 def apply_threads(args: argparse.Namespace) -> None:
@@ -72,12 +95,25 @@ def load_model(args: argparse.Namespace, name: str | None = None) -> Any:
     if backend == "bridge":
         from tl_reward.model.bridge_reward_model import BridgeRewardModel
 
-        return BridgeRewardModel.from_pretrained(name or args.model, device=args.device,
-                                                 trust_remote_code=args.trust_remote_code)
-    from tl_reward import HookedRewardModel
+        model = BridgeRewardModel.from_pretrained(name or args.model, device=args.device,
+                                                  trust_remote_code=args.trust_remote_code)
+    else:
+        from tl_reward import HookedRewardModel
 
-    return HookedRewardModel.from_pretrained(name or args.model, device=args.device,
-                                             trust_remote_code=args.trust_remote_code)
+        model = HookedRewardModel.from_pretrained(name or args.model, device=args.device,
+                                                  trust_remote_code=args.trust_remote_code)
+    tag, weights = getattr(args, "step_tag", None), getattr(args, "head_weights", None)
+    if tag is not None or weights is not None:
+        try:
+            w = None if weights is None else [float(x) for x in weights.split(",")]
+        except ValueError:
+            raise TLRewardError(f"--head-weights {weights!r}: pass numbers separated by "
+                                "commas, e.g. -1,1") from None
+        model.use_steps(tag, w)
+    if getattr(args, "step", None) is not None and model.step_format is None:
+        raise TLRewardError(f"--step reads a process reward model's steps, and {args.model} "
+                            "has no step format: pass --step-tag TAG, or drop --step")
+    return model
 
 
 def require_objective(model: Any, objective: str | None) -> None:
@@ -141,11 +177,17 @@ def item_from_record(rec: dict[str, Any], where: str, also: str = "") -> Any:
     ``response``, or ``text``; ``also`` names what else the caller accepts, for the error."""
     if "messages" in rec:
         return rec["messages"]
+    if "prompt" in rec and "steps" in rec:  # a process reward model's solution
+        if not isinstance(rec["steps"], list) or not all(isinstance(x, str)
+                                                         for x in rec["steps"]):
+            raise TLRewardError(f"{where}: 'steps' must be a list of strings")
+        return rec["prompt"], rec["steps"]
     if "prompt" in rec and "response" in rec:
         return rec["prompt"], rec["response"]
     if "text" in rec:
         return rec["text"]
-    raise TLRewardError(f"{where}: need 'messages', 'prompt'+'response' or 'text'{also}")
+    raise TLRewardError(f"{where}: need 'messages', 'prompt'+'response', 'prompt'+'steps' or "
+                        f"'text'{also}")
 
 
 def pair_from_record(rec: dict[str, Any], where: str) -> Any:

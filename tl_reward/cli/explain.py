@@ -17,6 +17,7 @@ from typing import Any
 from tl_reward.cli.common import (
     add_model_options,
     add_report_options,
+    add_step_option,
     load_model,
     pair_from_record,
     read_jsonl,
@@ -44,6 +45,7 @@ def add_parser(sub: Any) -> None:
                    help="objective name or 'score' (default: the model's reward or score; "
                         "required for a multi-objective model without a score)")
     p.add_argument("--top-k", type=int, default=12, help="components and heads to show")
+    add_step_option(p, "compares (an index or 'last'; the replies are solutions)")
     p.add_argument("--patching", action="store_true",
                    help="also run whole-sublayer noising and direct-path patching (slower)")
     add_report_options(p, "explain.html", cdn="load plotly/circuitsvis JavaScript from CDNs")
@@ -51,20 +53,25 @@ def add_parser(sub: Any) -> None:
 
 
 def build_report(model: Any, pair: PreferencePair, objective: str | None = None,
-                 top_k: int = 12, patching: bool = False) -> list[Any]:
-    """The parts of the explain report (figures, views, tables, HTML headings)."""
+                 top_k: int = 12, patching: bool = False, step: Any = None) -> list[Any]:
+    """The parts of the explain report (figures, views, tables, HTML headings); ``step``: a
+    process reward model's two replies as solutions compared at that step."""
     import pandas as pd
 
     from tl_reward.analysis.attribution import differential_attribution
     from tl_reward.analysis.lens import differential_lens
-    from tl_reward.data.pairs import tokenize_pair
+    from tl_reward.data.pairs import step_pairs, tokenize_pair
     from tl_reward.model.readout import resolve_objectives
     from tl_reward.viz.attribution import component_bar, head_heatmap
     from tl_reward.viz.tokens import attribution_token_map, head_attention_view, top_heads
 
     require_objective(model, objective)
     obj = resolve_objectives(model, objective)[0]
-    tp = tokenize_pair(model, pair)
+    if step is None:
+        tp = tokenize_pair(model, pair)
+    else:
+        tp = step_pairs(model, [((pair.prompt, pair.chosen), (pair.prompt, pair.rejected))],
+                        step)[0]
     lens = differential_lens(model, [tp], objectives=obj)
     dra = differential_attribution(model, [tp], objectives=obj, per_position=True)
     margin = float(dra.margin[0, 0])
@@ -139,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         pair = PreferencePair.from_prompt(args.prompt, args.chosen, args.rejected)
     else:
         raise TLRewardError("pass --prompt, --chosen and --rejected, or --input FILE.jsonl")
-    parts = build_report(load_model(args), pair, args.objective, args.top_k, args.patching)
+    parts = build_report(load_model(args), pair, args.objective, args.top_k, args.patching,
+                         args.step)
     path = write_report(args, parts, "Why does the reward model prefer this reply?")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0

@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tl_reward.cli.common import add_model_options, item_from_record, load_model, read_jsonl
+from tl_reward.cli.common import (
+    add_model_options,
+    add_step_option,
+    item_from_record,
+    load_model,
+    read_jsonl,
+)
 from tl_reward.errors import TLRewardError
 
 
@@ -14,8 +20,11 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("score", help="score responses with a reward model",
                        description="Score responses. Either --prompt with one or more "
                                    "--response, or --input FILE.jsonl whose lines hold "
-                                   "'messages' (a conversation), 'prompt'+'response', or 'text'.")
+                                   "'messages' (a conversation), 'prompt'+'response', "
+                                   "'prompt'+'steps' (a solution) or 'text'. A process reward "
+                                   "model gives one row per step.")
     add_model_options(p)
+    add_step_option(p, "scores (default: all)")
     p.add_argument("--prompt", help="user prompt")
     p.add_argument("--response", action="append", default=[], help="a response (repeatable)")
     p.add_argument("--input", type=Path, help="JSONL file of inputs")
@@ -37,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise TLRewardError("pass --prompt with at least one --response, or --input FILE.jsonl")
     model = load_model(args)
-    df = model.rewards(items, batch_size=args.batch_size, labels=labels,
-                       names=names).to_dataframe()
+    step = {"step": args.step} if args.step is not None else {}
+    df = model.rewards(items, batch_size=args.batch_size, labels=labels, names=names,
+                       **step).to_dataframe()
     print(df.to_string(index=False, max_colwidth=40))  # the CSV keeps the whole texts
     if args.output:
         df.to_csv(args.output, index=False)

@@ -23,6 +23,7 @@ from tl_reward.cli.common import (
     add_model_options,
     add_ray_options,
     apply_threads,
+    item_from_record,
     load_model,
     ray_executor,
     read_jsonl,
@@ -61,6 +62,11 @@ def add_parser(sub: Any) -> None:
     ray = add_ray_options(p, "the sweep's chunks (units of --unit-chunks batches)",
                           "rerun with --resume after an interruption")
     ray.add_argument("--unit-chunks", type=int, default=4, help="batches per unit of work")
+    p.add_argument("--step", type=int, help="a process reward model: insert each token into this "
+                   "step of each solution of --prompts-file (lines with 'prompt' and 'steps' "
+                   "or 'response') and read that step's reward")
+    p.add_argument("--position", type=int, help="with --step: before the step's POSITION-th "
+                   "token (default: just before its tag)")
     p.set_defaults(run=run)
 
 
@@ -75,6 +81,15 @@ def _span(text: str, sep: str, what: str) -> tuple[int, int]:
 def _prompts(args: argparse.Namespace) -> Any:
     from tl_reward.sweep.vocab_sweep import PAPER_PROMPTS
 
+    if args.step is not None:
+        if not args.prompts_file:
+            raise TLRewardError("--step sweeps the solutions of --prompts-file (lines with "
+                                "'prompt' and 'steps' or 'response')")
+        records = read_jsonl(args.prompts_file)
+        return ([item_from_record(rec, where) for where, rec in records],
+                [str(rec.get("label", f"solution_{i}")) for i, (_, rec) in enumerate(records)])
+    if args.position is not None:
+        raise TLRewardError("--position places the token within --step's step; pass --step")
     if args.prompts_file:
         items, labels = [], []
         for where, rec in read_jsonl(args.prompts_file):
@@ -106,13 +121,16 @@ def run(args: argparse.Namespace) -> int:
     id_range = _span(args.id_range, ":", "id-range") if args.id_range else None
     prompts, labels = _prompts(args)
     if args.ray:
+        if args.step is not None:
+            raise TLRewardError("--step runs in this process; drop --ray")
         sweep = _run_ray(args, prompts, labels, shard, id_range)
     else:
+        steps = {} if args.step is None else {"step": args.step, "position": args.position}
         sweep = score_vocabulary(
             load_model(args), prompts, labels=labels, include_special=args.include_special,
             batch_size=args.batch_size, mode=args.mode, cache=args.cache, output=args.output,
             resume=args.resume, overwrite=args.overwrite, shard=shard, id_range=id_range,
-            progress=True)
+            progress=True, **steps)
     print(f"{len(sweep)} tokens x {len(sweep.labels)} prompts -> {args.output}"
           + (" (Ray)" if args.ray else ""))
     if args.top and len(sweep) and sweep.scores is not None:
