@@ -26,7 +26,7 @@ from tests.model.test_bridge_heads import HEADS, _hf_reference
 from tl_reward.data import PreferencePair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.bridge_reward_model import HEAD_BRIDGES, BridgeRewardModel
-from tl_reward.testing import tiny_hf_reward_model
+from tl_reward.testing import PRM_ARCHITECTURES, tiny_hf_reward_model
 from tl_reward.tl_backend.bridge import REWARD_ADAPTERS
 
 #: tiny model -> HF class: one of each in REWARD_ADAPTERS (StableLM both ways)
@@ -82,6 +82,9 @@ def test_every_family_and_custom_head_is_covered() -> None:
         assert type(tiny_hf_reward_model(arch)[0]).__name__ == name
     customs = {type(tiny_hf_reward_model(a, num_labels=HEADS[a][0])[0]).__name__
                for a in HEADS if HEADS[a][1] is None}
+    # the process RMs' heads are read at step tags, not conversations: tests/process covers them
+    customs |= {type(tiny_hf_reward_model(a, num_labels=2)[0]).__name__
+                for a in PRM_ARCHITECTURES}
     assert customs == set(HEAD_BRIDGES)
     assert any(rows for _, rows in HEADS.values())  # and a causal LM's LM-head rows
 

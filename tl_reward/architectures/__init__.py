@@ -10,6 +10,7 @@ from tl_reward.architectures import (  # noqa: F401
     mistral,
     qrm,
     qwen2,
+    qwen2_prm,
     qwen3,
 )
 from tl_reward.architectures.registry import (

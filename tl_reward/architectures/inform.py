@@ -39,10 +39,12 @@ def placeholder_head(hf_model: nn.Module) -> nn.Linear:
     return layer
 
 
-def mlp_head(hf_model: nn.Module, gain: torch.Tensor, objectives: list[str]) -> MLPRewardHead:
-    """Copy the MLP head in float32, folding the final norm's gain into its first layer."""
+def mlp_head(hf_model: nn.Module, gain: torch.Tensor, objectives: list[str],
+             weights: torch.Tensor | None = None) -> MLPRewardHead:
+    """Copy the MLP head in float32, folding the final norm's gain into its first layer;
+    ``weights`` combine its outputs into the score (:class:`MLPRewardHead`)."""
     first, last = mlp_layers(hf_model)
-    return MLPRewardHead(objectives, float_copy(first, gain), float_copy(last))
+    return MLPRewardHead(objectives, float_copy(first, gain), float_copy(last), weights=weights)
 
 
 INFORM = register_architecture(

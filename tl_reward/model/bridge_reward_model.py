@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 #: Custom heads the bridge loads as HF's sequence classifier of their body (:func:`custom_head`).
 HEAD_BRIDGES = ("LlamaForRewardModelWithGating", "LlamaForRewardModelWithGating31",
-                "INFORMForSequenceClassification", "InternLM2ForRewardModel")
+                "INFORMForSequenceClassification", "InternLM2ForRewardModel",
+                "Qwen2ForProcessRewardModel")
 
 
 def custom_head(hf_model: Any, lm_head_rows: Sequence[int] | None,
@@ -67,7 +68,7 @@ def custom_head(hf_model: Any, lm_head_rows: Sequence[int] | None,
     k = int(layer.weight.shape[0])
     names = objective_names_of(hf_model.config, k, objective_names or default)
     score: torch.nn.Module = layer
-    if isinstance(getattr(hf_model, "score", None), torch.nn.Sequential):  # INF-ORM's MLP
+    if isinstance(getattr(hf_model, "score", None), torch.nn.Sequential):  # INF-ORM's, a PRM's
         from tl_reward.architectures.inform import mlp_layers
         from tl_reward.model.mlp_head import MLPRewardHead
 
@@ -108,8 +109,9 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
         and ``tl-reward/smollm2-135m-multi``, loaded offline as ``HookedRewardModel`` loads
         them) without converting its weights. ``device`` and ``dtype``
         move and cast the HF model first; the bridge itself never does. ``lm_head_rows`` reads
-        those rows of a causal LM's head; ArmoRM, QRM, INF-ORM and InternLM2 (whose sequences
-        end in its reward token, the pooled one) load through :func:`custom_head`.
+        those rows of a causal LM's head; ArmoRM, QRM, INF-ORM, InternLM2 (whose sequences
+        end in its reward token, the pooled one) and Qwen2.5-Math-PRM (its MLP head read at
+        each step's tag) load through :func:`custom_head`.
         ``step_tag`` and ``head_weights`` as for HookedRewardModel (a process reward model)."""
         import transformers
 
@@ -121,9 +123,13 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
             if name_or_path in BUILTIN_MODELS:  # the demo RMs, offline, as HookedRewardModel
                 hf_model, builtin_tokenizer = BUILTIN_MODELS[name_or_path](dtype)
                 tokenizer = tokenizer or builtin_tokenizer
-            else:
-                auto = transformers.AutoModelForSequenceClassification \
-                    if lm_head_rows is None else transformers.AutoModelForCausalLM
+            else:  # Qwen2.5-Math-PRM's custom code loads as AutoModel (reward_auto_class)
+                from tl_reward.model.loading import reward_auto_class
+
+                trust = bool(hf_kwargs.get("trust_remote_code", False))
+                config = transformers.AutoConfig.from_pretrained(name_or_path,
+                                                                 trust_remote_code=trust)
+                auto = reward_auto_class(config, lm_head_rows, name_or_path, trust)
                 hf_model = auto.from_pretrained(name_or_path, **hf_kwargs)
         if tokenizer is None:
             tokenizer = transformers.AutoTokenizer.from_pretrained(

@@ -43,13 +43,41 @@ BUILTIN_MODELS: dict[str, BuiltinLoader] = {
 }
 
 
+def reward_auto_class(config: Any, lm_head_rows: Sequence[int] | None = None,
+                      name_or_path: str = "", trust_remote_code: bool = False) -> Any:
+    """The transformers Auto class a reward checkpoint loads with: ``AutoModelForCausalLM``
+    for ``lm_head_rows``; ``AutoModel`` where the config's ``auto_map`` names the checkpoint's
+    own class under ``AutoModel`` and has no ``AutoModelForSequenceClassification`` entry
+    (Qwen2.5-Math-PRM's custom code; ``AutoModelForSequenceClassification`` refuses its config
+    class); else ``AutoModelForSequenceClassification``. A class the ``auto_map`` ships as
+    custom code needs ``trust_remote_code=True`` (a clear error here: without it transformers
+    would quietly build its own class, a PRM's body without the head)."""
+    import transformers
+
+    auto_map = getattr(config, "auto_map", None) or {}
+    names = list(getattr(config, "architectures", None) or [])
+    own = str(auto_map.get("AutoModel", "")).rsplit(".", 1)[-1]
+    if lm_head_rows is not None:
+        auto = transformers.AutoModelForCausalLM
+    elif "AutoModelForSequenceClassification" not in auto_map and names and own == names[0]:
+        auto = transformers.AutoModel
+    else:
+        auto = transformers.AutoModelForSequenceClassification
+    if auto.__name__ in auto_map and not trust_remote_code:
+        raise TLRewardError(
+            f"{name_or_path or 'this checkpoint'} ships custom modeling code "
+            f"({names[0] if names else auto_map[auto.__name__]}); pass trust_remote_code=True "
+            "if you trust it")
+    return auto
+
+
 def load_hf_reward_model(
     name_or_path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False,
     lm_head_rows: Sequence[int] | None = None, **hf_kwargs: Any,
 ) -> Any:
     """The HF reward model behind a hub name or local directory (architecture checked first);
     with ``lm_head_rows`` a causal LM whose LM-head rows are the reward."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoConfig
 
     looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
     if looks_local and not Path(name_or_path).expanduser().is_dir():
@@ -68,22 +96,15 @@ def load_hf_reward_model(
             f"{name_or_path}'s config names no architecture; load the model yourself and pass "
             "hf_model="
         )
-    auto_cls: Any = AutoModelForSequenceClassification
     if lm_head_rows is not None:
         seq = sequence_classification_name(names[0])
         if seq is None:
             raise TLRewardError(f"lm_head_rows= needs a causal LM checkpoint; {name_or_path} "
                                 f"is a {names[0]}")
         arch = get_architecture(seq)
-        auto_cls = AutoModelForCausalLM
     else:
         arch = get_architecture(names[0])
-    auto_map = getattr(config, "auto_map", None) or {}
-    if auto_cls.__name__ in auto_map and not trust_remote_code:
-        raise TLRewardError(
-            f"{name_or_path} ships custom modeling code ({names[0]}); pass "
-            "trust_remote_code=True if you trust it"
-        )
+    auto_cls = reward_auto_class(config, lm_head_rows, name_or_path, trust_remote_code)
     kwargs = {**arch.hf_load_kwargs, **hf_kwargs}
     return auto_cls.from_pretrained(
         name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs

@@ -6,10 +6,11 @@ from tl_reward.testing.tiny import (
     BRIDGE_ARCHITECTURES,
     CONVERSATIONS,
     CUSTOM_ARCHITECTURES,
+    PRM_ARCHITECTURES,
     save_tiny_reward_model,
     tiny_hf_reward_model,
     tiny_tokenizer,
 )
 
 __all__ = ["ARCHITECTURES", "BRIDGE_ARCHITECTURES", "CONVERSATIONS", "CUSTOM_ARCHITECTURES",
-           "save_tiny_reward_model", "tiny_hf_reward_model", "tiny_tokenizer"]
+           "PRM_ARCHITECTURES", "save_tiny_reward_model", "tiny_hf_reward_model", "tiny_tokenizer"]

@@ -19,6 +19,12 @@ ARCHITECTURES: tuple[str, ...] = (
 #: Tiny models of custom-code reward models beyond plain linear heads (reference modules in
 #: ``tl_reward.testing``), saved with their modeling code like the real checkpoints.
 CUSTOM_ARCHITECTURES: tuple[str, ...] = ("inform", "nemotron", "qrm", "internlm2")
+#: Tiny process reward models (a reward at each step's tag; inputs are solutions, so they stay
+#: out of the outcome-RM lists above): Qwen2.5-Math-PRM's two-class MLP head read at
+#: ``<extra_0>``, its tokenizer holding the tag as a special token.
+PRM_ARCHITECTURES: tuple[str, ...] = ("qwen2_prm",)
+#: PRM architecture -> its step tag (added to the tiny tokenizer as a special token).
+PRM_TAGS = {"qwen2_prm": "<extra_0>"}
 #: Families only :class:`~tl_reward.BridgeRewardModel` loads (no HookedRewardModel converter):
 #: mixture-of-experts MLPs, OLMo-2's norms after each sublayer (none before), Phi-3's fused
 #: projections, StableLM's LayerNorm with value biases (sequential, and with its parallel
@@ -29,7 +35,11 @@ BRIDGE_ARCHITECTURES: tuple[str, ...] = ("mixtral", "olmo2", "phi3", "qwen3moe",
 _CUSTOM_CLASSES = {"armorm": "LlamaForRewardModelWithGating",
                    "inform": "INFORMForSequenceClassification",
                    "qrm": "LlamaForRewardModelWithGating31",
-                   "internlm2": "InternLM2ForRewardModel"}
+                   "internlm2": "InternLM2ForRewardModel",
+                   "qwen2_prm": "Qwen2ForProcessRewardModel"}
+#: Custom-code architectures whose checkpoint loads as ``AutoModel`` (with a custom config
+#: class), as the published Qwen2.5-Math-PRM's ``auto_map`` names them.
+_AUTO_MODEL = ("qwen2_prm",)
 
 SPECIAL_TOKENS = {
     "bos_token": "<|begin_of_text|>",
@@ -101,6 +111,10 @@ def _config(arch: str, num_labels: int, tokenizer: Any) -> Any:
         return tf.MistralConfig(**llama_like, sliding_window=6)
     if arch == "qwen2":
         return tf.Qwen2Config(**llama_like)
+    if arch == "qwen2_prm":
+        from tl_reward.testing.qwen2_prm_reference import Qwen2RMConfig
+
+        return Qwen2RMConfig(**llama_like)
     if arch == "qwen3":  # head_dim != hidden / heads, as in every real Qwen3
         return tf.Qwen3Config(**llama_like, head_dim=24, tie_word_embeddings=False)
     if arch == "gemma2":
@@ -143,8 +157,8 @@ def _config(arch: str, num_labels: int, tokenizer: Any) -> Any:
         cfg.gating_temperature = 0.5 if arch == "qrm" else 10  # QRM's visibly prompt-dependent
         cfg.gating_token_pattern = assistant_pattern(tokenizer)
         return cfg
-    raise ValueError(f"unknown tiny architecture {arch!r}; choose from "
-                     f"{ARCHITECTURES + CUSTOM_ARCHITECTURES + BRIDGE_ARCHITECTURES}")
+    known = ARCHITECTURES + CUSTOM_ARCHITECTURES + PRM_ARCHITECTURES + BRIDGE_ARCHITECTURES
+    raise ValueError(f"unknown tiny architecture {arch!r}; choose from {known}")
 
 
 def randomize_(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -176,6 +190,8 @@ def tiny_hf_reward_model(
     import transformers as tf
 
     tokenizer = tokenizer or tiny_tokenizer()
+    if arch in PRM_TAGS and PRM_TAGS[arch] not in tokenizer.get_vocab():
+        tokenizer.add_tokens([PRM_TAGS[arch]], special_tokens=True)
     cfg = _config(arch, num_labels, tokenizer)
     torch.manual_seed(seed)
     if arch == "armorm":
@@ -196,6 +212,12 @@ def tiny_hf_reward_model(
         from tl_reward.testing.inform_reference import INFORMForSequenceClassification
 
         model = INFORMForSequenceClassification(cfg)
+    elif arch == "qwen2_prm":
+        from tl_reward.testing.qwen2_prm_reference import Qwen2ForProcessRewardModel
+
+        if num_labels != 2:
+            raise ValueError("a Qwen2.5-Math-PRM head has two classes: pass num_labels=2")
+        model = Qwen2ForProcessRewardModel(cfg)
     else:
         cls = {"llama": tf.LlamaForSequenceClassification,
                "llama3": tf.LlamaForSequenceClassification,
@@ -223,13 +245,18 @@ def tiny_hf_reward_model(
 
 def save_tiny_reward_model(path: str | Path, arch: str = "llama", num_labels: int = 1,
                            seed: int = 0) -> Path:
-    """Build a tiny model and save it (with tokenizer, and custom code for ArmoRM) to ``path``."""
+    """Build a tiny model and save it (with tokenizer, and custom code for the custom-code
+    architectures) to ``path``; a PRM (:data:`PRM_ARCHITECTURES`) has two classes whatever
+    ``num_labels`` says."""
+    if arch in PRM_ARCHITECTURES:
+        num_labels = 2
     model, tok = tiny_hf_reward_model(arch, num_labels, seed)
     path = Path(path)
     if arch in _CUSTOM_CLASSES:
         model.config.architectures = [_CUSTOM_CLASSES[arch]]
-        type(model).register_for_auto_class("AutoModelForSequenceClassification")
-        if arch == "internlm2":  # its config class is custom code too
+        type(model).register_for_auto_class(
+            "AutoModel" if arch in _AUTO_MODEL else "AutoModelForSequenceClassification")
+        if arch in ("internlm2", *_AUTO_MODEL):  # its config class is custom code too
             type(model.config).register_for_auto_class("AutoConfig")
     model.save_pretrained(path)
     tok.save_pretrained(path)
