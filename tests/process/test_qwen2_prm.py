@@ -118,10 +118,13 @@ def test_steps_equal_the_reference_in_float32(prm: dict[str, Any], backend: str)
     ref = prm["ref"]
     ref_linear, ref_prob = _linear(ref), ref.softmax(-1)[:, 1]
     for side in ("right", "left"):
-        res = model.rewards(prefixes, padding_side=side)
+        res = model.rewards(prefixes, padding_side=side, step="last")
         torch.testing.assert_close(res.rewards, ref, atol=TOL, rtol=0)
         torch.testing.assert_close(res.score, ref_linear, atol=TOL, rtol=0)
         torch.testing.assert_close(torch.sigmoid(res.score), ref_prob, atol=TOL, rtol=0)
+        whole = model.rewards(_inputs(), padding_side=side)  # every tag from one forward
+        torch.testing.assert_close(whole.score, ref_linear, atol=TOL, rtol=0)
+        torch.testing.assert_close(whole.probability, ref_prob, atol=TOL, rtol=0)
     # the checks can fail: reading one token after each tag, averaging the two classes
     # instead of taking their difference, or class 0's probability each miss by far more
     assert float((_linear(prm["after"]) - ref_linear).abs().max()) > 100 * TOL
@@ -140,7 +143,7 @@ def test_bfloat16_is_as_close_as_hf_own(prm: dict[str, Any], backend: str) -> No
     hf_err = float((_linear(prm["ref16"]) - ref_linear).abs().max())
     assert hf_err > 1e-3  # bf16 rounding shows: the bound is not float32's
     for side in ("right", "left"):
-        ours = model.rewards(prefixes, padding_side=side).score
+        ours = model.rewards(prefixes, padding_side=side, step="last").score
         err = float((ours - ref_linear).abs().max())
         assert err <= 2 * hf_err + BF16_FLOOR, (side, err, hf_err)
     # the check can fail: a step read one token after its tag is far outside the bound
