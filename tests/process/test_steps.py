@@ -241,3 +241,29 @@ def test_token_readout_and_value_head_prms() -> None:
     res = v.rewards([SOLUTIONS[1]])
     torch.testing.assert_close(res.score.double(), ref, atol=1e-5, rtol=0)
     torch.testing.assert_close(res.probability.double(), ref.sigmoid(), atol=1e-6, rtol=0)
+
+
+def test_sae_attribution_and_fit_at_steps(hf_prm) -> None:
+    """SAE features at the final residual split each step's reward exactly (the error node
+    included), and sae_fit reads the steps' rewards."""
+    from sae_lens.saes.sae import SAEMetadata
+    from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig
+
+    from tl_reward.sae import sae_attribution, sae_fit
+
+    hf, tok = hf_prm
+    prm = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, step_tag=TAG,
+                                            head_weights=[-1, 1])
+    hook = f"blocks.{prm.cfg.n_layers - 1}.hook_resid_post"
+    torch.manual_seed(0)
+    cfg = TopKSAEConfig(d_in=prm.cfg.d_model, d_sae=48, k=4)
+    cfg.metadata = SAEMetadata(hook_name=hook)
+    sae = TopKSAE(cfg)
+    res = prm.rewards(SOLUTIONS[:2])
+    att = sae_attribution(prm, sae, SOLUTIONS[:2], objectives="score", step="all")
+    assert [(r.item, r.step) for r in att.steps] == [(r.item, r.step) for r in res.rows]
+    total = att.features.sum(1)[:, 0] + att.b_dec[:, 0] + att.error[:, 0] + att.bias[:, 0]
+    torch.testing.assert_close(total, res.score.float(), atol=2e-5, rtol=0)
+    torch.testing.assert_close(att.reward[:, 0], res.score.float(), atol=2e-5, rtol=0)
+    fit = sae_fit(prm, sae, SOLUTIONS[:2], step="last")
+    assert set(fit.recovered) and fit.to_dataframe().shape[0] > 0

@@ -102,6 +102,7 @@ class HookedSAERewardModel(HookedRewardModel, HookedSAETransformer):
                   pad_token_id=model.pad_token_id)
         new.load_state_dict(model.state_dict(keep_vars=True), assign=True)
         new.suffix_ids = model.suffix_ids
+        new.input_format = model.input_format  # a PRM's steps, a judge's template
         new.eval()
         return new
 

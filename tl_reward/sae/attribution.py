@@ -37,9 +37,9 @@ from jaxtyping import Float, Int
 
 from tl_reward.data.pairs import PairBatch, as_pair_batch
 from tl_reward.model.heads import objective_slot
-from tl_reward.model.inputs import as_items, encode_inputs, input_batches
+from tl_reward.model.inputs import as_items, input_batches
 from tl_reward.model.readout import ObjectiveSpec, resolve_objectives, reward_readout
-from tl_reward.model.steps import StepSpec
+from tl_reward.model.steps import StepRow, StepSpec
 from tl_reward.results import PairSides, ShortRepr
 from tl_reward.sae.splice import (
     SAEError,
@@ -74,6 +74,7 @@ class SAEAttribution(ShortRepr):
         positions: ``[N]`` the pooled token; ``scale``: ``[N]`` the frozen final-norm scale
             (``nan`` for ``"gradient"``).
         tokens: per input, its token strings.
+        steps: a process reward model's (input, step) of each row (``step=``), else None.
     """
 
     hook_name: str
@@ -89,6 +90,7 @@ class SAEAttribution(ShortRepr):
     positions: Int[torch.Tensor, " n"]
     scale: Float[torch.Tensor, " n"]
     tokens: list[list[str]]
+    steps: list[StepRow] | None = None
 
     def __len__(self) -> int:
         return self.reward.shape[0]
@@ -310,6 +312,7 @@ def sae_attribution(
     method: str = "auto",
     batch_size: int = 8,
     progress: bool | None = None,
+    step: StepSpec | None = None,
 ) -> SAEAttribution:
     """Attribute the reward of ``inputs`` to the features of a SAELens ``sae``.
 
@@ -323,6 +326,7 @@ def sae_attribution(
         method: ``"auto"`` (exact at the final residual, gradient elsewhere), ``"exact"`` or
             ``"gradient"``.
         batch_size: inputs per forward pass.
+        step: a process reward model's steps: one row per selected (input, step).
     """
     check_sae(model, sae)
     check_affine_sae(sae)
@@ -331,7 +335,7 @@ def sae_attribution(
     items = as_items(inputs)
     if not items:
         raise SAEError("no inputs to attribute")
-    encoded = encode_inputs(model, items)
+    encoded, step_rows = model.encode_steps(items, step)
     parts = []
     fn = _exact_batch if method == "exact" else _gradient_batch
     for batch in input_batches(model, encoded, batch_size, f"SAE attribution ({method})",
@@ -348,7 +352,7 @@ def sae_attribution(
         features=cat("features"), b_dec=cat("b_dec"), error=cat("error"), bias=cat("bias"),
         reward=cat("reward"), reconstruction_gap=cat("gap"), activations=cat("acts"),
         positions=torch.cat([p["positions"].cpu() for p in parts]), scale=cat("scale"),
-        tokens=tokens,
+        tokens=tokens, steps=step_rows,
     )
 
 

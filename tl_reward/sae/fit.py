@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 
 from tl_reward.data.pairs import PairBatch, PreferencePair, TokenizedPair, as_pair_batch
 from tl_reward.model.inputs import encode_inputs
+from tl_reward.model.steps import StepSpec, is_solution_pair
 from tl_reward.results import ShortRepr
 from tl_reward.sae.pretrained import prepare_sae
 from tl_reward.sae.splice import as_sae_model, run_objectives
@@ -87,9 +88,13 @@ class SAEFit(ShortRepr):
         return pd.DataFrame(rows)
 
 
-def _items(model: Any, inputs: Any) -> tuple[list[Any], int]:
+def _items(model: Any, inputs: Any, step: StepSpec | None = None) -> tuple[list[Any], int]:
     """Inputs to score and the number of pairs (chosen replies first, then rejected)."""
     first = inputs[0] if isinstance(inputs, Sequence) and len(inputs) else inputs
+    if step is not None:
+        if not is_solution_pair(first):
+            return list(model.at_steps(inputs, step)[0]), 0
+        inputs = as_pair_batch(model, inputs, step)
     is_pair = isinstance(inputs, PairBatch) or isinstance(first, (PreferencePair, TokenizedPair)) \
         or (isinstance(first, tuple) and len(first) == 3 and isinstance(first[1], str))
     if not is_pair:
@@ -142,15 +147,17 @@ def _verdict(ev: float, diff_sd: float, notes: list[str]) -> tuple[bool, str]:
 
 def sae_fit(
     model: Any, sae: Any, inputs: Any, objective: str = "score", batch_size: int = 8,
-    dense_threshold: float = 0.1, progress: bool | None = None,
+    dense_threshold: float = 0.1, progress: bool | None = None, step: StepSpec | None = None,
 ) -> SAEFit:
     """Fit of ``sae`` on ``model``'s activations over ``inputs`` and the reward it recovers
     (definitions in :mod:`tl_reward.sae.fit`). ``inputs``: anything ``model.build`` takes, or
     preference pairs (then margins and flips are reported). The SAE is checked first
-    (:func:`~tl_reward.sae.pretrained.prepare_sae`: an unfolded normalisation factor raises)."""
+    (:func:`~tl_reward.sae.pretrained.prepare_sae`: an unfolded normalisation factor raises).
+    ``step``: a process reward model's solutions at those steps (solution pairs ``(a, b)``:
+    compared there)."""
     model = as_sae_model(model)
     hook = prepare_sae(model, sae).cfg.metadata.hook_name
-    items, n_pairs = _items(model, inputs)
+    items, n_pairs = _items(model, inputs, step)
     stats = {r: {"sse": 0.0, "sq": 0.0, "mean": 0.0, "m2": 0.0, "n": 0, "l0": 0.0,
                  "fired": torch.zeros(sae.cfg.d_sae, dtype=torch.float64)} for r in REGIONS}
     clean, spliced = [], []

@@ -42,6 +42,7 @@ import pandas as pd
 
 from tl_reward import tl_backend
 from tl_reward.errors import SAEError, require_sae_lens
+from tl_reward.model.inputs import encode
 from tl_reward.sae.splice import check_sae
 from tl_reward.tl_backend.weights import PROCESSING
 
@@ -221,7 +222,7 @@ def prepare_sae(model: Any, sae: Any, norm_scaling_factor: float | None = None) 
             "includes b_V) but this model folds value biases into b_O"
         )
     bos = model.tokenizer.bos_token_id
-    ids = model.encode("hi").ids
+    ids = encode(model.tokenizer, "hi").ids  # plain text: whether sequences open with BOS
     has_bos = bos is not None and len(ids) > 0 and int(ids[0]) == bos
     want = sae.cfg.metadata.prepend_bos
     if want is not None and bool(want) != has_bos:
