@@ -132,7 +132,6 @@ class JudgeFormat:
                      min(len(ids), len(before)))
         return EncodedInput(ids, start)
 
-
     def response_template(self, tokenizer: Any, prompt: Any) -> ResponseTemplate:
         """``prefix + [v] + suffix``: the judge's prompt with a one-token reply ``v`` to
         ``prompt`` (the answer position last), found as the ids that two placeholder replies
@@ -276,7 +275,8 @@ def load_judge(
         raise TLRewardError("pass verdict= or ratings=, not both")
     if ratings is None and verdict is None:
         raise TLRewardError("a judge needs verdict=(yes, no) or ratings=")
-    if ratings is not None and not getattr(cls, "starts_at_layer", False):
+    # the bridge (starts_at_layer False: HF's forward runs whole) keeps HF's LM head as is
+    if ratings is not None and not getattr(cls, "starts_at_layer", True):
         raise TLRewardError(
             f"{cls.__name__} reads a judge's yes/no verdict only: a rating judge's expected "
             "rating is a nonlinear head, loaded on HookedRewardModel.from_judge(..., ratings=)")
