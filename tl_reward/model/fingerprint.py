@@ -4,8 +4,8 @@ Resumable jobs and caches (:mod:`tl_reward.store`) key their results on
 :func:`model_fingerprint`, so two models never share results unless they compute the same
 function. It covers every parameter and buffer (name, dtype, shape and the SHA-256 of its full
 bytes, in order: any changed or swapped element changes it), the head's settings (kind,
-objective names, ArmoRM's gate temperature and token pattern), the config (minus the device),
-the dtype, the pooling rule, the pad id and the library version.
+objective names, ArmoRM's gate temperature and token pattern, a judge's rating values), the
+config (minus the device), the dtype, the pooling rule, the pad id and the library version.
 
 Hashing the weights reads every byte once (SHA-256 at about 1.3 GB/s on one CPU core: some 15 s
 for an 8B model in bf16), copying at most 256 MiB to the CPU at a time. That part is memoised on
@@ -79,7 +79,7 @@ def _head(model: Any) -> list[Any]:
     if head is None:
         return [None]
     out: list[Any] = [type(head).__name__, list(getattr(head, "objectives", []))]
-    for attr in ("temperature", "token_pattern"):
+    for attr in ("temperature", "token_pattern", "rating_values"):
         if hasattr(head, attr):
             out.append([attr, getattr(head, attr)])
     return out

@@ -30,6 +30,7 @@ from tl_reward.model.inputs import (
     encode,
     encode_inputs,
 )
+from tl_reward.model.judge import Ratings, load_judge
 from tl_reward.model.pooling import pool_positions
 from tl_reward.model.steps import StepFormat, StepRow, StepSpec, check_step_end, select_steps
 
@@ -55,6 +56,31 @@ class RewardModelMixin:
     #: ``(W [d_model, K], b [K])``: the head with the final norm's gain (and bias) folded in,
     #: so that ``rewards = normalise(h) @ W + b`` (each backend provides it).
     folded_head: tuple[torch.Tensor, torch.Tensor]
+
+    # -- loading -----------------------------------------------------------------------------
+    @classmethod
+    def from_judge(
+        cls,
+        name_or_path: str | None = None,
+        hf_model: Any = None,
+        tokenizer: Any = None,
+        *,
+        template: str | None = None,
+        system: str | None = None,
+        answer_prefix: str = "",
+        verdict: tuple[str | int, str | int] | None = ("Yes", "No"),
+        ratings: Ratings | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Load a causal LM as a generative judge (:func:`~tl_reward.model.judge.load_judge`):
+        its reward is ``logit(yes) - logit(no)`` at the answer position of the verdict prompt
+        (``verdict``), or the expected rating over ``ratings`` (HookedRewardModel only).
+        ``template``, ``system`` and ``answer_prefix`` build the prompt
+        (:class:`~tl_reward.model.judge.JudgeFormat`); ``kwargs`` go to
+        :meth:`from_pretrained` (device, dtype, pooling, ...)."""
+        return load_judge(cls, name_or_path, hf_model, tokenizer, template=template,
+                          system=system, answer_prefix=answer_prefix, verdict=verdict,
+                          ratings=ratings, **kwargs)
 
     # -- objectives ------------------------------------------------------------------------
     @property
@@ -148,10 +174,13 @@ class RewardModelMixin:
 
     def response_template(self, prompt: Any) -> Any:
         """``prefix + [v] + suffix`` around a one-token reply to ``prompt``, as :meth:`encode`
-        builds it (one BOS, :attr:`suffix_ids` closing the suffix); see
-        :mod:`tl_reward.model.response_template`."""
+        builds it (one BOS, :attr:`suffix_ids` closing the suffix; a judge's reply inside
+        its verdict prompt); see :mod:`tl_reward.model.response_template`."""
         from tl_reward.model.response_template import response_template
 
+        judged = getattr(self.input_format, "response_template", None)
+        if judged is not None:  # a judge: the reply inside its verdict prompt
+            return judged(self.tokenizer, prompt)
         return response_template(self.tokenizer, prompt, self.suffix_ids)
 
     @property
@@ -249,8 +278,9 @@ class RewardModelMixin:
         if head.nonlinear:
             if normed is None or tokens is None or positions is None:
                 raise TLRewardError(
-                    "this model's reward head is nonlinear (an MLP), so its direction depends "
-                    "on the input: pass normed= (ln_final output), tokens= and positions= "
+                    "this model's reward head is nonlinear (an MLP or a judge's rating), so its "
+                    "direction depends on the input: pass normed= (ln_final output), tokens= "
+                    "and positions= "
                     "(the pooled positions, e.g. batch.pooled from model.build)"
                 )
             rows = torch.arange(tokens.shape[0], device=normed.device)
