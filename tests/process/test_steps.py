@@ -267,3 +267,14 @@ def test_sae_attribution_and_fit_at_steps(hf_prm) -> None:
     torch.testing.assert_close(att.reward[:, 0], res.score.float(), atol=2e-5, rtol=0)
     fit = sae_fit(prm, sae, SOLUTIONS[:2], step="last")
     assert set(fit.recovered) and fit.to_dataframe().shape[0] > 0
+
+
+def test_fingerprint_names_the_step_format(hf_prm) -> None:
+    from tl_reward.model.fingerprint import model_fingerprint
+
+    hf, tok = hf_prm
+    prm = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, step_tag=TAG,
+                                            head_weights=[-1, 1])
+    before = model_fingerprint(prm)
+    prm.use_steps(TAG, join="\n")  # another format: stored results must not be mixed
+    assert model_fingerprint(prm) != before

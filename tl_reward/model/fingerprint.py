@@ -87,7 +87,8 @@ def _head(model: Any) -> list[Any]:
 
 def model_fingerprint(model: Any, refresh: bool = False) -> str:
     """A 32-hex-digit hash of every weight and buffer, the head's settings, config, dtype,
-    pooling rule, pad id and library version: equal only if all of these agree (up to a 128-bit
+    pooling rule, pad id, suffix ids, input format (a PRM's steps, a judge's template) and
+    library version: equal only if all of these agree (up to a 128-bit
     collision). The weights' hash is memoised on ``model``; ``refresh=True`` recomputes it."""
     import tl_reward
 
@@ -98,6 +99,9 @@ def model_fingerprint(model: Any, refresh: bool = False) -> str:
         "dtype": str(getattr(model.cfg, "dtype", None)),
         "pooling": getattr(model, "pooling", None),
         "pad_token_id": getattr(model, "pad_token_id", None),
+        "suffix_ids": list(getattr(model, "suffix_ids", ())),
+        # how inputs are built: a PRM's step format, a judge's template (frozen dataclasses)
+        "input_format": repr(getattr(model, "input_format", None)),
         "library": tl_reward.library_version(),
     }, sort_keys=True, default=str).encode())
     return h.hexdigest()[:32]
