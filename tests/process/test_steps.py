@@ -278,3 +278,53 @@ def test_fingerprint_names_the_step_format(hf_prm) -> None:
     before = model_fingerprint(prm)
     prm.use_steps(TAG, join="\n")  # another format: stored results must not be mixed
     assert model_fingerprint(prm) != before
+
+
+def test_reasoning_probes_at_a_step(hf_prm) -> None:
+    """The probe suite on a PRM: each reasoning edit keeps the steps, and the recorded delta is
+    the step reward of the edited reply minus that of the neutral one."""
+    from tl_reward.audit.perturbations import DIMENSIONS, REASONING_DIMENSIONS, make_item
+    from tl_reward.audit.probes import ProbeError, run_probes
+
+    hf, tok = hf_prm
+    prm = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, step_tag=TAG,
+                                            head_weights=[-1, 1])
+    items = [make_item(f"i{k}", f"Compute {k} + 2 + 3.",
+                       f"{k} + 2 = {k + 2}.\n\n{k + 2} + 3 = {k + 5}.\n\nThe answer is {k + 5}.")
+             for k in range(3)]
+    report = run_probes(prm, items, REASONING_DIMENSIONS, step="last", n_permutations=99)
+    rows = report.rows
+    for name in REASONING_DIMENSIONS:
+        edit = DIMENSIONS[name].apply(items[0])
+        assert len(edit.perturbed_reply.split("\n\n")) == 3  # the steps are kept
+        conv = items[0].conversation
+        r = prm.rewards([conv(edit.neutral_reply), conv(edit.perturbed_reply)], step="last")
+        got = rows[(rows.dimension == name) & (rows.item_id == "i0")]["delta:score"].item()
+        assert got == pytest.approx(float(r.score[1] - r.score[0]), abs=2e-5)
+    with pytest.raises(ProbeError, match="step="):
+        run_probes(prm, items, ["verify"], n_permutations=99)
+
+
+def test_compare_a_prm_with_itself_and_with_a_judge(hf_prm) -> None:
+    from tl_reward.process import compare_steps
+
+    hf, tok = hf_prm
+    prm = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, step_tag=TAG,
+                                            head_weights=[-1, 1])
+    sols = [SOLUTIONS[0], SOLUTIONS[1], CORRUPT_A, ("Why?", ["Because.", "Music.", "Love."])]
+    same = compare_steps(prm, prm, sols, names=("prm", "prm2"))
+    assert same.ranks.spearman_rho.value == pytest.approx(1.0)
+    assert same.verdicts.value == 1.0 and same.first_error.value == 1.0
+    jtok = tokenizer()
+    jtok.add_tokens(["Yes"])
+    lm, jtok = tiny_hf_reward_model("nemotron", tokenizer=jtok)
+    judge = HookedRewardModel.from_judge(hf_model=lm, tokenizer=jtok)
+    cmp = compare_steps(prm, judge, sols, names=("prm", "judge"))
+    # the judge reads each solution cut after the step: checked against its own scoring
+    cut = [("Is the sky blue?", "\n\n".join(STEPS_A[: k + 1])) for k in range(3)]
+    torch.testing.assert_close(torch.tensor(cmp.b[:3]), judge.rewards(cut).score.double())
+    torch.testing.assert_close(torch.tensor(cmp.a), prm.rewards(sols).score.double())
+    n_same = int(((cmp.a > 0) == (cmp.b > 0)).sum())
+    assert cmp.verdicts.value == n_same / len(cmp.a)
+    assert cmp.verdicts.ci_low <= cmp.verdicts.value <= cmp.verdicts.ci_high
+    assert cmp.to_dataframe().shape == (len(cmp.a), 6)

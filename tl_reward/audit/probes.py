@@ -77,8 +77,16 @@ def chunk_rows(chunk: Sequence[ProbeItem], dims: Sequence[Dimension], seed: int
 
 
 def score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, Any]],
-                names: list[str], batch_size: int) -> pd.DataFrame:
-    """Score the distinct conversations of ``rows`` once; add reward and delta columns."""
+                names: list[str], batch_size: int, step: int | str | None = None
+                ) -> pd.DataFrame:
+    """Score the distinct conversations of ``rows`` once; add reward and delta columns (a
+    process reward model: each reply's reward at ``step``, an index or ``"last"``)."""
+    if getattr(model, "step_format", None) is not None:
+        if step is None or isinstance(step, list) or step == "all":
+            raise ProbeError("a process reward model is probed at one step of each reply: "
+                             "pass step= (an index, or 'last')")
+    elif step is not None:
+        raise ProbeError("step= probes a process reward model's step; this model has none")
     keys: dict[str, int] = {}
     convs: list[list[dict[str, str]]] = []
 
@@ -92,7 +100,8 @@ def score_rows(model: Any, items: dict[str, ProbeItem], rows: list[dict[str, Any
     idx = [(key_of(items[r["item_id"]], r["neutral_user"], r["neutral_reply"]),
             key_of(items[r["item_id"]], r["perturbed_user"], r["perturbed_reply"]))
            if r["applied"] else None for r in rows]
-    res = model.rewards(convs, batch_size=batch_size, progress=False) if convs else None
+    kw = {} if step is None else {"step": step}
+    res = model.rewards(convs, batch_size=batch_size, progress=False, **kw) if convs else None
     values = {n: res.values(n).double().numpy() for n in names} if res is not None else {}
     df = pd.DataFrame(rows)
     for name in names:
@@ -270,7 +279,7 @@ def run_probes(
     output_dir: str | Path | None = None, seed: int = 0, batch_size: int = 8, chunk_size: int = 16,
     n_permutations: int = 9_999, overwrite: bool = False, progress: bool | None = None,
     on_chunk: Callable[[int], None] | None = None, *, executor: Executor | None = None,
-    chunks_per_unit: int = 1,
+    chunks_per_unit: int = 1, step: int | str | None = None,
 ) -> ProbeReport:
     """Probe ``model`` on ``items`` along ``dimensions`` (default: the seven built-ins).
 
@@ -289,6 +298,9 @@ def run_probes(
         executor: :class:`~tl_reward.scale.executors.LocalExecutor` (default) or
             :class:`~tl_reward.scale.executors.RayExecutor`; chunks_per_unit: chunks a worker
             scores per unit.
+        step: a process reward model's step each reply is read at (an index, or ``"last"``);
+            the reasoning dimensions (``REASONING_DIMENSIONS``: verify, restate, boxed,
+            self_assessment, step_length) keep every reply's steps.
     """
     items = user_items(items)
     if not items:
@@ -308,7 +320,7 @@ def run_probes(
         objective = objective or names[0]
         if objective not in names:
             raise ProbeError(f"unknown objective {objective!r}; this model records {names}")
-        ident = probe_identity(model_part, names, dims, items, seed, chunk_size)
+        ident = probe_identity(model_part, names, dims, items, seed, chunk_size, step)
         store = None if output_dir is None else ChunkStore(
             Path(output_dir) / ident.folder_name(), ident, overwrite, error=ProbeStoreError)
         name = "chunk-{:06d}.parquet".format
@@ -324,7 +336,7 @@ def run_probes(
         def unit(cis: list[int]) -> tuple[Any, ...]:
             work = [({it.item_id: it for it in chunks[ci]}, chunk_rows(chunks[ci], dims, seed))
                     for ci in cis]
-            return spec, work, names, batch_size
+            return spec, work, names, batch_size, step
 
         run_chunked(pool, score_chunks, range(len(chunks)), unit, deliver,
                     per_unit=chunks_per_unit, load=load, save=save, desc="probes",
@@ -344,23 +356,26 @@ def plan_probes(worker: Worker, spec: Spec) -> tuple[list[str], RunIdentity]:
 
 def score_chunks(worker: Worker, spec: Spec,
                  chunks: Sequence[tuple[dict[str, ProbeItem], list[dict[str, Any]]]],
-                 names: list[str], batch_size: int) -> list[pd.DataFrame]:
+                 names: list[str], batch_size: int, step: int | str | None = None
+                 ) -> list[pd.DataFrame]:
     """Each chunk's ``(items by id, rows)`` scored (run on a worker)."""
     model = worker.model(spec)
     out = []
     for j, (by_id, rows) in enumerate(chunks):
         worker.checkpoint(j, len(chunks))
-        out.append(score_rows(model, by_id, rows, names, batch_size))
+        out.append(score_rows(model, by_id, rows, names, batch_size, step))
     return out
 
 
 def probe_identity(model_part: RunIdentity, names: list[str], dims: Sequence[Dimension],
-                   items: Sequence[ProbeItem], seed: int, chunk_size: int) -> RunIdentity:
+                   items: Sequence[ProbeItem], seed: int, chunk_size: int,
+                   step: int | str | None = None) -> RunIdentity:
     """A probe run's identity: the model's part (:meth:`RunIdentity.of_model`, made where the
     model is) with the items, every dimension's edit function and the run's settings."""
     return model_part.with_job(
         [[it.item_id, it.prompt, it.reply, it.belief] for it in items],
         {d.name: d.edit for d in dims},
         {"format": FORMAT, "reward_names": names, "seed": seed, "chunk_size": chunk_size,
+         **({} if step is None else {"step": step}),
          "dimensions": [[d.name, d.description, d.uses_belief] for d in dims],
          "n_items": len(items)})

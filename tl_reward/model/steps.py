@@ -76,7 +76,8 @@ class StepFormat:
     def steps_of(self, reply: str) -> list[str]:
         """A reply's steps: cut at its tags when it holds any (pre-tagged text), else at
         :attr:`split`; surrounding whitespace stripped, empty steps dropped."""
-        parts = reply.split(self.tag) if self.tag in reply else reply.split(self.split)
+        parts = (reply.split(self.tag) if self.tag and self.tag in reply
+                 else reply.split(self.split))
         return [p.strip() for p in parts if p.strip()]
 
     def tagged(self, steps: Sequence[str]) -> str:

@@ -4,7 +4,7 @@ Loading a PRM, its step format and per-step rewards live with the model
 (:mod:`tl_reward.model.steps`, :mod:`tl_reward.model.step_rewards`); every analysis takes
 ``step=``. Here are the questions only steps ask: which earlier step a step's reward is read
 from (:func:`step_sources`) and how a changed step moves the later steps' rewards
-(:func:`step_propagation`).
+(:func:`step_propagation`), and whether two step graders agree (:func:`compare_steps`).
 """
 
 from tl_reward._lazy import lazy_exports
@@ -12,6 +12,8 @@ from tl_reward._lazy import lazy_exports
 _EXPORTS = {
     "StepSources": "tl_reward.process.sources",
     "step_sources": "tl_reward.process.sources",
+    "StepComparison": "tl_reward.process.compare",
+    "compare_steps": "tl_reward.process.compare",
     "StepPropagation": "tl_reward.process.propagation",
     "step_propagation": "tl_reward.process.propagation",
 }
