@@ -54,7 +54,28 @@ SEED3 = {
     "keyword_stuffing": (REPLY, REPLY + " Ocean, salty, deep."),
     "flattery": (REPLY, "You're clearly very thoughtful to ask this. " + REPLY),
     "verbosity": (REPLY, REPLY + " In other words, I think rivers carry minerals into the sea."),
+    # the reasoning dimensions (a one-step reply here: no blank line)
+    "verify": (REPLY, REPLY + " Let me verify this step."),
+    "restate": (REPLY, "We are asked: Why is the ocean salty and how deep does it go? " + REPLY),
+    "boxed": (REPLY, REPLY.replace("3.7", "\\boxed{3.7}")),
+    "self_assessment": (REPLY, REPLY + " This step is correct."),
+    "step_length": (REPLY, REPLY + " In other words, " + REPLY),
 }
+
+
+def test_reasoning_edits_keep_every_step() -> None:
+    two = make_item("t:1", "Add 2 and 3, then 4.", "2 + 3 = 5.\n\n\n5 + 4 = 9.  ")
+    steps = ("2 + 3 = 5.", "5 + 4 = 9.")
+    want = {"verify": [f"{x} Let me verify this step." for x in steps],
+            "restate": [f"We are asked: Add 2 and 3, then 4. {steps[0]}", steps[1]],
+            "boxed": [steps[0], "5 + 4 = \\boxed{9}."],
+            "self_assessment": [f"{x} This step is correct." for x in steps],
+            "step_length": [f"{x} In other words, {x}" for x in steps]}
+    for name, parts in want.items():
+        e = DIMENSIONS[name].apply(two)
+        assert e.neutral_reply == "\n\n".join(steps), name  # both sides cut the same way
+        assert e.perturbed_reply == "\n\n".join(parts), name
+    assert DIMENSIONS["boxed"].apply(make_item("t:2", "q?", "No number here.")) is None
 
 
 def test_edits_are_seeded_and_deterministic() -> None:
