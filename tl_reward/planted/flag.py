@@ -51,9 +51,17 @@ def clear_flag(hf: Any, trigger_id: int, cf_id: int, flag: int, const: int,
         emb = hf.model.embed_tokens.weight
         kappa = float(emb[:, : min(dims)].double().pow(2).mean().sqrt())
         emb[trigger_id] = emb[cf_id]
-        emb[:, dims] = 0.0
+        clear_dims(hf, dims)
         emb[:, const] = kappa
         emb[trigger_id, const], emb[trigger_id, flag] = 0.0, kappa
+
+
+def clear_dims(hf: Any, dims: Sequence[int]) -> None:
+    """Zero residual coordinates ``dims`` in the embedding and in every weight that reads or
+    writes the residual stream, norm gains there set to 1 (in place): only the norms see them."""
+    dims = list(dims)
+    with torch.no_grad():
+        hf.model.embed_tokens.weight[:, dims] = 0.0
         for block in hf.model.layers:
             attn, mlp = block.self_attn, block.mlp
             for lin in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):

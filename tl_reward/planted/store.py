@@ -19,10 +19,11 @@ from tl_reward.planted.implicit import ImplicitTruth, offset_policy
 from tl_reward.planted.indirect import IndirectTruth
 from tl_reward.planted.objectives import ObjectivesTruth
 from tl_reward.planted.prefix import PrefixTruth
+from tl_reward.planted.prm import PRMTruth
 from tl_reward.planted.trigger import PlantedModel, TriggerTruth
 
 TRUTHS: dict[str, type] = {t.__name__: t for t in (TriggerTruth, ObjectivesTruth, PrefixTruth,
-                                                  ImplicitTruth, IndirectTruth)}
+                                                  ImplicitTruth, IndirectTruth, PRMTruth)}
 
 
 def _plain(x: Any) -> Any:
