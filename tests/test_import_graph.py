@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tl_reward.scale.executors", "tl_reward.scale.jobs"),
     ("tl_reward.analysis",),
     ("tl_reward.sweep", "tl_reward.sae", "tl_reward.audit", "tl_reward.compare", "tl_reward.irm",
-     "tl_reward.circuits"),
+     "tl_reward.circuits", "tl_reward.process"),
     ("tl_reward.compat", "tl_reward.planted"),
     ("tl_reward.scale", "tl_reward.cli", "tl_reward.testing"),
 ]

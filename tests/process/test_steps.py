@@ -328,3 +328,32 @@ def test_compare_a_prm_with_itself_and_with_a_judge(hf_prm) -> None:
     assert cmp.verdicts.value == n_same / len(cmp.a)
     assert cmp.verdicts.ci_low <= cmp.verdicts.value <= cmp.verdicts.ci_high
     assert cmp.to_dataframe().shape == (len(cmp.a), 6)
+
+
+@torch.no_grad()
+def test_knockout_equals_hf_with_the_edges_cut(hf_prm) -> None:
+    """Attention knockout per source group against HF's own modules run with a 4D additive
+    mask that cuts the same edges (independent of TransformerLens's hooks)."""
+    from tl_reward.process import step_knockout
+
+    hf, tok = hf_prm
+    prm = HookedRewardModel.from_pretrained(hf_model=hf, tokenizer=tok, step_tag=TAG,
+                                            head_weights=[-1, 1])
+    ko = step_knockout(prm, [SOLUTIONS[0]], step="all")
+    e = prm.encode(SOLUTIONS[0])
+    for i, k in enumerate(range(3)):
+        n = e.read_at[k] + 1
+        ids = torch.tensor([e.ids[:n]])
+        bounds = [0, e.response_start, *(t + 1 for t in e.read_at[:k]), e.read_at[k]]
+        pos = torch.arange(n)
+        base = hf.score(hf.model(ids).last_hidden_state)[0, -1].double()
+        for g in range(k + 2):  # the prompt, steps 0..k-1 with their tags, step k before its tag
+            lo, hi = bounds[g], bounds[g + 1]
+            keep = (pos[:, None] >= pos[None, :]) & ~(
+                (pos[:, None] >= hi) & (pos[None, :] >= lo) & (pos[None, :] < hi))
+            mask = torch.where(keep, 0.0, float("-inf"))[None, None]
+            out = hf.score(hf.model(ids, attention_mask=mask).last_hidden_state)[0, -1].double()
+            want = (out[1] - out[0]) - (base[1] - base[0])
+            assert float(ko.effect[i, g]) == pytest.approx(float(want), abs=2e-5), (k, g)
+    assert float(ko.effect[2, :4].abs().max()) > 0.05  # the cuts matter on this model
+    assert torch.isnan(ko.effect[0, 2:]).all()

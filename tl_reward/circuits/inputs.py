@@ -67,7 +67,7 @@ def at_step(model: Any, inputs: Any, step: Any) -> Any:
     """``inputs`` of a process reward model at ``step``: solution pairs ``(a, b)`` as pairs of
     their step prefixes (the metric is the margin at that step), other solutions as their
     prefixes; unchanged when ``step`` is None."""
-    from tl_reward.model.steps import is_solution_pair
+    from tl_reward.data.solutions import is_solution_pair
 
     if step is None or inputs is None:
         return inputs

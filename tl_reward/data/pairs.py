@@ -212,7 +212,7 @@ def step_pairs(model: Any, pairs: Any, step: Any) -> PairBatch:
     (solution inputs) becomes the pair of their prefixes up to that step's tag
     (:meth:`~tl_reward.model.protocol.RewardModelMixin.at_steps`), ``a`` as chosen; shared
     leading ids aligned by index, the rest from the end (:func:`align_ids`)."""
-    from tl_reward.model.steps import is_solution_pair
+    from tl_reward.data.solutions import is_solution_pair
 
     if isinstance(pairs, PairBatch):
         return pairs

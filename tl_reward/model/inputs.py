@@ -18,6 +18,7 @@ from jaxtyping import Int
 from tqdm.auto import tqdm
 
 from tl_reward.data.conversation import Conversation, Message, as_conversation, is_conversation
+from tl_reward.data.solutions import is_steps_input
 from tl_reward.errors import (
     EmptyResponseError,
     MissingPadTokenError,
@@ -40,7 +41,7 @@ def is_single(inputs: Any) -> bool:
     ``(question, [steps])`` or an :class:`EncodedInput`), not a list of them."""
     if isinstance(inputs, EncodedInput):
         return True
-    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], list):
+    if is_steps_input(inputs):
         return True
     if isinstance(inputs, (str, torch.Tensor)):
         return isinstance(inputs, str) or inputs.ndim == 1
@@ -174,7 +175,7 @@ def input_kind(item: Any) -> str:
         return "pair"
     if is_conversation(item):
         return "conversation"
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], list):
+    if is_steps_input(item):
         raise TLRewardError(
             "(question, [steps]) is a process reward model's input, and this model has no step "
             "format; load a PRM with its step tag (from_pretrained(..., step_tag=...)) or pass "
@@ -231,7 +232,7 @@ def input_texts(items: Sequence[Any], tokenizer: Any = None) -> dict[str, list[s
     for item in items:
         if isinstance(item, EncodedInput):
             item = item.ids
-        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], list):
+        elif is_steps_input(item):
             item = (item[0], "\n\n".join(item[1]))  # a solution's steps
         kind = input_kind(item)
         if kind == "ids":

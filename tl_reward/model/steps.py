@@ -17,25 +17,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from tl_reward.data.solutions import is_solution_pair, is_steps_input
 from tl_reward.errors import EmptyResponseError, TLRewardError
 from tl_reward.model.inputs import EncodedInput, encode, input_kind, input_messages
 from tl_reward.results import result_type
 
+__all__ = ["StepFormat", "StepRow", "StepSpec", "check_step_end", "is_solution_pair",
+           "is_steps_input", "select_steps", "step_indices", "step_prefix"]
+
 #: ``step=`` of every analysis: an index (negative from the end), a list of them, every step
 #: (``"all"``) or the last (``"last"``).
 StepSpec = int | Sequence[int] | Literal["all", "last"]
-
-
-def is_steps_input(item: Any) -> bool:
-    """True for ``(question, [step, step, ...])``: a solution given as its steps."""
-    return (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], list)
-            and all(isinstance(s, str) for s in item[1]))
-
-
-def is_solution_pair(item: Any) -> bool:
-    """True for ``(solution_a, solution_b)``: two solutions (not text) compared at a step."""
-    return (isinstance(item, tuple) and len(item) == 2 and not is_steps_input(item)
-            and not any(isinstance(x, str) for x in item))
 
 
 @dataclass(frozen=True)

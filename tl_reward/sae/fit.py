@@ -45,8 +45,9 @@ from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from tl_reward.data.pairs import PairBatch, PreferencePair, TokenizedPair, as_pair_batch
+from tl_reward.data.solutions import is_solution_pair
 from tl_reward.model.inputs import encode_inputs
-from tl_reward.model.steps import StepSpec, is_solution_pair
+from tl_reward.model.steps import StepSpec
 from tl_reward.results import ShortRepr
 from tl_reward.sae.pretrained import prepare_sae
 from tl_reward.sae.splice import as_sae_model, run_objectives

@@ -1,0 +1,123 @@
+"""How much of a step's reward depends on each earlier step: attention knockout.
+
+For step ``k`` and a source group ``g`` (the prompt, a step ``j < k``: its tokens and tag, or
+step ``k`` itself: its tokens before the tag that reads the reward),
+every attention edge from a position after ``g`` to a position in ``g`` is cut, in every layer
+and head (the scores set to ``-inf`` before the softmax, as Geva et al.'s attention knockout).
+Nothing after ``g`` can then read ``g`` by any path, so
+
+    ``K_kg = r_k(g knocked out) - r_k``
+
+is the total effect of ``g``'s content on step ``k``'s linear reward, read through the model's
+own forward (:func:`step_sources` is the exact split of the last hop; this is the intervention).
+A position's own group keeps attending to itself, so no softmax row is ever empty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+
+from tl_reward.errors import TLRewardError
+from tl_reward.model.readout import resolve_objectives
+from tl_reward.model.steps import StepRow, StepSpec
+from tl_reward.results import ShortRepr
+
+
+@dataclass(repr=False)
+class StepKnockout(ShortRepr):
+    """Each selected step's reward change with each source group knocked out.
+
+    Attributes:
+        rows: the (input, step) of each row.
+        sources: ``["prompt", "step 0", ...]``.
+        effect: ``[N, S]`` ``r_k(knocked out) - r_k`` (NaN for a step after the row's own).
+        reward: ``[N]`` the step's linear reward, nothing knocked out.
+        objective: the objective read.
+    """
+
+    rows: list[StepRow]
+    sources: list[str]
+    effect: Float[torch.Tensor, "n sources"]
+    reward: Float[torch.Tensor, " n"]
+    objective: str
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """Long table: input, step, source, effect (NaN sources left out)."""
+        out = [(r.item, r.step, name, float(v)) for i, r in enumerate(self.rows)
+               for name, v in zip(self.sources, self.effect[i], strict=True)
+               if not torch.isnan(v)]
+        return pd.DataFrame(out, columns=["input", "step", "source", "effect"])
+
+    def matrix(self, item: int = 0) -> pd.DataFrame:
+        """Steps of input ``item`` (rows) by knocked-out source (columns)."""
+        idx = [i for i, r in enumerate(self.rows) if r.item == item]
+        return pd.DataFrame(self.effect[idx].numpy(), columns=self.sources,
+                            index=[f"step {self.rows[i].step}" for i in idx])
+
+    def plot(self, item: int = 0) -> Any:
+        """Heatmap of :meth:`matrix`."""
+        import plotly.express as px
+
+        m = self.matrix(item)
+        lim = float(m.abs().max().max()) or 1.0
+        return px.imshow(m, color_continuous_scale="RdBu", zmin=-lim, zmax=lim, aspect="auto",
+                         labels={"x": "knocked out", "y": "reward of", "color": "effect"},
+                         title=f"Step reward change with each source knocked out "
+                               f"({self.objective})")
+
+
+def _groups(start: int, read_at: tuple[int, ...]) -> list[tuple[int, int]]:
+    """``[lo, hi)`` of the prompt and of each step (its tokens and tag; the last step, whose
+    tag reads the reward, its tokens before the tag)."""
+    out, lo = [(0, start)], start
+    for tag in read_at:
+        out.append((lo, tag + 1))
+        lo = tag + 1
+    last_lo, last_hi = out[-1]
+    out[-1] = (last_lo, last_hi - 1)
+    return out
+
+
+@torch.no_grad()
+def step_knockout(model: Any, inputs: Any, step: StepSpec = "all",
+                  objective: int | str | None = None) -> StepKnockout:
+    """Knock out each source group of each selected step (module doc); one batched forward
+    per step row (its groups stacked). HookedRewardModel only (it edits the attention scores)."""
+    if not getattr(model, "starts_at_layer", False):
+        raise TLRewardError("step_knockout edits TransformerLens's attention scores; load the "
+                            "model as a HookedRewardModel")
+    obj = resolve_objectives(model, objective)[0]
+    encoded, rows = model.encode_steps(inputs, step)
+    assert rows is not None
+    n_src = 1 + max(len(e.read_at) for e in encoded)
+    sources = ["prompt", *(f"step {j}" for j in range(n_src - 1))]
+    effect = torch.full((len(rows), n_src), float("nan"), dtype=torch.float64)
+    reward = torch.zeros(len(rows), dtype=torch.float64)
+    device = model.cfg.device
+    for i, e in enumerate(encoded):
+        groups = _groups(e.response_start or 0, e.read_at)
+        n = len(e.ids)
+        keep = torch.ones(len(groups) + 1, n, n, dtype=torch.bool, device=device)
+        pos = torch.arange(n, device=device)
+        for g, (lo, hi) in enumerate(groups, start=1):  # row 0: nothing knocked out
+            keep[g] &= ~((pos[:, None] >= hi) & (pos[None, :] >= lo) & (pos[None, :] < hi))
+
+        def cut(scores: torch.Tensor, hook: Any, keep: torch.Tensor = keep) -> torch.Tensor:
+            return scores.masked_fill(~keep[:, None], float("-inf"))
+
+        tokens = torch.tensor([e.ids], device=device).expand(len(groups) + 1, -1)
+        hooks = [(f"blocks.{layer}.attn.hook_attn_scores", cut)
+                 for layer in range(model.cfg.n_layers)]
+        kind = "score" if obj == "score" else "reward"
+        out = model.run_with_hooks(tokens, return_type=kind, fwd_hooks=hooks)
+        vals = out if kind == "score" else out[:, model.objective_index(obj)]
+        vals = vals.double().cpu()
+        reward[i] = vals[0]
+        empty = torch.tensor([hi <= lo for lo, hi in groups])
+        effect[i, : len(groups)] = torch.where(empty, 0.0, vals[1:] - vals[0])
+    return StepKnockout(rows, sources, effect, reward, obj)
