@@ -57,7 +57,7 @@ RESULT_MODULES = (
     "tl_reward.data.preference", "tl_reward.irm.agreement", "tl_reward.irm.implicit",
     "tl_reward.irm.sweep", "tl_reward.model.readout", "tl_reward.model.response_template",
     "tl_reward.model.scoring", "tl_reward.sae.ablation", "tl_reward.sae.attribution",
-    "tl_reward.sae.features", "tl_reward.sae.fit", "tl_reward.sae.training",
+    "tl_reward.rl.gain", "tl_reward.sae.features", "tl_reward.sae.fit", "tl_reward.sae.training",
     "tl_reward.stats.agreement", "tl_reward.stats.estimate", "tl_reward.stats.regression",
     "tl_reward.sweep.agreement",
     "tl_reward.sweep.distribution", "tl_reward.sweep.extremes", "tl_reward.sweep.framing",
