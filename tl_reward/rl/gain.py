@@ -36,7 +36,13 @@ from tqdm.auto import tqdm
 
 from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.results import ShortRepr
-from tl_reward.rl.record import RunRecord, RunRecordError, decoded, reward_input
+from tl_reward.rl.record import (
+    COMPONENT_PREFIX,
+    RunRecord,
+    RunRecordError,
+    decoded,
+    reward_input,
+)
 
 __all__ = ["MIN_UNITS", "RewardGain", "direct_parts", "reward_gain"]
 
@@ -270,9 +276,9 @@ def _step_parts(record: RunRecord, step: int, model: Any, unit: str, objective: 
     if not ok.any():
         raise RunRecordError(f"step {step} has no scored completion (all empty)")
     df = df[ok].reset_index(drop=True)
-    cols = [c for c in df.columns if c.startswith("dra:")]
+    cols = [c for c in df.columns if c.startswith(COMPONENT_PREFIX)]
     if cols:
-        parts, names = df[cols].to_numpy(np.float64), [c[4:] for c in cols]
+        parts, names = df[cols].to_numpy(np.float64), [c[len(COMPONENT_PREFIX):] for c in cols]
     elif model is not None:
         items = [reward_input(p, c) for p, c in decoded(df)]
         parts, names = direct_parts(model, items, objective, level, batch_size)

@@ -296,8 +296,8 @@ class RunRecord:
             if arr.shape != (n, len(names)):
                 raise RunRecordError(f"step {step}: components of shape {arr.shape} for {n} "
                                      f"rows and {len(names)} names; pass values [N, C], names")
-            for j, name in enumerate(names):
-                df[COMPONENT_PREFIX + name] = arr[:, j]
+            df = pd.concat([df, pd.DataFrame(arr, columns=[COMPONENT_PREFIX + c for c in names])],
+                           axis=1)  # one block: hundreds of heads, not a column at a time
         for name, col in (extra or {}).items():
             if name in df or name in _CORE or name.startswith(COMPONENT_PREFIX):
                 raise RunRecordError(f"extra column {name!r} clashes with a record column; "
