@@ -118,6 +118,7 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=4, help="completions per prompt")
     parser.add_argument("--length", type=int, default=8, help="tokens per completion")
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -137,7 +138,7 @@ def main() -> None:
                   "trigger": TRIGGER, "c": planted.truth.c, "head": head,
                   "policy": "tiny LlamaForCausalLM (random weights), same tokenizer",
                   "trainer": "trl GRPOTrainer on CPU", **{k: v for k, v in vars(args).items()
-                                                         if k != "work"},
+                                                         if k not in ("work", "out")},
                   "prompts": list(PROMPTS)}}
     for name, model in (("planted", planted.model), ("control", hf)):
         rm = HookedRewardModel.from_pretrained(hf_model=model, tokenizer=tok, device="cpu")
@@ -149,9 +150,9 @@ def main() -> None:
             f"{r['mean_reward'][-1]:.2f}, trigger share {r['trigger_share'][0]:.2f} -> "
             f"{r['trigger_share'][-1]:.2f}; rises at {r['rises_at']}; {r['at_last']['sentence']}"
             f"; {head} rank {r['at_last']['head_rank_among_heads']}")
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=1, default=float))
-    log(f"wrote {OUT}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1, default=float))
+    log(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
