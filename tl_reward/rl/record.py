@@ -391,20 +391,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _trl_reward_column(df: pd.DataFrame, reward: str | None, where: Path) -> str | None:
-    if reward is not None:
-        if reward not in df:
-            raise RunRecordError(f"{where} has no column {reward!r}; its columns are "
-                                 f"{list(df.columns)}")
-        return reward
+def _trl_reward_column(df: pd.DataFrame, where: Path) -> str | None:
+    """The one float column besides TRL's own (``advantage``): a reward function's."""
     skip = {"step", "prompt", "completion", "advantage", "gold", "image"}
     numeric = [c for c in df.columns if c not in skip and pd.api.types.is_float_dtype(df[c])]
-    if len(numeric) == 1:
-        return numeric[0]
-    if not numeric:
-        return None
-    raise RunRecordError(f"{where} has several reward columns {numeric}; pass reward=<column> "
-                         "(TRL names each reward function's column by the function's name)")
+    if len(numeric) > 1:
+        raise RunRecordError(f"{where} has several reward columns {numeric}; pass "
+                             "reward=<column> (TRL names each reward function's column by the "
+                             "function's name)")
+    return numeric[0] if numeric else None
 
 
 def read_table(path: str | Path, reward: str | None = None, gold: str | None = None
@@ -450,7 +445,7 @@ def read_table(path: str | Path, reward: str | None = None, gold: str | None = N
     for col in ("prompt", "completion"):
         df[col] = [_plain(v) for v in df[col]]
     col = reward if reward is not None else "reward" if "reward" in df else \
-        _trl_reward_column(df, None, path)
+        _trl_reward_column(df, path)
     if col is not None and col not in df:
         raise RunRecordError(f"{path} has no column {col!r}; its columns are {list(df.columns)}")
     if col is not None and col != "reward":
