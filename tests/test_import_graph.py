@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tl_reward.sweep", "tl_reward.sae", "tl_reward.audit", "tl_reward.compare", "tl_reward.irm",
      "tl_reward.circuits", "tl_reward.process"),
     ("tl_reward.compat", "tl_reward.planted"),
+    ("tl_reward.rl",),
     ("tl_reward.scale", "tl_reward.cli", "tl_reward.testing"),
 ]
 

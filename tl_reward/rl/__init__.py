@@ -1,0 +1,7 @@
+"""Reinforcement-learning runs against a reward model: record what the policy wrote and what
+the reward model paid, and see which of the reward model's parts the policy exploits.
+
+One module per piece; import them directly: :mod:`tl_reward.rl.record` (the run record and
+its readers), :mod:`tl_reward.rl.trl` (a reward model as a TRL reward function, recording as
+it scores), :mod:`tl_reward.rl.gain` (the reward gain split over components).
+"""
