@@ -18,57 +18,40 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
 import torch
 from jaxtyping import Float
 
 from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import resolve_objectives
 from tl_reward.model.steps import StepRow, StepSpec
+from tl_reward.process.sources import StepsBySource
 from tl_reward.results import ShortRepr
 
 
 @dataclass(repr=False)
-class StepKnockout(ShortRepr):
+class StepKnockout(StepsBySource, ShortRepr):
     """Each selected step's reward change with each source group knocked out.
 
     Attributes:
         rows: the (input, step) of each row.
         sources: ``["prompt", "step 0", ...]``.
+        objective: the objective read.
         effect: ``[N, S]`` ``r_k(knocked out) - r_k`` (NaN for a step after the row's own).
         reward: ``[N]`` the step's linear reward, nothing knocked out.
-        objective: the objective read.
     """
 
     rows: list[StepRow]
     sources: list[str]
+    objective: str
     effect: Float[torch.Tensor, "n sources"]
     reward: Float[torch.Tensor, " n"]
-    objective: str
+    _value = "effect"
+    _axis = "knocked out"
+    _title = "Step reward change with each source knocked out"
 
-    def to_dataframe(self) -> pd.DataFrame:
-        """Long table: input, step, source, effect (NaN sources left out)."""
-        out = [(r.item, r.step, name, float(v)) for i, r in enumerate(self.rows)
-               for name, v in zip(self.sources, self.effect[i], strict=True)
-               if not torch.isnan(v)]
-        return pd.DataFrame(out, columns=["input", "step", "source", "effect"])
-
-    def matrix(self, item: int = 0) -> pd.DataFrame:
-        """Steps of input ``item`` (rows) by knocked-out source (columns)."""
-        idx = [i for i, r in enumerate(self.rows) if r.item == item]
-        return pd.DataFrame(self.effect[idx].numpy(), columns=self.sources,
-                            index=[f"step {self.rows[i].step}" for i in idx])
-
-    def plot(self, item: int = 0) -> Any:
-        """Heatmap of :meth:`matrix`."""
-        import plotly.express as px
-
-        m = self.matrix(item)
-        lim = float(m.abs().max().max()) or 1.0
-        return px.imshow(m, color_continuous_scale="RdBu", zmin=-lim, zmax=lim, aspect="auto",
-                         labels={"x": "knocked out", "y": "reward of", "color": "effect"},
-                         title=f"Step reward change with each source knocked out "
-                               f"({self.objective})")
+    @property
+    def values(self) -> Float[torch.Tensor, "n sources"]:
+        return self.effect
 
 
 def _groups(start: int, read_at: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -120,4 +103,4 @@ def step_knockout(model: Any, inputs: Any, step: StepSpec = "all",
         reward[i] = vals[0]
         empty = torch.tensor([hi <= lo for lo, hi in groups])
         effect[i, : len(groups)] = torch.where(empty, 0.0, vals[1:] - vals[0])
-    return StepKnockout(rows, sources, effect, reward, obj)
+    return StepKnockout(rows, sources, obj, effect, reward)

@@ -27,38 +27,30 @@ from tl_reward.model.steps import StepRow, StepSpec
 from tl_reward.results import ShortRepr
 
 
-@dataclass(repr=False)
-class StepSources(ShortRepr):
-    """Each selected step's linear reward split by where it is read from.
-
-    Attributes:
-        rows: the (input, step) of each row.
-        sources: ``["prompt", "step 0", ..., "local", "bias"]``.
-        values: ``[N, S]`` each source's part (NaN for a step after the row's own).
-        reward: ``[N]`` the step's linear reward; each row of ``values`` sums to it.
-        objective: the objective decomposed.
-    """
+class StepsBySource:
+    """A ``[N, S]`` table of selected steps (``rows``) by source group (``sources``) in
+    :attr:`values`, NaN where a source comes after the row's step: the long table, one input's
+    matrix and its heatmap, as :class:`StepSources` and
+    :class:`~tl_reward.process.knockout.StepKnockout` show them."""
 
     rows: list[StepRow]
     sources: list[str]
-    values: Float[torch.Tensor, "n sources"]
-    reward: Float[torch.Tensor, " n"]
     objective: str
+    #: what a value is (the long table's column) and the heatmap's axis labels and title
+    _value = "contribution"
+    _axis = "read from"
+    _title = "Where each step's reward is read from"
 
-    def total(self) -> Float[torch.Tensor, " n"]:
-        """Each row's parts summed (NaN skipped): equals :attr:`reward`."""
-        return self.values.nan_to_num(0.0).sum(1)
-
-    def own_step(self) -> Float[torch.Tensor, " n"]:
-        """``[N]`` what each step's reward reads from the step itself (its tokens and tag)."""
-        return torch.stack([self.values[i, 1 + r.step] for i, r in enumerate(self.rows)])
+    @property
+    def values(self) -> Float[torch.Tensor, "n sources"]:
+        raise NotImplementedError
 
     def to_dataframe(self) -> pd.DataFrame:
-        """Long table: input, step, source, contribution (NaN sources left out)."""
+        """Long table: input, step, source, value (NaN sources left out)."""
         out = [(r.item, r.step, name, float(v)) for i, r in enumerate(self.rows)
                for name, v in zip(self.sources, self.values[i], strict=True)
                if not torch.isnan(v)]
-        return pd.DataFrame(out, columns=["input", "step", "source", "contribution"])
+        return pd.DataFrame(out, columns=["input", "step", "source", self._value])
 
     def matrix(self, item: int = 0) -> pd.DataFrame:
         """Steps of input ``item`` (rows) by source (columns)."""
@@ -67,14 +59,45 @@ class StepSources(ShortRepr):
                             index=[f"step {self.rows[i].step}" for i in idx])
 
     def plot(self, item: int = 0) -> Any:
-        """Heatmap of :meth:`matrix`: which source each step's reward reads."""
+        """Heatmap of :meth:`matrix`."""
         import plotly.express as px
 
         m = self.matrix(item)
         lim = float(m.abs().max().max()) or 1.0
         return px.imshow(m, color_continuous_scale="RdBu", zmin=-lim, zmax=lim, aspect="auto",
-                         labels={"x": "read from", "y": "reward of", "color": "contribution"},
-                         title=f"Where each step's reward is read from ({self.objective})")
+                         labels={"x": self._axis, "y": "reward of", "color": self._value},
+                         title=f"{self._title} ({self.objective})")
+
+
+@dataclass(repr=False)
+class StepSources(StepsBySource, ShortRepr):
+    """Each selected step's linear reward split by where it is read from.
+
+    Attributes:
+        rows: the (input, step) of each row.
+        sources: ``["prompt", "step 0", ..., "local", "bias"]``.
+        objective: the objective decomposed.
+        parts: ``[N, S]`` each source's part (NaN for a step after the row's own).
+        reward: ``[N]`` the step's linear reward; each row of ``parts`` sums to it.
+    """
+
+    rows: list[StepRow]
+    sources: list[str]
+    objective: str
+    parts: Float[torch.Tensor, "n sources"]
+    reward: Float[torch.Tensor, " n"]
+
+    @property
+    def values(self) -> Float[torch.Tensor, "n sources"]:
+        return self.parts
+
+    def total(self) -> Float[torch.Tensor, " n"]:
+        """Each row's parts summed (NaN skipped): equals :attr:`reward`."""
+        return self.parts.nan_to_num(0.0).sum(1)
+
+    def own_step(self) -> Float[torch.Tensor, " n"]:
+        """``[N]`` what each step's reward reads from the step itself (its tokens and tag)."""
+        return torch.stack([self.parts[i, 1 + r.step] for i, r in enumerate(self.rows)])
 
 
 def step_sources(model: Any, inputs: Any, step: StepSpec = "all",
@@ -100,4 +123,4 @@ def step_sources(model: Any, inputs: Any, step: StepSpec = "all",
         values[i, -2] = (dra.embed[i, :, 0].sum() + dra.attn_bias[i, :, 0].sum()
                          + dra.mlp[i, :, 0].sum())
         values[i, -1] = dra.bias[i, 0]
-    return StepSources(rows, sources, values, dra.reward[:, 0], obj)
+    return StepSources(rows, sources, obj, values, dra.reward[:, 0])
