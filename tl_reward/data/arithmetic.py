@@ -9,10 +9,9 @@ correctly from the wrong value. A step's label is 1 when it and every step befor
 correct, else 0 (the first error and everything after it are 0, as PRM training data labels
 them); the final "The answer is ..." step is 1 exactly when the solution has no error.
 
-The defaults keep numbers small (single digits added to a running value below 50, never below
-0): SmolLM2's tokenizer writes each digit as one token, and SmolLM2-135M predicts the first
-digit of such a sum about 9 times in 10 (of a sum of two-digit numbers, under half), so the
-errors are ones its hidden states can register.
+The defaults keep numbers small (single digits added to or taken from a running value between 0
+and about 50): SmolLM2's tokenizer writes each digit as one token, and SmolLM2-135M predicts
+the first digit of such a sum about 9 times in 10 (of a sum of two-digit numbers, under half).
 """
 
 from __future__ import annotations
@@ -36,6 +35,8 @@ class ArithmeticSolution:
         labels: per step, 1 when it and every step before it are correct, else 0.
         first_error: the index of the wrong step, or ``None`` when every step is right.
         answer: the question's true answer.
+        offset: what the wrong step added to its right result (one of
+            :data:`ERROR_OFFSETS`), or ``None``.
     """
 
     question: str
@@ -43,6 +44,7 @@ class ArithmeticSolution:
     labels: tuple[int, ...]
     first_error: int | None
     answer: int
+    offset: int | None = None
 
     def as_input(self) -> tuple[str, list[str]]:
         """The ``(question, [steps])`` input a process reward model scores."""
@@ -57,6 +59,7 @@ def generate_solution(rng: random.Random, error_rate: float = 0.5,
     ``error_rate``."""
     k = rng.randint(*n_terms)
     wrong = rng.randrange(k - 1) if rng.random() < error_rate else None
+    offset = None
     shown = rng.randint(*first)
     true = shown
     expr, steps = [str(shown)], []
@@ -68,14 +71,16 @@ def generate_solution(rng: random.Random, error_rate: float = 0.5,
         sign = 1 if op == "+" else -1
         result = shown + sign * b
         if i == wrong:
-            result += rng.choice([d for d in ERROR_OFFSETS if result + d >= 0])
+            offset = rng.choice([d for d in ERROR_OFFSETS if result + d >= 0])
+            result += offset
         steps.append(f"{shown} {op} {b} = {result}")
         expr.append(f"{op} {b}")
         true += sign * b
         shown = result
     steps.append(f"The answer is {shown}.")
     labels = tuple(int(wrong is None or i < wrong) for i in range(k))
-    return ArithmeticSolution(f"Compute {' '.join(expr)}.", tuple(steps), labels, wrong, true)
+    return ArithmeticSolution(f"Compute {' '.join(expr)}.", tuple(steps), labels, wrong, true,
+                              offset)
 
 
 def generate_solutions(n: int, seed: int, error_rate: float = 0.5,
