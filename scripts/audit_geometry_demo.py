@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from tl_reward import HookedRewardModel
-from tl_reward.model.readout import normalise
 from tl_reward.audit.concepts import concept_from_activations, concept_separability, local_gradient
 from tl_reward.audit.conflict import (
     ConflictResult,
@@ -48,6 +47,7 @@ from tl_reward.audit.pooled import pooled_residual
 from tl_reward.compat.published import published_verdict
 from tl_reward.data.hh_rlhf import load_hh_rlhf
 from tl_reward.model.demo import cache_dir, load_multi_head, smollm2_local_dir
+from tl_reward.model.readout import normalise
 from tl_reward.stats.paired import sign_flip_test
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("tl_reward.viz",),
     ("tl_reward.results", "tl_reward.store", "tl_reward.model.fingerprint"),
     ("tl_reward.data", "tl_reward.stats", "tl_reward.compat.effect_size"),
-    ("tl_reward.tl_backend", "tl_reward.architectures", "tl_reward.model"),
+    ("tl_reward.tl_backend", "tl_reward.architectures", "tl_reward.model",
+     # HF reference modules (torch and transformers only): the demo PRM is INF-ORM's module
+     "tl_reward.testing.armorm_reference", "tl_reward.testing.inform_reference"),
     ("tl_reward.scale.executors", "tl_reward.scale.jobs"),
     ("tl_reward.analysis",),
     ("tl_reward.sweep", "tl_reward.sae", "tl_reward.audit", "tl_reward.compare", "tl_reward.irm",

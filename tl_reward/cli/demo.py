@@ -1,4 +1,5 @@
-"""``tl-reward demo``: the demo RM's rewards for a few preference pairs of our own."""
+"""``tl-reward demo``: the demo RM's rewards for a few preference pairs of our own;
+``tl-reward demo --prm``: the demo PRM's step probabilities for three arithmetic solutions."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from tl_reward.cli.common import add_model_options, load_model
 from tl_reward.data.preference import PreferencePair
-from tl_reward.model.demo import DEMO_MODEL_NAME
+from tl_reward.model.demo import DEMO_MODEL_NAME, PRM_MODEL_NAME
 
 _P = PreferencePair.from_prompt
 
@@ -33,16 +34,32 @@ EXAMPLE_PAIRS = [
 ]
 KINDS = ["harmful"] * 4 + ["benign"] * 2
 
+#: Three solutions in the demo PRM's training format: all right; a wrong step 2, a carry slip
+#: (15 + 4 = 29, off by 10; the rest continue from it); a wrong step 3, a slip in the last
+#: digit (22 - 7 = 16). ``EXAMPLE_LABELS``: each step's label as the PRM was trained (1 while
+#: every step so far is right).
+EXAMPLE_SOLUTIONS: list[tuple[str, list[str]]] = [
+    ("Compute 8 + 7 + 9 - 6.", ["8 + 7 = 15", "15 + 9 = 24", "24 - 6 = 18", "The answer is 18."]),
+    ("Compute 6 + 9 + 4 + 7.", ["6 + 9 = 15", "15 + 4 = 29", "29 + 7 = 36", "The answer is 36."]),
+    ("Compute 9 + 5 + 8 - 7.", ["9 + 5 = 14", "14 + 8 = 22", "22 - 7 = 16", "The answer is 16."]),
+]
+EXAMPLE_LABELS: list[list[int]] = [[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="score example preference pairs with the demo reward model")
     add_model_options(p)
+    p.add_argument("--prm", action="store_true",
+                   help=f"score the steps of three arithmetic solutions with the demo process "
+                        f"reward model ({PRM_MODEL_NAME}, or --model)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tl_reward.model.scoring import score_pairs
 
+    if args.prm:
+        return run_prm(args)
     model = load_model(args)
     result = score_pairs(model, EXAMPLE_PAIRS)
     df = result.to_dataframe()
@@ -60,4 +77,33 @@ def run(args: argparse.Namespace) -> int:
         print("The demo RM learned HH-RLHF's harmless-base preferences only: it rewards refusing "
               "and short replies,\neven where a helpful answer is wanted. The tutorials take that "
               "preference apart.")
+    return 0
+
+
+def run_prm(args: argparse.Namespace) -> int:
+    """Each step's probability of being right (and all before it) under the demo PRM."""
+    name = PRM_MODEL_NAME if args.model == DEMO_MODEL_NAME else args.model
+    model = load_model(args, name)
+    df = model.rewards(EXAMPLE_SOLUTIONS).to_dataframe()
+    table = df[["input", "step", "step_text"]].copy()
+    table["input"] = [["all right", "wrong step 2", "wrong step 3"][i] for i in df["input"]]
+    table["step"] += 1
+    table["label"] = [EXAMPLE_LABELS[i][k] for i, k in zip(df["input"], df["step"], strict=True)]
+    table["probability"] = df["probability"]
+    print(f"Model: {name}  ({model.cfg.n_layers} layers, step tag {model.step_format.tag!r})")
+    print(table.rename(columns={"input": "solution"}).to_string(
+        index=False, float_format=lambda v: f"{v:.3f}"))
+    if name == PRM_MODEL_NAME:
+        from tl_reward.model.demo import load_prm_head
+
+        meta = load_prm_head()[1]
+        held = meta["heldout"]
+        print(f"label: 1 while every step so far is right. Held-out step accuracy "
+              f"{meta['heldout_step_accuracy']:.3f} on {held['n_steps']} steps of "
+              f"{held['n_solutions']} generated solutions (majority class "
+              f"{meta['heldout_majority_rate']:.3f}; by label "
+              f"0: {held['accuracy_by_label']['0']:.3f}, 1: {held['accuracy_by_label']['1']:.3f}).")
+        print(f"Wrong steps it catches (held out): carry slips (off by 10) "
+              f"{held['wrong_step_caught_carry_slip']:.2f}, slips of 1-3 "
+              f"{held['wrong_step_caught_small_slip']:.2f}.")
     return 0

@@ -106,23 +106,27 @@ class BridgeRewardModel(RewardModelMixin, RewardBridge):
     ) -> BridgeRewardModel:
         """Wrap an HF sequence-classification reward model (a hub name, a local directory, an
         in-memory ``hf_model``, or a built-in name: the demo RMs ``tl-reward/smollm2-135m-hh``
-        and ``tl-reward/smollm2-135m-multi``, loaded offline as ``HookedRewardModel`` loads
-        them) without converting its weights. ``device`` and ``dtype``
-        move and cast the HF model first; the bridge itself never does. ``lm_head_rows`` reads
-        those rows of a causal LM's head; ArmoRM, QRM, INF-ORM, InternLM2 (whose sequences
-        end in its reward token, the pooled one) and Qwen2.5-Math-PRM (its MLP head read at
-        each step's tag) load through :func:`custom_head`.
+        and ``tl-reward/smollm2-135m-multi`` and the demo PRM ``tl-reward/smollm2-135m-prm``,
+        loaded offline as ``HookedRewardModel`` loads them, with the PRM's step tag) without
+        converting its weights. ``device`` and ``dtype`` move and cast the HF model first; the
+        bridge itself never does. ``lm_head_rows`` reads those rows of a causal LM's head;
+        ArmoRM, QRM, INF-ORM, InternLM2 (whose sequences end in its reward token, the pooled
+        one) and Qwen2.5-Math-PRM (its MLP head read at each step's tag) load through
+        :func:`custom_head`.
         ``step_tag`` and ``head_weights`` as for HookedRewardModel (a process reward model)."""
         import transformers
 
         if hf_model is None:
-            from tl_reward.model.loading import BUILTIN_MODELS
+            from tl_reward.model.loading import BUILTIN_MODELS, builtin_options
 
             if name_or_path is None:
                 raise ValueError("pass name_or_path or hf_model")
             if name_or_path in BUILTIN_MODELS:  # the demo RMs, offline, as HookedRewardModel
                 hf_model, builtin_tokenizer = BUILTIN_MODELS[name_or_path](dtype)
                 tokenizer = tokenizer or builtin_tokenizer
+                options = builtin_options(name_or_path, step_tag=step_tag,
+                                          head_weights=head_weights)
+                step_tag, head_weights = options["step_tag"], options["head_weights"]
             else:  # Qwen2.5-Math-PRM's custom code loads as AutoModel (reward_auto_class)
                 from tl_reward.model.loading import reward_auto_class
 

@@ -12,6 +12,16 @@ linear heads (``assets/smollm2_multi_head.safetensors``, trained by
 ``scripts/train_multi_head.py``): ``harmlessness`` (Bradley-Terry on HH-RLHF pairs, the demo
 head refitted) and ``sentiment`` (ridge regression of the VADER compound score of the assistant
 reply, in compound units). It has no combined score: ask for an objective by name.
+
+The demo process reward model (``tl-reward/smollm2-135m-prm``) is the same backbone with the
+published PRM head, ``Sequential(Linear(576, 576), ReLU, Linear(576, 2))`` read at a tag after
+each step (INF-ORM's module ``INFORMForSequenceClassification`` from
+:mod:`tl_reward.testing.inform_reference` with ``num_labels=2``; class 1: the step and every
+step before it are correct), trained by
+``scripts/train_demo_prm.py`` on generated arithmetic (:mod:`tl_reward.data.arithmetic`). Its
+tag, :data:`PRM_TAG`, is ``<file_sep>``: one token of SmolLM2's tokenizer (id 5), an existing
+special token of its code pretraining (a separator between files) that the chat template never
+writes and chat text hardly holds, so no embedding is added or resized.
 """
 
 from __future__ import annotations
@@ -33,6 +43,13 @@ HEAD_FILE = Path(__file__).resolve().parent.parent / "assets" / "smollm2_hh_head
 MULTI_MODEL_NAME = "tl-reward/smollm2-135m-multi"
 MULTI_HEAD_FILE = HEAD_FILE.with_name("smollm2_multi_head.safetensors")
 MULTI_OBJECTIVES: tuple[str, ...] = ("harmlessness", "sentiment")
+PRM_MODEL_NAME = "tl-reward/smollm2-135m-prm"
+PRM_HEAD_FILE = HEAD_FILE.with_name("smollm2_prm_head.safetensors")
+#: The demo PRM's step tag: one existing special token of SmolLM2's tokenizer (id 5).
+PRM_TAG = "<file_sep>"
+#: Its two outputs; the step score is ``correct - wrong`` (``head_weights`` ``[-1, 1]``).
+PRM_LABELS: tuple[str, ...] = ("wrong", "correct")
+PRM_HEAD_WEIGHTS: tuple[float, ...] = (-1.0, 1.0)
 
 
 def smollm2_package_dir() -> Path:
@@ -134,3 +151,49 @@ def multi_hf_reward_model(dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     ``num_labels=2`` (``id2label``: harmlessness, sentiment)."""
     weight, _ = load_multi_head()
     return _smollm2_classifier(weight, dtype, MULTI_OBJECTIVES)
+
+
+def load_prm_head(path: Path = PRM_HEAD_FILE) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The demo PRM head's ``score`` state dict (``0.weight``, ``0.bias``, ``2.weight``,
+    ``2.bias``) and its training metadata."""
+    from safetensors import safe_open
+
+    if not path.exists():
+        raise TLRewardError(f"the head {path.name} is missing from the package; train it with "
+                            "scripts/train_demo_prm.py")
+    with safe_open(str(path), framework="pt") as fh:
+        state = {k: fh.get_tensor(k) for k in fh.keys()}
+        meta = dict(fh.metadata() or {})
+    return state, {k: json.loads(v) for k, v in meta.items()}
+
+
+def demo_prm_hf_model(dtype: torch.dtype | None = None, head_file: Path = PRM_HEAD_FILE
+                      ) -> tuple[Any, Any]:
+    """The demo PRM as INF-ORM's HF module with ``num_labels=2`` (SmolLM2 body, the trained
+    head of ``head_file``) and its tokenizer; float32 unless ``dtype`` says otherwise.
+
+    Read it at each :data:`PRM_TAG` (the loaders do, by :data:`BUILTIN_OPTIONS`); the module's
+    own ``forward`` pools INF-ORM's legacy position (the first pad, ``<|im_end|>``, minus one),
+    which is no step's tag."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    from tl_reward.testing.inform_reference import INFORMForSequenceClassification
+
+    dtype = dtype or torch.float32
+    path = smollm2_local_dir()
+    tok = AutoTokenizer.from_pretrained(path)
+    state, _ = load_prm_head(head_file)
+    config = AutoConfig.from_pretrained(path)
+    config.num_labels = len(PRM_LABELS)
+    config.id2label = dict(enumerate(PRM_LABELS))
+    config.label2id = {name: i for i, name in enumerate(PRM_LABELS)}
+    config.architectures = ["INFORMForSequenceClassification"]
+    config.pad_token_id = tok.pad_token_id
+    config.tie_word_embeddings = False
+    model = INFORMForSequenceClassification(config)
+    body = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).model
+    with torch.no_grad():
+        model.model.load_state_dict(body.state_dict())
+        model.score.load_state_dict(state)
+    return model.to(dtype).eval(), tok

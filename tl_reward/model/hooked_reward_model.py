@@ -96,8 +96,11 @@ class HookedRewardModel(RewardModelMixin, HookedTransformer):
         """Load a reward model by hub name, local directory, built-in name or HF object.
 
         Args:
-            name_or_path: a hub name, a local directory saved by ``save_pretrained``, or
-                ``"tl-reward/smollm2-135m-hh"`` (the demo RM). May be ``None`` with ``hf_model``.
+            name_or_path: a hub name, a local directory saved by ``save_pretrained``, or a
+                built-in name: ``"tl-reward/smollm2-135m-hh"`` (the demo RM),
+                ``"tl-reward/smollm2-135m-multi"``, ``"tl-reward/smollm2-135m-prm"`` (the demo
+                PRM, its step tag and ``head_weights`` applied). May be ``None`` with
+                ``hf_model``.
             hf_model: an in-memory HF reward model (no download, no network call).
             tokenizer: its tokenizer (loaded from ``name_or_path`` when omitted).
             device, dtype: where and in which precision the TransformerLens weights live.

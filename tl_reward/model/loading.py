@@ -23,7 +23,14 @@ from tl_reward.architectures.lm_head import (
     sequence_classification_name,
 )
 from tl_reward.errors import TLRewardError, TokenizerMismatchError
-from tl_reward.model.demo import demo_hf_reward_model, multi_hf_reward_model
+from tl_reward.model.demo import (
+    PRM_HEAD_WEIGHTS,
+    PRM_MODEL_NAME,
+    PRM_TAG,
+    demo_hf_reward_model,
+    demo_prm_hf_model,
+    multi_hf_reward_model,
+)
 from tl_reward.model.heads import LinearRewardHead, objective_names_of
 from tl_reward.model.pooling import check_rule
 
@@ -40,7 +47,21 @@ BUILTIN_MODELS: dict[str, BuiltinLoader] = {
     "tl-reward/smollm2-135m-hh": demo_hf_reward_model,
     "demo": demo_hf_reward_model,
     "tl-reward/smollm2-135m-multi": multi_hf_reward_model,
+    PRM_MODEL_NAME: demo_prm_hf_model,
 }
+
+#: The loaders' options of a built-in name that needs any (the demo PRM's step tag and
+#: two-class score); an option the caller passes wins.
+BUILTIN_OPTIONS: dict[str, dict[str, Any]] = {
+    PRM_MODEL_NAME: {"step_tag": PRM_TAG, "head_weights": PRM_HEAD_WEIGHTS},
+}
+
+
+def builtin_options(name: str | None, **given: Any) -> dict[str, Any]:
+    """``given`` with each ``None`` filled from ``BUILTIN_OPTIONS[name]`` (a built-in name's
+    loader options; the caller's own values win)."""
+    options = BUILTIN_OPTIONS.get(name or "", {})
+    return {k: options.get(k) if v is None else v for k, v in given.items()}
 
 
 def reward_auto_class(config: Any, lm_head_rows: Sequence[int] | None = None,
@@ -259,6 +280,8 @@ def load_reward_model(
         if name_or_path in BUILTIN_MODELS:
             hf_model, builtin_tok = BUILTIN_MODELS[name_or_path](dtype)
             tokenizer = tokenizer or builtin_tok
+            options = builtin_options(name_or_path, step_tag=step_tag, head_weights=head_weights)
+            step_tag, head_weights = options["step_tag"], options["head_weights"]
         else:
             hf_model = load_hf_reward_model(name_or_path, dtype, trust_remote_code,
                                             lm_head_rows, **hf_kwargs)
