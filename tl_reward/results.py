@@ -58,7 +58,7 @@ RESULT_MODULES = (
     "tl_reward.irm.sweep", "tl_reward.model.readout", "tl_reward.model.response_template",
     "tl_reward.model.scoring", "tl_reward.model.step_rewards", "tl_reward.model.steps",
     "tl_reward.process.compare", "tl_reward.process.knockout", "tl_reward.process.propagation",
-    "tl_reward.process.sources", "tl_reward.rl.gain", "tl_reward.sae.ablation",
+    "tl_reward.process.sources", "tl_reward.rl.gain", "tl_reward.rl.text", "tl_reward.sae.ablation",
     "tl_reward.sae.attribution", "tl_reward.sae.features", "tl_reward.sae.fit",
     "tl_reward.sae.training",
     "tl_reward.stats.agreement", "tl_reward.stats.estimate", "tl_reward.stats.regression",
