@@ -53,6 +53,7 @@ def test_gold_peaks_while_the_proxy_rises_and_the_head_shows_first(
     assert curve.overoptimised
     assert curve.component == head and 0 <= curve.signal_step <= curve.peak_step
     assert curve.lead_time == curve.signal_step - curve.peak_step <= 0
+    assert 0 < curve.proxy_rise_step <= 3  # the trigger share is 0.25 from step 1
     assert curve.sentence().startswith(f"gold stops rising at step {curve.peak_step}; after it "
                                        "the proxy changes +")
     assert f"{head}'s gain is above 0 from step {curve.signal_step}" in curve.sentence()

@@ -63,6 +63,8 @@ class GoodhartCurve(ShortRepr):
             sign-flip interval (NaN below 6 units); gold, gold_ci_low, gold_ci_high: the same
             of the gold score.
         peak_step: where gold stops rising.
+        proxy_rise_step: the first step whose proxy is above the first step's by a Welch
+            interval (-1: none).
         proxy_after_peak, gold_after_peak: the change from the peak to the last step;
             ``*_ci``: its Welch interval ``[low, high]`` (NaN at the last step).
         component: the component whose lead time is measured (``""``: none).
@@ -82,6 +84,7 @@ class GoodhartCurve(ShortRepr):
     gold_ci_low: np.ndarray
     gold_ci_high: np.ndarray
     peak_step: int
+    proxy_rise_step: int
     proxy_after_peak: float
     proxy_after_peak_ci: list[float]
     gold_after_peak: float
@@ -110,8 +113,8 @@ class GoodhartCurve(ShortRepr):
 
     def sentence(self) -> str:
         """``"gold stops rising at step 12, KL 0.031; after it the proxy changes +2.90 [+2.10,
-        +3.70] and gold -0.10 [-0.50, +0.30]; L2.H0's gain is above 0 from step 8 (lead time -4
-        steps)"``."""
+        +3.70] and gold -0.10 [-0.50, +0.30]; the proxy first rises at step 8; L2.H0's gain is
+        above 0 from step 8 (lead time -4 steps)"``."""
         lo, hi = self.proxy_after_peak_ci
         glo, ghi = self.gold_after_peak_ci
         out = f"gold stops rising at {self._at(self.peak_step)}"
@@ -120,6 +123,8 @@ class GoodhartCurve(ShortRepr):
                     f"{hi:+.2f}] and gold {self.gold_after_peak:+.2f} [{glo:+.2f}, {ghi:+.2f}]")
         else:
             out += " (the last step: gold never stops rising)"
+        out += (f"; the proxy first rises at step {self.proxy_rise_step}"
+                if self.proxy_rise_step >= 0 else "; the proxy never rises")
         if self.component:
             out += (f"; {self.component}'s gain is above 0 from step {self.signal_step} (lead "
                     f"time {self.lead_time:+.0f} steps)" if self.signal_step >= 0 else
@@ -277,6 +282,8 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
         warnings.simplefilter("ignore", RuntimeWarning)
         lo, hi = _welch(per[-1], per[p], confidence) if p < len(steps) - 1 else \
             (np.full(2, np.nan), np.full(2, np.nan))
+        rise = [s for s, u in zip(steps[1:], per[1:], strict=True)
+                if _welch(u[:, :1], per[0][:, :1], confidence)[0][0] > 0]
     after = per[-1].mean(0) - per[p].mean(0)
     signal, lead = -1, float("nan")
     if component is not None:
@@ -294,12 +301,14 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
               f"below 6 {unit}s); x-axis: {x_from}; peak: the first step after which no later "
               "step's gold is above it by a Welch interval (scipy.stats.ttest_ind, unequal "
               f"variances, none below {MIN_UNITS} {unit}s); after the peak: Welch interval of "
-              "the last step minus the peak"
+              "the last step minus the peak; the proxy's rise: the first step above the first "
+              "by a Welch interval"
               + ("; signal: the first step the component's part of the reward change since "
                  f"step {steps[0]} has a Welch interval above 0 (reward_gain)"
                  if component is not None else ""))
     return GoodhartCurve(
         list(steps), x, x_label, *stats_["proxy"].T, *stats_["gold"].T, peak,
+        int(rise[0]) if rise else -1,
         float(after[0]), [float(lo[0]), float(hi[0])], float(after[1]),
         [float(lo[1]), float(hi[1])], component or "", signal, lead,
         np.array([len(u) for u in per], dtype=np.int64), unit, confidence, method)
