@@ -289,7 +289,7 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
     if component is not None:
         if gain is None:
             gain = reward_gain(record, since=steps[0], steps=steps[1:], model=model, unit=unit,
-                               confidence=confidence)
+                               confidence=confidence, progress=False)
         if component not in gain.components:
             raise TLRewardError(f"no component {component!r} in the gain's components "
                                 f"({', '.join(gain.components[:6])}, ...)")

@@ -93,7 +93,7 @@ def run_report(record: RunRecord, model: Any = None, kl: Any = None,
     first = record.read(steps[0]) if steps else None
     gain = drift = curve = None
     if len(steps) > 1:
-        gain = reward_gain(record, since=steps[0], model=model)
+        gain = reward_gain(record, since=steps[0], model=model, progress=False)
         drift = text_drift(record, tokenizer=tokenizer, extra=extra, since=steps[0])
     if first is not None and "gold" in first:
         if component is None and gain is not None:
