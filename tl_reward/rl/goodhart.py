@@ -42,7 +42,7 @@ import pandas as pd
 
 from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.results import ShortRepr
-from tl_reward.rl.gain import MIN_UNITS, RewardGain, _units, _welch, reward_gain
+from tl_reward.rl.gain import MIN_UNITS, RewardGain, _bars, _units, _welch, reward_gain
 from tl_reward.rl.record import Grader, RunRecord, RunRecordError, decoded
 
 __all__ = ["GoodhartCurve", "goodhart_curve", "kl_from_log_history", "peak_step"]
@@ -146,7 +146,8 @@ class GoodhartCurve(ShortRepr):
 
     def plot(self) -> Any:
         """Proxy (left axis) and gold (right axis) against the KL or the step, intervals as
-        bands, the gold peak and the component's signal step marked."""
+        error bars (none where a step has too few units), the gold peak and the component's
+        signal step marked."""
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
@@ -157,12 +158,9 @@ class GoodhartCurve(ShortRepr):
                  "31,119,180", False),
                 ("gold score", self.gold, self.gold_ci_low, self.gold_ci_high, "214,39,40",
                  True)):
-            if np.isfinite(lo).any():
-                fig.add_trace(go.Scatter(x=x + x[::-1], y=[*hi, *lo[::-1]], fill="toself",
-                                         line={"width": 0}, fillcolor=f"rgba({colour},0.15)",
-                                         hoverinfo="skip", showlegend=False), secondary_y=right)
             fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines+markers",
                                      marker={"size": 4}, line={"color": f"rgb({colour})"},
+                                     error_y=_bars(y, lo, hi, f"rgba({colour},0.35)"),
                                      customdata=self.steps,
                                      hovertemplate="step %{customdata}: %{y:.3f}"),
                           secondary_y=right)

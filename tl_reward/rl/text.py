@@ -40,7 +40,7 @@ import pandas as pd
 from tl_reward.audit.perturbations import AGREEMENT, FLATTERY, HEDGES, PADDING
 from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.results import ShortRepr
-from tl_reward.rl.gain import MIN_UNITS, _units, _welch
+from tl_reward.rl.gain import MIN_UNITS, _bars, _units, _welch
 from tl_reward.rl.record import RunRecord, RunRecordError, decoded
 
 __all__ = ["PROPERTIES", "REFUSALS", "TextDrift", "completion_text", "text_drift",
@@ -225,7 +225,8 @@ class TextDrift(ShortRepr):
 
     def plot(self, properties: Sequence[str] | None = None, cols: int = 3) -> Any:
         """One panel per property (default: every one that changes): its mean over the steps
-        with its interval as a band, and the mean reward in the first panel."""
+        with its interval as error bars (none where a step has too few units), and the mean
+        reward in the first panel."""
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
@@ -244,13 +245,10 @@ class TextDrift(ShortRepr):
                                          mode="lines", line={"color": "black"}), row=r, col=c)
                 continue
             j = self.properties.index(name)
-            lo, hi = self.ci_low[:, j], self.ci_high[:, j]
-            if np.isfinite(lo).any():
-                fig.add_trace(go.Scatter(x=x + x[::-1], y=[*hi, *lo[::-1]], fill="toself",
-                                         line={"width": 0}, fillcolor="rgba(31,119,180,0.2)",
-                                         hoverinfo="skip", showlegend=False), row=r, col=c)
             fig.add_trace(go.Scatter(x=x, y=self.mean[:, j], name=name, mode="lines",
-                                     line={"color": "rgb(31,119,180)"}, showlegend=False),
+                                     line={"color": "rgb(31,119,180)"}, showlegend=False,
+                                     error_y=_bars(self.mean[:, j], self.ci_low[:, j],
+                                                   self.ci_high[:, j], "rgba(31,119,180,0.35)")),
                           row=r, col=c)
         fig.update_layout(title="What the policy's text changed (mean per step, "
                                 f"{self.confidence:.0%} interval)", height=260 * rows,
