@@ -13,11 +13,12 @@ reward_gain`).
 
 How much of the reward gain each property explains: the per-completion reward is regressed on
 the properties pooled over the steps (OLS with an intercept, ``statsmodels``, standard errors
-clustered by unit: a step's prompt), and each property's *explained* gain is its change of mean
-times its coefficient. The explained parts sum to the change of the mean fitted reward, not to
-the reward change: this is an observational decomposition (a property correlated with what the
-reward model really reads gets its credit, collinear properties split theirs arbitrarily), not
-the exact split over components that :func:`~tl_reward.rl.gain.reward_gain` gives.
+clustered by unit: a step's prompt; intervals from ``MIN_CLUSTERS`` units), and each
+property's *explained* gain is its change of mean times its coefficient. The explained parts
+sum to the change of the mean fitted reward, not to the reward change: this is an
+observational decomposition (a property correlated with what the reward model really reads
+gets its credit, collinear properties split theirs arbitrarily), not the exact split over
+components that :func:`~tl_reward.rl.gain.reward_gain` gives.
 
 Example:
     >>> drift = text_drift(RunRecord.open("runs/grpo"), tokenizer=policy_tokenizer,
@@ -43,8 +44,12 @@ from tl_reward.results import ShortRepr
 from tl_reward.rl.gain import MIN_UNITS, _bars, _units, _welch
 from tl_reward.rl.record import RunRecord, RunRecordError, decoded
 
-__all__ = ["PROPERTIES", "REFUSALS", "TextDrift", "completion_text", "text_drift",
-           "text_properties"]
+__all__ = ["MIN_CLUSTERS", "PROPERTIES", "REFUSALS", "TextDrift", "completion_text",
+           "text_drift", "text_properties"]
+
+#: Fewest units (clusters) for the coefficients' cluster-robust intervals and p-values: their
+#: simulated coverage is 0.93-0.94 at 24-50 units, 0.94-0.96 from 100 (docs/rl.md).
+MIN_CLUSTERS = 100
 
 #: Refusal openings counted by the ``refusals`` property.
 REFUSALS = ("I'm sorry", "I am sorry", "I apologize", "I can't help", "I cannot help",
@@ -137,7 +142,7 @@ class TextDrift(ShortRepr):
         mean_reward: ``[S]`` the mean reward over units; reward_change: ``[S]`` its change.
         coef: ``[P]`` the pooled regression's coefficient of each property (NaN: constant or
             collinear with earlier properties, left out); coef_ci_low, coef_ci_high, coef_p:
-            cluster-robust intervals and p-values.
+            cluster-robust intervals and p-values (NaN below ``MIN_CLUSTERS`` units).
         explained: ``[S, P]`` change times coefficient (0 where the coefficient is NaN).
         r2: the regression's R^2; n_completions: rows it was fitted on.
         n_units: ``[S]`` units per step; unit: ``"prompt"`` or ``"completion"``.
@@ -261,7 +266,7 @@ def _fit(y: np.ndarray, x: np.ndarray, groups: np.ndarray, confidence: float
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, list[int]]:
     """OLS of ``y`` on an intercept and the columns of ``x`` that vary and are not collinear
     with earlier ones (the others NaN), standard errors clustered by ``groups``: coef, ci_low,
-    ci_high, p, R^2 and the left-out columns."""
+    ci_high, p (NaN below ``MIN_CLUSTERS`` groups), R^2 and the left-out columns."""
     import statsmodels.api as sm
 
     p = x.shape[1]
@@ -278,10 +283,11 @@ def _fit(y: np.ndarray, x: np.ndarray, groups: np.ndarray, confidence: float
         return *out, float("nan"), list(range(p))  # type: ignore[return-value]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # statsmodels' notes on few clusters
-        fit = sm.OLS(y, design).fit(cov_type="cluster", cov_kwds={"groups": groups})
+        fit = sm.OLS(y, design).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
         ci = np.asarray(fit.conf_int(1 - confidence))
-    out[0][keep], out[1][keep], out[2][keep] = fit.params[1:], ci[1:, 0], ci[1:, 1]
-    out[3][keep] = fit.pvalues[1:]
+    out[0][keep] = fit.params[1:]
+    if len(np.unique(groups)) >= MIN_CLUSTERS:
+        out[1][keep], out[2][keep], out[3][keep] = ci[1:, 0], ci[1:, 1], fit.pvalues[1:]
     return *out, float(fit.rsquared), left_out  # type: ignore[return-value]
 
 
@@ -356,14 +362,18 @@ def text_drift(record: RunRecord, properties: Sequence[str] | None = None,
     ]))[0]
     coef, coef_lo, coef_hi, coef_p, r2, left_out = _fit(y, x, groups, confidence)
     explained = change * np.nan_to_num(coef)[None, :]
+    n_groups = len(np.unique(groups))
+    coef_ci = (f"standard errors clustered by {unit} within a step, t({n_groups - 1}) "
+               "intervals" if n_groups >= MIN_CLUSTERS else f"no coefficient interval: {n_groups} "
+               f"{unit}s in all, fewer than {MIN_CLUSTERS}")
     dropped = f"; left out of the fit (constant or collinear): {[names[j] for j in left_out]}" \
         if left_out else ""
     method = (f"per step: mean over {unit}s, sign-flip interval (summarise_mean, none below 6 "
               f"{unit}s); change since step {since}: Welch interval (scipy.stats.ttest_ind, "
               f"none below {MIN_UNITS} {unit}s a step); explained: change x coefficient of an "
               "OLS of the per-completion reward on the properties pooled over the steps "
-              f"(statsmodels, standard errors clustered by {unit} within a step): an "
-              f"observational decomposition, not an exact one{dropped}")
+              f"(statsmodels; {coef_ci}): an observational decomposition, not an exact "
+              f"one{dropped}")
     return TextDrift(order, since, names, mean, lo, hi, change, clo, chi, mean_reward,
                      mean_reward - mean_reward[0], coef, coef_lo, coef_hi, coef_p, explained,
                      r2, int(len(y)), n_units, unit, confidence, method)
