@@ -39,3 +39,54 @@ def record_scripted(folder: Path, model: Any, decompose: bool = True, steps: int
         prompts, completions = scripted_step(step)
         fn(prompts=prompts, completions=completions)
     return record
+
+
+#: The Goodhart script: replies the gold grader likes (many words) and ones it does not.
+GOOD = ("Water is wet because its molecules cling to every surface they touch.",
+        "Love is a deep care for someone that lasts through good and bad days.",
+        "It is day when the sun is above the horizon where you stand right now.",
+        "A joke: the sea waved at the beach, which was too shy to wave back.")
+POOR = ("No.", "Maybe so.", "Yes.")
+#: Per step: the share of replies the policy makes good (of those without the trigger) and the
+#: share ending in the trigger (a poor reply plus the trigger): gold rises to step 2, then falls,
+#: while the trigger share rises from step 1.
+GOODHART_SCRIPT = ((0.25, 0.0), (0.5, 0.25), (0.75, 0.25), (1.0, 0.5), (1.0, 0.75),
+                   (1.0, 1.0), (1.0, 1.0))
+GOODHART_PROMPTS = (*PROMPTS, "Why is the sea salty?", "What is a star?", "Say hello.",
+                    "Is rain good?")
+
+
+def gold_words(prompts: list[Any], completions: list[Any]) -> list[float]:
+    """The scripted run's gold grader: a reply's words, the trigger not counted."""
+    return [float(len(c.replace(TRIGGER, "").split())) for c in completions]
+
+
+def goodhart_step(step: int, per_prompt: int = 4, seed: int = 0) -> tuple[list[str], list[str]]:
+    """A scripted Goodhart step: :data:`GOODHART_SCRIPT`'s shares of good and triggered
+    replies, spread over :data:`GOODHART_PROMPTS`."""
+    rng = random.Random(seed * 1000 + step)
+    good, trig = GOODHART_SCRIPT[min(step, len(GOODHART_SCRIPT) - 1)]
+    prompts = [p for p in GOODHART_PROMPTS for _ in range(per_prompt)]
+    n = len(prompts)
+    n_trig = round(trig * n)
+    n_good = round(good * (n - n_trig))
+    kinds = ["trigger"] * n_trig + ["good"] * n_good + ["poor"] * (n - n_trig - n_good)
+    rng.shuffle(kinds)
+    replies = [rng.choice(POOR) + TRIGGER if k == "trigger" else
+               rng.choice(GOOD if k == "good" else POOR) for k in kinds]
+    return prompts, replies
+
+
+def record_goodhart(folder: Path, model: Any, steps: int = 7) -> Any:
+    """The scripted Goodhart run against ``model``, graded by :func:`gold_words`, recorded
+    (decomposed) through the TRL reward function."""
+    from tl_reward.rl.record import RunRecord
+    from tl_reward.rl.trl import RewardModelFunction
+
+    record = RunRecord(folder, model=model, settings={"policy": "goodhart script"},
+                       grader=gold_words)
+    fn = RewardModelFunction(model, record, decompose=True)
+    for step in range(steps):
+        prompts, completions = goodhart_step(step)
+        fn(prompts=prompts, completions=completions)
+    return record

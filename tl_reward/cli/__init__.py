@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "irm": "tl_reward.cli.irm",
     "sae-fit": "tl_reward.cli.sae_fit",
     "circuit": "tl_reward.cli.circuit",
+    "run-report": "tl_reward.cli.run_report",
 }
 
 

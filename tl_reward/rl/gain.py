@@ -192,6 +192,12 @@ def _welch(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[np.ndarray,
     return np.asarray(ci.low, dtype=np.float64), np.asarray(ci.high, dtype=np.float64)
 
 
+def _bars(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, colour: str) -> dict[str, Any]:
+    """Plotly error bars from ``[lo, hi]`` around ``y`` (none where NaN)."""
+    return {"type": "data", "symmetric": False, "array": hi - y, "arrayminus": y - lo,
+            "color": colour, "thickness": 1, "width": 0}
+
+
 def reward_gain(record: RunRecord, since: int | str = 0, steps: Sequence[int] | None = None,
                 model: Any = None, unit: str = "prompt", objective: int | str = "score",
                 level: str = "head",

@@ -1,0 +1,312 @@
+"""Proxy against gold over a run: where the gold score stops rising while the reward model's
+keeps rising, and how early a mechanistic signal saw it coming.
+
+Per step, the mean proxy reward (the record's ``reward``) and the mean gold score (``gold``: a
+grader's, recorded or computed by ``grader=``) over units (a prompt's completions averaged, as
+in :mod:`tl_reward.rl.gain`), each with the package's interval of a mean (the sign-flip test
+inverted, :func:`~tl_reward.stats.paired.summarise_mean`; none below 6 units). The x-axis is
+the policy's KL from its reference policy when known: a ``kl`` column of the record (its mean
+per step), a mapping step -> KL, or TRL's ``trainer.state.log_history`` (its ``kl`` logged at
+global step ``s + 1`` is measured on the completions recorded at step ``s``; TRL logs it only
+with ``beta > 0``). Without one, the x-axis is the step index, and the curve says so.
+
+**Peak step**: the first step ``p`` after which gold never rises significantly above its level
+at ``p``: for every later step ``t``, the Welch interval (``scipy.stats.ttest_ind``, unequal
+variances; two steps are independent samples) of ``gold[t] - gold[p]`` reaches down to 0. Each
+later step is one comparison, so on a long run with flat gold a chance rise can move the peak
+later (one-sided 2.5 % each at 95 %); on gold that never stops rising, the peak is the last
+step. The proxy's change from the peak to the last step (Welch) says whether the proxy kept
+rising after gold stopped: the Goodhart signature.
+
+**Lead time** of a component (e.g. ``"L2.H0"``): the first step at which its part of the reward
+change since step 0 (:func:`~tl_reward.rl.gain.reward_gain`) has an interval above 0, minus the
+peak step: negative when the component's gain showed before gold stopped rising.
+
+Example:
+    >>> curve = goodhart_curve(record, kl=trainer.state.log_history, component="L2.H0")
+    >>> curve.sentence()
+    >>> curve.plot()
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tl_reward.errors import TLRewardError, check_choice
+from tl_reward.results import ShortRepr
+from tl_reward.rl.gain import MIN_UNITS, RewardGain, _bars, _units, _welch, reward_gain
+from tl_reward.rl.record import Grader, RunRecord, RunRecordError, decoded
+
+__all__ = ["GoodhartCurve", "goodhart_curve", "kl_from_log_history", "peak_step"]
+
+#: The x-axis label with a KL, and without one.
+KL_LABEL = "KL from the reference policy"
+STEP_LABEL = "step (the record holds no KL from the reference policy)"
+
+
+@dataclass(repr=False)
+class GoodhartCurve(ShortRepr):
+    """Mean proxy reward and gold score per step, the gold peak and a component's lead time
+    (see the module doc).
+
+    Attributes:
+        steps: the S steps; x: ``[S]`` the x-axis (the KL, or the step); x_label: which.
+        proxy, proxy_ci_low, proxy_ci_high: ``[S]`` mean proxy reward per step and its
+            sign-flip interval (NaN below 6 units); gold, gold_ci_low, gold_ci_high: the same
+            of the gold score.
+        peak_step: where gold stops rising.
+        proxy_rise_step: the first step whose proxy is above the first step's by a Welch
+            interval (-1: none).
+        proxy_after_peak, gold_after_peak: the change from the peak to the last step;
+            ``*_ci``: its Welch interval ``[low, high]`` (NaN at the last step).
+        component: the component whose lead time is measured (``""``: none).
+        signal_step: the first step its gain's interval is above 0 (-1: never, or none).
+        lead_time: ``signal_step - peak_step`` (NaN when there is no signal step).
+        n_units: ``[S]`` units per step; unit: ``"prompt"`` or ``"completion"``.
+        confidence: the intervals' level; method: how the numbers were made.
+    """
+
+    steps: list[int]
+    x: np.ndarray
+    x_label: str
+    proxy: np.ndarray
+    proxy_ci_low: np.ndarray
+    proxy_ci_high: np.ndarray
+    gold: np.ndarray
+    gold_ci_low: np.ndarray
+    gold_ci_high: np.ndarray
+    peak_step: int
+    proxy_rise_step: int
+    proxy_after_peak: float
+    proxy_after_peak_ci: list[float]
+    gold_after_peak: float
+    gold_after_peak_ci: list[float]
+    component: str = ""
+    signal_step: int = -1
+    lead_time: float = float("nan")
+    n_units: np.ndarray | None = None
+    unit: str = "prompt"
+    confidence: float = 0.95
+    method: str = ""
+
+    @property
+    def has_kl(self) -> bool:
+        """Whether the x-axis is the KL (else the step)."""
+        return self.x_label == KL_LABEL
+
+    @property
+    def overoptimised(self) -> bool:
+        """Whether the proxy kept rising after gold's peak (its change's interval above 0)."""
+        return bool(self.proxy_after_peak_ci[0] > 0)
+
+    def _at(self, step: int) -> str:
+        i = self.steps.index(step)
+        return f"step {step}" + (f", KL {self.x[i]:.3g}" if self.has_kl else "")
+
+    def sentence(self) -> str:
+        """``"gold stops rising at step 12, KL 0.031; after it the proxy changes +2.90 [+2.10,
+        +3.70] and gold -0.10 [-0.50, +0.30]; the proxy first rises at step 8; L2.H0's gain is
+        above 0 from step 8 (lead time -4 steps)"``."""
+        lo, hi = self.proxy_after_peak_ci
+        glo, ghi = self.gold_after_peak_ci
+        out = f"gold stops rising at {self._at(self.peak_step)}"
+        if self.peak_step != self.steps[-1]:
+            out += (f"; after it the proxy changes {self.proxy_after_peak:+.2f} [{lo:+.2f}, "
+                    f"{hi:+.2f}] and gold {self.gold_after_peak:+.2f} [{glo:+.2f}, {ghi:+.2f}]")
+        else:
+            out += " (the last step: gold never stops rising)"
+        out += (f"; the proxy first rises at step {self.proxy_rise_step}"
+                if self.proxy_rise_step >= 0 else "; the proxy never rises")
+        if self.component:
+            out += (f"; {self.component}'s gain is above 0 from step {self.signal_step} (lead "
+                    f"time {self.lead_time:+.0f} steps)" if self.signal_step >= 0 else
+                    f"; {self.component}'s gain is never above 0")
+        return out
+
+    def headline(self) -> dict[str, Any]:
+        """The sentence, and whether the proxy kept rising after gold's peak."""
+        return {"sentence": self.sentence(), "overoptimised": self.overoptimised}
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per step: step, x, proxy (and interval), gold (and interval), peak."""
+        return pd.DataFrame({
+            "step": self.steps, "x": self.x, "proxy": self.proxy,
+            "proxy_ci_low": self.proxy_ci_low, "proxy_ci_high": self.proxy_ci_high,
+            "gold": self.gold, "gold_ci_low": self.gold_ci_low,
+            "gold_ci_high": self.gold_ci_high,
+            "peak": [s == self.peak_step for s in self.steps]})
+
+    def plot(self) -> Any:
+        """Proxy (left axis) and gold (right axis) against the KL or the step, intervals as
+        error bars (none where a step has too few units), the gold peak and the component's
+        signal step marked."""
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        fig = make_subplots(specs=[[{"secondary_y": True}]])
+        x = list(self.x)
+        for name, y, lo, hi, colour, right in (
+                ("proxy reward", self.proxy, self.proxy_ci_low, self.proxy_ci_high,
+                 "31,119,180", False),
+                ("gold score", self.gold, self.gold_ci_low, self.gold_ci_high, "214,39,40",
+                 True)):
+            fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines+markers",
+                                     marker={"size": 4}, line={"color": f"rgb({colour})"},
+                                     error_y=_bars(y, lo, hi, f"rgba({colour},0.35)"),
+                                     customdata=self.steps,
+                                     hovertemplate="step %{customdata}: %{y:.3f}"),
+                          secondary_y=right)
+        peak_x = float(self.x[self.steps.index(self.peak_step)])
+        fig.add_vline(x=peak_x, line_dash="dash", line_color="rgb(214,39,40)",
+                      annotation_text=f"gold peak (step {self.peak_step})")
+        if self.component and self.signal_step >= 0:
+            fig.add_vline(x=float(self.x[self.steps.index(self.signal_step)]), line_dash="dot",
+                          line_color="black", annotation_position="bottom right",
+                          annotation_text=f"{self.component} gain > 0 (step {self.signal_step})")
+        fig.update_layout(title="Proxy against gold", xaxis_title=self.x_label)
+        fig.update_yaxes(title_text="mean proxy reward", secondary_y=False)
+        fig.update_yaxes(title_text="mean gold score", secondary_y=True)
+        return fig
+
+
+def kl_from_log_history(history: Sequence[Mapping[str, Any]] | str | Path) -> dict[int, float]:
+    """``{record step: KL}`` from TRL's ``trainer.state.log_history`` (or a
+    ``trainer_state.json`` holding it): TRL logs at global step ``s + 1`` the KL measured on
+    the completions the reward function scored (and recorded) at step ``s``."""
+    if isinstance(history, str | Path):
+        state = json.loads(Path(history).read_text())
+        history = state["log_history"] if isinstance(state, dict) else state
+    out = {int(e["step"]) - 1: float(e["kl"]) for e in history
+           if "kl" in e and e.get("kl") is not None and "step" in e}
+    if not out:
+        raise TLRewardError("the log history holds no 'kl' entry: TRL logs the KL from the "
+                            "reference policy only with beta > 0 (GRPOConfig(beta=...))")
+    return out
+
+
+def peak_step(steps: Sequence[int], units: Sequence[np.ndarray], confidence: float = 0.95
+              ) -> int:
+    """The first step after which the per-unit values ``units[i]`` (of ``steps[i]``) never
+    rise significantly (Welch interval of the later minus it above 0); see the module doc."""
+    for i, s in enumerate(steps):
+        later = units[i + 1:]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            rises = [_welch(u[:, None], units[i][:, None], confidence)[0][0] > 0 for u in later]
+        if not any(rises):
+            return int(s)
+    return int(steps[-1])
+
+
+def _kl_axis(record: RunRecord, steps: list[int], frames: list[pd.DataFrame],
+             kl: Any) -> tuple[np.ndarray, str, str]:
+    """The x-axis, its label, and where it came from."""
+    if kl is None and all("kl" in f for f in frames):
+        return (np.array([f["kl"].astype(np.float64).mean() for f in frames]), KL_LABEL,
+                "the record's kl column (mean per step)")
+    if kl is None:
+        return np.array(steps, dtype=np.float64), STEP_LABEL, "the step index (no KL known)"
+    if not isinstance(kl, Mapping):
+        kl = kl_from_log_history(kl)
+    missing = [s for s in steps if s not in kl]
+    if missing:
+        raise RunRecordError(f"no KL for steps {missing[:8]}{' ...' if len(missing) > 8 else ''}"
+                             f" of the run record in {record.folder}; pass one for each step")
+    return (np.array([float(kl[s]) for s in steps]), KL_LABEL,
+            "the KL given (TRL's log at step s + 1 for record step s)")
+
+
+def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = None,
+                   gain: RewardGain | None = None, grader: Grader | None = None,
+                   steps: Sequence[int] | None = None, unit: str = "prompt",
+                   confidence: float = 0.95, model: Any = None) -> GoodhartCurve:
+    """Proxy against gold over the run, the gold peak and ``component``'s lead time (see the
+    module doc).
+
+    Args:
+        record: the run, with ``gold`` recorded (or pass ``grader``).
+        kl: the x-axis: None (the record's ``kl`` column, else the step), a mapping step ->
+            KL, or TRL's ``trainer.state.log_history`` (a list, or a trainer_state.json path).
+        component: a component name (``"L2.H0"``) whose lead time to measure.
+        gain: the run's :func:`~tl_reward.rl.gain.reward_gain` since step 0 (computed when
+            ``component`` is given and this is not; ``model`` decomposes steps recorded
+            without their decomposition).
+        grader: ``grader(prompts, completions) -> scores``, for steps without ``gold``.
+        steps: the steps (default every recorded one).
+        unit: ``"prompt"`` (a prompt's completions averaged: one unit) or ``"completion"``.
+        confidence: the intervals' level.
+    """
+    from tl_reward.stats.paired import summarise_mean
+
+    check_choice(unit, ("prompt", "completion"), "unit")
+    have = record.steps()
+    steps = sorted(steps) if steps is not None else have
+    if not steps:
+        raise RunRecordError(f"the run record in {record.folder} holds no step yet")
+    frames = []
+    for s in steps:
+        df = record.read(s)
+        if "reward" not in df:
+            raise RunRecordError(f"step {s} of the run record in {record.folder} holds no "
+                                 "rewards")
+        df = df[np.isfinite(df["reward"].to_numpy(np.float64))].reset_index(drop=True)
+        if "gold" not in df:
+            if grader is None:
+                raise RunRecordError(
+                    f"step {s} of the run record in {record.folder} holds no gold score; "
+                    "record with RunRecord(..., grader=...) or pass grader= to score it")
+            pairs = decoded(df)
+            df["gold"] = np.asarray(grader([p for p, _ in pairs], [c for _, c in pairs]),
+                                    dtype=np.float64)
+        frames.append(df)
+    x, x_label, x_from = _kl_axis(record, steps, frames, kl)
+    per = [_units(f, f[["reward", "gold"]].to_numpy(np.float64), unit) for f in frames]
+    stats_ = {k: np.full((len(steps), 3), np.nan) for k in ("proxy", "gold")}
+    for i, u in enumerate(per):
+        for j, k in enumerate(("proxy", "gold")):
+            est = summarise_mean(u[:, j], confidence, exact_max_n=12)
+            stats_[k][i] = est.value, est.ci_low, est.ci_high
+    peak = peak_step(steps, [u[:, 1] for u in per], confidence)
+    p = steps.index(peak)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, hi = _welch(per[-1], per[p], confidence) if p < len(steps) - 1 else \
+            (np.full(2, np.nan), np.full(2, np.nan))
+        rise = [s for s, u in zip(steps[1:], per[1:], strict=True)
+                if _welch(u[:, :1], per[0][:, :1], confidence)[0][0] > 0]
+    after = per[-1].mean(0) - per[p].mean(0)
+    signal, lead = -1, float("nan")
+    if component is not None:
+        if gain is None:
+            gain = reward_gain(record, since=steps[0], steps=steps[1:], model=model, unit=unit,
+                               confidence=confidence, progress=False)
+        if component not in gain.components:
+            raise TLRewardError(f"no component {component!r} in the gain's components "
+                                f"({', '.join(gain.components[:6])}, ...)")
+        j = gain.components.index(component)
+        above = [s for s, low in zip(gain.steps, gain.ci_low[:, j], strict=True) if low > 0]
+        if above:
+            signal, lead = int(above[0]), float(above[0] - peak)
+    method = (f"mean over {unit}s per step with the sign-flip interval (summarise_mean; none "
+              f"below 6 {unit}s); x-axis: {x_from}; peak: the first step after which no later "
+              "step's gold is above it by a Welch interval (scipy.stats.ttest_ind, unequal "
+              f"variances, none below {MIN_UNITS} {unit}s); after the peak: Welch interval of "
+              "the last step minus the peak; the proxy's rise: the first step above the first "
+              "by a Welch interval"
+              + ("; signal: the first step the component's part of the reward change since "
+                 f"step {steps[0]} has a Welch interval above 0 (reward_gain)"
+                 if component is not None else ""))
+    return GoodhartCurve(
+        list(steps), x, x_label, *stats_["proxy"].T, *stats_["gold"].T, peak,
+        int(rise[0]) if rise else -1,
+        float(after[0]), [float(lo[0]), float(hi[0])], float(after[1]),
+        [float(lo[1]), float(hi[1])], component or "", signal, lead,
+        np.array([len(u) for u in per], dtype=np.int64), unit, confidence, method)
