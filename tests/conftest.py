@@ -36,7 +36,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 #: The longest modules, started first so that neither worker is left with one at the end.
-SLOW_FIRST = ("tests/test_tutorials.py", "tests/scale/", "tests/model/test_smollm2.py")
+SLOW_FIRST = ("tests/test_tutorials.py", "tests/scale/", "tests/model/test_smollm2.py",
+              "tests/process/test_demo_prm.py", "tests/sweep/test_sweep.py",
+              "tests/stats/test_calibration.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

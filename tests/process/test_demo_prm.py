@@ -117,9 +117,39 @@ def test_heldout_step_accuracy_on_a_fresh_sample(sample_rewards) -> None:
     assert p >= meta["heldout_majority_rate"] + 0.05
 
 
-def test_demo_prm_command(models, monkeypatch, capsys) -> None:
+@pytest.fixture(scope="module")
+def judge(models):  # noqa: ANN001, ANN201
+    from tl_reward.model.demo import JUDGE_MODEL_NAME
+
+    return HookedRewardModel.from_judge(JUDGE_MODEL_NAME, device="cpu")
+
+
+def test_demo_prm_command(models, judge, monkeypatch, capsys) -> None:  # noqa: ANN001
     monkeypatch.setattr(demo_cli, "load_model", lambda args, name=None: models[2])
-    assert main(["demo", "--prm", "--device", "cpu"]) == 0
+    monkeypatch.setattr(HookedRewardModel, "from_judge", classmethod(lambda cls, *a, **k: judge))
+    assert main(["demo", "--prm", "--judge", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert PRM_MODEL_NAME in out and "Held-out step accuracy" in out
     assert out.count("The answer is") == 3 and "wrong step 2" in out
+    assert "judge (Yes-No)" in out and "Steps both call right or both wrong" in out
+
+
+@torch.no_grad()
+def test_smollm2_judge_by_name_reads_yes_minus_no(judge) -> None:  # noqa: ANN001
+    """The SmolLM2 chat model as a yes/no judge by its built-in name: the score is HF's own
+    logit("Yes") - logit("No") at the answer position (the judge's prompt built by the test)."""
+    from tl_reward.model.demo import JUDGE_MODEL_NAME, load_smollm2
+    from tl_reward.model.judge import VERDICT_TEMPLATE, verdict_token_id
+
+    assert judge.cfg.model_name == JUDGE_MODEL_NAME
+    lm, tok = load_smollm2()
+    item = ("Compute 8 + 7.", "8 + 7 = 15")
+    msgs = [{"role": "user", "content": VERDICT_TEMPLATE.format(question=item[0],
+                                                                response=item[1])}]
+    ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True,
+                                  return_dict=True)["input_ids"]
+    assert judge.encode(item).ids == ids
+    logits = lm(torch.tensor([ids])).logits[0, -1].double()
+    yes, no = (verdict_token_id(tok, w) for w in ("Yes", "No"))
+    want = float(logits[yes] - logits[no])
+    assert float(judge.rewards([item]).score[0]) == pytest.approx(want, abs=1e-4)

@@ -52,6 +52,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--prm", action="store_true",
                    help=f"score the steps of three arithmetic solutions with the demo process "
                         f"reward model ({PRM_MODEL_NAME}, or --model)")
+    p.add_argument("--judge", action="store_true",
+                   help="with --prm: also ask SmolLM2-135M-Instruct as a yes/no judge about "
+                        "each step (the solution cut after it) and compare the two")
     p.set_defaults(run=run)
 
 
@@ -90,6 +93,14 @@ def run_prm(args: argparse.Namespace) -> int:
     table["step"] += 1
     table["label"] = [EXAMPLE_LABELS[i][k] for i, k in zip(df["input"], df["step"], strict=True)]
     table["probability"] = df["probability"]
+    if getattr(args, "judge", False):
+        from tl_reward import HookedRewardModel
+        from tl_reward.model.demo import JUDGE_MODEL_NAME
+        from tl_reward.process.compare import compare_steps
+
+        judge = HookedRewardModel.from_judge(JUDGE_MODEL_NAME, device=args.device)
+        cmp = compare_steps(model, judge, EXAMPLE_SOLUTIONS, names=("prm", "judge"))
+        table["judge (Yes-No)"] = cmp.b
     print(f"Model: {name}  ({model.cfg.n_layers} layers, step tag {model.step_format.tag!r})")
     print(table.rename(columns={"input": "solution"}).to_string(
         index=False, float_format=lambda v: f"{v:.3f}"))
@@ -106,4 +117,8 @@ def run_prm(args: argparse.Namespace) -> int:
         print(f"Wrong steps it catches (held out): carry slips (off by 10) "
               f"{held['wrong_step_caught_carry_slip']:.2f}, slips of 1-3 "
               f"{held['wrong_step_caught_small_slip']:.2f}.")
+    if getattr(args, "judge", False):
+        print(f"Judge: {JUDGE_MODEL_NAME} asked 'is the answer correct?' about each solution "
+              f"cut after the step (logit Yes - logit No). Steps both call right or both "
+              f"wrong: {cmp.verdicts}; Spearman rho {cmp.ranks.spearman_rho.value:+.2f}.")
     return 0

@@ -44,6 +44,9 @@ MULTI_MODEL_NAME = "tl-reward/smollm2-135m-multi"
 MULTI_HEAD_FILE = HEAD_FILE.with_name("smollm2_multi_head.safetensors")
 MULTI_OBJECTIVES: tuple[str, ...] = ("harmlessness", "sentiment")
 PRM_MODEL_NAME = "tl-reward/smollm2-135m-prm"
+#: SmolLM2-135M-Instruct itself (a causal LM): a generative judge with
+#: ``HookedRewardModel.from_judge(JUDGE_MODEL_NAME)``, not a reward model on its own
+JUDGE_MODEL_NAME = "tl-reward/smollm2-135m-instruct"
 PRM_HEAD_FILE = HEAD_FILE.with_name("smollm2_prm_head.safetensors")
 #: The demo PRM's step tag: one existing special token of SmolLM2's tokenizer (id 5).
 PRM_TAG = "<file_sep>"

@@ -280,6 +280,11 @@ def load_judge(
         raise TLRewardError(
             f"{cls.__name__} reads a judge's yes/no verdict only: a rating judge's expected "
             "rating is a nonlinear head, loaded on HookedRewardModel.from_judge(..., ratings=)")
+    from tl_reward.model.loading import BUILTIN_MODELS
+
+    if hf_model is None and name_or_path in BUILTIN_MODELS:  # offline (the SmolLM2 judge)
+        hf_model, builtin_tokenizer = BUILTIN_MODELS[name_or_path](kwargs.get("dtype"))
+        tokenizer = tokenizer or builtin_tokenizer
     tokenizer = _tokenizer_for(name_or_path, hf_model, tokenizer,
                                bool(kwargs.get("trust_remote_code", False)))
     if getattr(tokenizer, "chat_template", None) is None:

@@ -24,11 +24,13 @@ from tl_reward.architectures.lm_head import (
 )
 from tl_reward.errors import TLRewardError, TokenizerMismatchError
 from tl_reward.model.demo import (
+    JUDGE_MODEL_NAME,
     PRM_HEAD_WEIGHTS,
     PRM_MODEL_NAME,
     PRM_TAG,
     demo_hf_reward_model,
     demo_prm_hf_model,
+    load_smollm2,
     multi_hf_reward_model,
 )
 from tl_reward.model.heads import LinearRewardHead, objective_names_of
@@ -48,6 +50,7 @@ BUILTIN_MODELS: dict[str, BuiltinLoader] = {
     "demo": demo_hf_reward_model,
     "tl-reward/smollm2-135m-multi": multi_hf_reward_model,
     PRM_MODEL_NAME: demo_prm_hf_model,
+    JUDGE_MODEL_NAME: load_smollm2,  # a causal LM: load it with from_judge (or lm_head_rows)
 }
 
 #: The loaders' options of a built-in name that needs any (the demo PRM's step tag and
