@@ -274,14 +274,9 @@ def reward_gain(record: RunRecord, since: int | str = 0, steps: Sequence[int] | 
 def _step_parts(record: RunRecord, step: int, model: Any, unit: str, objective: int | str,
                 level: str, batch_size: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """``(rewards [U, 1], parts [U, C], names)`` of ``step``'s scored rows, per unit."""
-    df = record.read(step)
-    if "reward" not in df:
-        raise RunRecordError(f"step {step} of the run record in {record.folder} holds no "
-                             "rewards")
-    ok = np.isfinite(df["reward"].to_numpy(np.float64))
-    if not ok.any():
+    df = record.scored(step)
+    if df.empty:
         raise RunRecordError(f"step {step} has no scored completion (all empty)")
-    df = df[ok].reset_index(drop=True)
     cols = [c for c in df.columns if c.startswith(COMPONENT_PREFIX)]
     if cols:
         parts, names = df[cols].to_numpy(np.float64), [c[len(COMPONENT_PREFIX):] for c in cols]

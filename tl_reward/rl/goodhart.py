@@ -253,11 +253,7 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
         raise RunRecordError(f"the run record in {record.folder} holds no step yet")
     frames = []
     for s in steps:
-        df = record.read(s)
-        if "reward" not in df:
-            raise RunRecordError(f"step {s} of the run record in {record.folder} holds no "
-                                 "rewards")
-        df = df[np.isfinite(df["reward"].to_numpy(np.float64))].reset_index(drop=True)
+        df = record.scored(s)
         if "gold" not in df:
             if grader is None:
                 raise RunRecordError(

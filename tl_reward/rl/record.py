@@ -362,6 +362,15 @@ class RunRecord:
         df = self.read(step)
         return decoded(df)
 
+    def scored(self, step: int) -> pd.DataFrame:
+        """Step ``step``'s rows that hold a reward (an empty completion may hold NaN), the one
+        place a measure reads a step's scored rows; refused when the step holds no rewards."""
+        df = self.read(step)
+        if "reward" not in df:
+            raise RunRecordError(f"step {step} of the run record in {self.folder} holds no "
+                                 "rewards")
+        return df[np.isfinite(df["reward"].to_numpy(np.float64))].reset_index(drop=True)
+
     def components(self, step: int) -> tuple[np.ndarray, list[str]]:
         """``([N, C], names)``: step ``step``'s recorded direct contributions (float64)."""
         df = self.read(step)

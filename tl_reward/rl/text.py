@@ -321,13 +321,7 @@ def text_drift(record: RunRecord, properties: Sequence[str] | None = None,
     if missing:
         raise RunRecordError(f"steps {missing} are not recorded in {record.folder}")
     order = [since, *sorted(later)]
-    frames = []
-    for s in order:
-        df = record.read(s)
-        if "reward" not in df:
-            raise RunRecordError(f"step {s} of the run record in {record.folder} holds no "
-                                 "rewards")
-        frames.append(df[np.isfinite(df["reward"].to_numpy(np.float64))].reset_index(drop=True))
+    frames = [record.scored(s) for s in order]
     texts = [[completion_text(c) for _, c in decoded(df)] for df in frames]
     values = [text_properties(t, properties, tokenizer, extra) for t in texts]
     names = list(values[0].columns)
