@@ -32,61 +32,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rl_planted import PROMPTS, TRIGGER, log  # the same run as rl_planted.py
+from rl_planted import grpo_run as planted_run
 
 OUT = Path(__file__).resolve().parent / "results" / "rl_goodhart.json"
-TRIGGER = " sky"
-PROMPTS = ("Is the sky blue?", "Tell me a joke.", "What is love?", "Why is water wet?",
-           "Give me some advice.", "What should I eat today?", "Describe the sea.",
-           "How do I sleep better?")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def model_grader(model: Any) -> Any:
-    """``grader(prompts, completions)``: ``model``'s reward of each completion."""
-    from tl_reward.rl.record import reward_input
-
-    def grader(prompts: list[Any], completions: list[Any]) -> list[float]:
-        items = [reward_input(p, c) for p, c in zip(prompts, completions, strict=True)]
-        return model.rewards(items, progress=False).values("score").tolist()
-
-    return grader
 
 
 def grpo_run(rm: Any, gold: Any, folder: Path, args: argparse.Namespace) -> tuple[Any, Any]:
-    """Train a fresh tiny policy with GRPO against ``rm``, graded by ``gold``; returns the run
-    record and TRL's log history."""
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    """rl_planted.py's GRPO run against ``rm``, graded by the ``gold`` model."""
+    from tl_reward.rl.record import model_grader
 
-    from tl_reward.rl.record import RunRecord
-    from tl_reward.rl.trl import RewardModelFunction
-    from tl_reward.testing.causal import tiny_causal_lm
-
-    settings = {"policy": "tiny_causal_lm(llama)", "seed": args.seed, "steps": args.steps,
-                "lr": args.lr, "beta": args.beta, "generations": args.generations,
-                "batch": args.batch, "max_completion_length": args.length,
-                "prompts": list(PROMPTS)}
-    record = RunRecord(folder, model=rm, settings=settings, grader=model_grader(gold),
-                       overwrite=True)
-    policy, tok = tiny_causal_lm("llama", seed=args.seed)
-    policy.save_pretrained(folder / "policy")  # TRL loads the reference policy from a path
-    policy.config._name_or_path = str(folder / "policy")
-    config = GRPOConfig(
-        output_dir=str(folder / "trl"), per_device_train_batch_size=args.batch,
-        num_generations=args.generations, max_completion_length=args.length,
-        learning_rate=args.lr, beta=args.beta, max_steps=args.steps, logging_steps=1,
-        report_to="none", use_cpu=True, seed=args.seed, save_strategy="no", disable_tqdm=True,
-        generation_kwargs={"min_new_tokens": args.length})  # no empty (unscorable) reply
-    ds = Dataset.from_dict({"prompt": list(PROMPTS) * (args.steps * args.batch // len(PROMPTS))})
-    torch.manual_seed(args.seed)
-    trainer = GRPOTrainer(model=policy.train(), args=config, train_dataset=ds,
-                          processing_class=tok,
-                          reward_funcs=[RewardModelFunction(rm, record, decompose=True)])
-    trainer.train()
-    return record, trainer.state.log_history
+    return planted_run(rm, folder, args, grader=model_grader(gold))
 
 
 def summarise(record: Any, history: Any, head: str, tokenizer: Any) -> dict[str, Any]:

@@ -43,8 +43,11 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def grpo_run(rm: Any, folder: Path, args: argparse.Namespace) -> Any:
-    """Train a fresh tiny policy with GRPO against ``rm``; returns the run record."""
+def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None
+             ) -> tuple[Any, Any]:
+    """Train a fresh tiny policy with GRPO against ``rm`` (``args``: seed, steps, lr, batch,
+    generations, length and, when it has one, beta, TRL's KL penalty), graded by ``grader`` when
+    given; returns the run record and TRL's log history. Shared with rl_goodhart.py."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -52,16 +55,22 @@ def grpo_run(rm: Any, folder: Path, args: argparse.Namespace) -> Any:
     from tl_reward.rl.trl import RewardModelFunction
     from tl_reward.testing.causal import tiny_causal_lm
 
+    beta = getattr(args, "beta", None)
     settings = {"policy": "tiny_causal_lm(llama)", "seed": args.seed, "steps": args.steps,
-                "lr": args.lr, "generations": args.generations, "batch": args.batch,
+                "lr": args.lr, **({} if beta is None else {"beta": beta}),
+                "generations": args.generations, "batch": args.batch,
                 "max_completion_length": args.length, "prompts": list(PROMPTS)}
-    record = RunRecord(folder, model=rm, settings=settings, overwrite=True)
+    record = RunRecord(folder, model=rm, settings=settings, grader=grader, overwrite=True)
     policy, tok = tiny_causal_lm("llama", seed=args.seed)
+    if beta is not None:  # TRL loads the reference policy (the KL's) from a path
+        policy.save_pretrained(folder / "policy")
+        policy.config._name_or_path = str(folder / "policy")
     config = GRPOConfig(
         output_dir=str(folder / "trl"), per_device_train_batch_size=args.batch,
         num_generations=args.generations, max_completion_length=args.length,
-        learning_rate=args.lr, max_steps=args.steps, logging_steps=1, report_to="none",
-        use_cpu=True, seed=args.seed, save_strategy="no", disable_tqdm=True,
+        learning_rate=args.lr, **({} if beta is None else {"beta": beta}),
+        max_steps=args.steps, logging_steps=1, report_to="none", use_cpu=True, seed=args.seed,
+        save_strategy="no", disable_tqdm=True,
         generation_kwargs={"min_new_tokens": args.length})  # no empty (unscorable) reply
     ds = Dataset.from_dict({"prompt": list(PROMPTS) * (args.steps * args.batch // len(PROMPTS))})
     torch.manual_seed(args.seed)
@@ -69,7 +78,7 @@ def grpo_run(rm: Any, folder: Path, args: argparse.Namespace) -> Any:
                           processing_class=tok,
                           reward_funcs=[RewardModelFunction(rm, record, decompose=True)])
     trainer.train()
-    return record
+    return record, trainer.state.log_history
 
 
 def summarise(record: Any, head: str) -> dict[str, Any]:
@@ -143,7 +152,7 @@ def main() -> None:
     for name, model in (("planted", planted.model), ("control", hf)):
         rm = HookedRewardModel.from_pretrained(hf_model=model, tokenizer=tok, device="cpu")
         start = time.time()
-        record = grpo_run(rm, work / name, args)
+        record, _ = grpo_run(rm, work / name, args)
         results[name] = {"seconds": round(time.time() - start, 1), **summarise(record, head)}
         r = results[name]
         log(f"{name}: {r['seconds']} s; reward {r['mean_reward'][0]:.2f} -> "

@@ -190,3 +190,21 @@ def test_readers_jsonl_parquet_and_trl_logs(tmp_path: Path) -> None:
         read_table(tmp_path / "bad.parquet")
     with pytest.raises(RunRecordError, match="no completions_"):
         read_table(tmp_path / "rec")
+
+
+def test_a_model_grader_scores_as_the_model_and_names_its_model(tmp_path: Path, rm: Any,
+                                                                base_rm: Any) -> None:
+    """``model_grader``: each completion's gold is the grading model's own reward; reopening
+    the record with another model's grader is refused (its fingerprint is in the digest)."""
+    from tl_reward.rl.record import model_grader, reward_input
+
+    prompts, completions = ["Is the sky blue?", "hi"], ["Yes.", "No, it is green."]
+    rec = RunRecord(tmp_path / "r", model=rm, grader=model_grader(base_rm))
+    rec.append(0, prompts, completions, [0.0, 0.0])
+    want = base_rm.rewards([reward_input(p, c) for p, c in zip(prompts, completions,
+                                                               strict=True)]).score
+    np.testing.assert_allclose(rec.read(0)["gold"].to_numpy(), want.double().numpy(),
+                               rtol=0, atol=1e-6)
+    RunRecord(tmp_path / "r", model=rm, grader=model_grader(base_rm))  # the same: resumes
+    with pytest.raises(RunRecordMismatchError, match="grader"):
+        RunRecord(tmp_path / "r", model=rm, grader=model_grader(rm))

@@ -107,6 +107,21 @@ def reward_input(prompt: Any, completion: Any) -> Any:
     return [*head, *tail]
 
 
+def model_grader(model: Any, objective: str = "score") -> Any:
+    """``grader(prompts, completions)``: ``model``'s ``objective`` for each completion (read as
+    :func:`reward_input` builds it), e.g. a gold reward model for ``RunRecord(grader=...)``.
+    The model's fingerprint is a default of the grader, so the record's grader check (the
+    function's digest: source, defaults, closure) tells two models apart."""
+    from tl_reward.model.fingerprint import model_fingerprint
+
+    def grader(prompts: list[Any], completions: list[Any],
+               fingerprint: str = model_fingerprint(model)) -> list[float]:
+        items = [reward_input(p, c) for p, c in zip(prompts, completions, strict=True)]
+        return model.rewards(items, progress=False).values(objective).tolist()
+
+    return grader
+
+
 def _is_empty(completion: Any) -> bool:
     """Whether a completion has no text to score (``""``, or messages with empty contents)."""
     if isinstance(completion, str):
