@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from tl_reward.model.readout import accumulation_dtype
 from tl_reward.results import ShortRepr
 
 if TYPE_CHECKING:
-    from tl_reward.model.inputs import RewardInput
+    from tl_reward.model.inputs import EncodedInput, RewardBatch, RewardInput
     from tl_reward.model.protocol import RewardModelMixin
 
 
@@ -86,6 +86,21 @@ class RewardResult(ShortRepr):
         return px.bar(df, x=x, y=self.objectives, barmode="group", title="Rewards per objective")
 
 
+def sorted_batches(model: RewardModelMixin, encoded: Sequence[EncodedInput], batch_size: int,
+                   padding_side: str = "right", progress: bool | None = None,
+                   desc: str = "scoring", whole: bool = False
+                   ) -> Iterator[tuple[list[int], RewardBatch]]:
+    """``(indices into encoded, padded batch)`` in length-sorted batches (longest first), with
+    a progress bar when ``progress`` (``None``: past four batches); ``whole``: a PRM's whole
+    solutions (:meth:`~tl_reward.model.protocol.RewardModelMixin.collate`)."""
+    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))
+    show = progress if progress is not None else len(encoded) > 4 * batch_size
+    for start in tqdm(range(0, len(order), batch_size), disable=not show, desc=desc,
+                      unit="batch"):
+        idx = order[start : start + batch_size]
+        yield idx, model.collate([encoded[i] for i in idx], padding_side, whole=whole)
+
+
 def score_inputs(
     model: RewardModelMixin,
     inputs: RewardInput | Sequence[RewardInput],
@@ -100,16 +115,11 @@ def score_inputs(
     about an input calls it ``names[i]`` (default ``input i``, see :func:`encode_inputs`)."""
     items = as_items(inputs)
     encoded = encode_inputs(model, items, names)
-    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))
     k, acc = model.cfg.d_vocab_out, accumulation_dtype(model)
     rewards = torch.zeros(len(encoded), k, dtype=acc)
     scores: torch.Tensor | None = torch.zeros(len(encoded), dtype=acc)
     gating: torch.Tensor | None = None
-    show = progress if progress is not None else len(encoded) > 4 * batch_size
-    for start in tqdm(range(0, len(order), batch_size), disable=not show, desc="scoring",
-                      unit="batch"):
-        idx = order[start : start + batch_size]
-        batch = model.collate([encoded[i] for i in idx], padding_side)
+    for idx, batch in sorted_batches(model, encoded, batch_size, padding_side, progress):
         r, s, g = model.pooled_outputs(batch.tokens, batch.attention_mask, pooling)
         rewards[idx] = r.to(acc).cpu()
         if s is None:

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 from jaxtyping import Float
-from tqdm.auto import tqdm
 
 from tl_reward.errors import UnknownObjectiveError
 from tl_reward.model.heads import objective_slot
 from tl_reward.model.inputs import as_items, encode_inputs, input_texts
 from tl_reward.model.readout import accumulation_dtype
+from tl_reward.model.scoring import sorted_batches
 from tl_reward.model.steps import StepRow, StepSpec, step_indices
 from tl_reward.results import ShortRepr
 
@@ -117,17 +117,13 @@ def score_steps(
     items = as_items(inputs)
     encoded = encode_inputs(model, items, names)
     chosen = [step_indices(e, step) for e in encoded]
-    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].ids))
     k, acc = model.cfg.d_vocab_out, accumulation_dtype(model)
     where = {(i, s): n for n, (i, s) in enumerate((i, s) for i in range(len(encoded))
                                                    for s in chosen[i])}
     rewards = torch.zeros(len(where), k, dtype=acc)
     scores: torch.Tensor | None = torch.zeros(len(where), dtype=acc)
-    show = progress if progress is not None else len(encoded) > 4 * batch_size
-    for start in tqdm(range(0, len(order), batch_size), disable=not show, desc="scoring steps",
-                      unit="batch"):
-        idx = order[start : start + batch_size]
-        batch = model.collate([encoded[i] for i in idx], padding_side, whole=True)
+    for idx, batch in sorted_batches(model, encoded, batch_size, padding_side, progress,
+                                     "scoring steps", whole=True):
         offsets = batch.offsets().tolist()
         pairs = [(r, offsets[r] + encoded[i].read_at[s], where[i, s])
                  for r, i in enumerate(idx) for s in chosen[i]]
