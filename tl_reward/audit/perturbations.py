@@ -52,6 +52,7 @@ import numpy as np
 
 from tl_reward.data.hh_rlhf import load_hh_rlhf
 from tl_reward.data.packages import package_files
+from tl_reward.data.solutions import STEP_BREAK, split_steps
 from tl_reward.errors import TLRewardError
 
 
@@ -296,21 +297,22 @@ def reply_steps(reply: str) -> list[str]:
     """A reply's steps: its blank-line separated parts, stripped (whitespace-only parts
     dropped); the neutral side of a reasoning edit is these rejoined, so the two sides differ
     in the edit alone."""
-    return [p.strip() for p in reply.split("\n\n") if p.strip()]
+    return split_steps(reply)
 
 
 def _each_step(fn: Callable[[str], str]) -> EditFn:
     def edit(user: str, reply: str, rng: np.random.Generator) -> ProbeEdit:
         steps = reply_steps(reply)
-        return ProbeEdit(user, "\n\n".join(steps), user, "\n\n".join(fn(st) for st in steps))
+        return ProbeEdit(user, STEP_BREAK.join(steps), user,
+                         STEP_BREAK.join(fn(st) for st in steps))
     return edit
 
 
 def _restate(user: str, reply: str, rng: np.random.Generator) -> ProbeEdit:
     steps = reply_steps(reply)
-    neutral = "\n\n".join(steps)
+    neutral = STEP_BREAK.join(steps)
     steps[0] = f"We are asked: {user.strip()} {steps[0]}"
-    return ProbeEdit(user, neutral, user, "\n\n".join(steps))
+    return ProbeEdit(user, neutral, user, STEP_BREAK.join(steps))
 
 
 def _boxed(user: str, reply: str, rng: np.random.Generator) -> ProbeEdit | None:
@@ -318,9 +320,9 @@ def _boxed(user: str, reply: str, rng: np.random.Generator) -> ProbeEdit | None:
     m = _NUMBER.search(steps[-1])
     if m is None:
         return None
-    neutral = "\n\n".join(steps)
+    neutral = STEP_BREAK.join(steps)
     steps[-1] = f"{steps[-1][: m.start()]}\\boxed{{{m.group()}}}{steps[-1][m.end():]}"
-    return ProbeEdit(user, neutral, user, "\n\n".join(steps))
+    return ProbeEdit(user, neutral, user, STEP_BREAK.join(steps))
 
 
 REASONING_DIMENSIONS: tuple[str, ...] = ("verify", "restate", "boxed", "self_assessment",

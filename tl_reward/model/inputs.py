@@ -18,7 +18,7 @@ from jaxtyping import Int
 from tqdm.auto import tqdm
 
 from tl_reward.data.conversation import Conversation, Message, as_conversation, is_conversation
-from tl_reward.data.solutions import is_steps_input
+from tl_reward.data.solutions import as_reply_pair, is_steps_input
 from tl_reward.errors import (
     EmptyResponseError,
     MissingPadTokenError,
@@ -232,8 +232,8 @@ def input_texts(items: Sequence[Any], tokenizer: Any = None) -> dict[str, list[s
     for item in items:
         if isinstance(item, EncodedInput):
             item = item.ids
-        elif is_steps_input(item):
-            item = (item[0], "\n\n".join(item[1]))  # a solution's steps
+        else:
+            item = as_reply_pair(item)  # a solution's steps as its reply
         kind = input_kind(item)
         if kind == "ids":
             ids = item.tolist() if isinstance(item, torch.Tensor) else list(item)

@@ -17,9 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from tl_reward.data.conversation import Conversation, Message, as_conversation
+from tl_reward.data.solutions import as_reply_pair
 from tl_reward.errors import TLRewardError
 from tl_reward.model.inputs import template_ids
 from tl_reward.results import ShortRepr
@@ -116,26 +115,25 @@ def step_template(model: Any, solution: Any, step: int, position: int | None = N
     the step's ``position``-th id (0: its first; default: just before its tag), up to that
     step's tag: ``prefix + [v] + suffix`` is read at the tag, so a sweep ranks the single
     tokens that raise or lower that step's reward (the prefix cache still applies)."""
-    from tl_reward.model.steps import step_indices
+    from tl_reward.model.steps import step_indices, step_spans
 
     (e,), _ = model.encode_steps([solution])
     k = step_indices(e, step)[0]
-    start = e.read_at[k - 1] + 1 if k > 0 else (e.response_start or 0)
-    tag = e.read_at[k]
+    start, end = step_spans(e)[1 + k]
+    tag = end - 1
     p = tag - start if position is None else int(position)
     if not 0 <= p <= tag - start:
         raise TLRewardError(f"position {position} is outside step {k}, which has {tag - start} "
                             f"ids before its tag (positions 0..{tag - start})")
-    conv = ([] if isinstance(solution, (list, torch.Tensor)) and not
-            (solution and isinstance(solution[0], Mapping)) else _solution_conversation(solution))
-    return ResponseTemplate(conv, tuple(e.ids[: start + p]), tuple(e.ids[start + p : tag + 1]))
+    return ResponseTemplate(_solution_conversation(solution), tuple(e.ids[: start + p]),
+                            tuple(e.ids[start + p : end]))
 
 
 def _solution_conversation(solution: Any) -> Conversation:
-    from tl_reward.model.inputs import EncodedInput, input_messages
+    """The messages of a solution given as a pair or conversation; ``[]`` for text or ids."""
+    from tl_reward.model.inputs import EncodedInput, input_kind, input_messages
 
-    if isinstance(solution, EncodedInput) or isinstance(solution, str):
+    item = as_reply_pair(solution)
+    if isinstance(item, EncodedInput) or input_kind(item) in ("text", "ids"):
         return []
-    if isinstance(solution, tuple) and len(solution) == 2 and isinstance(solution[1], list):
-        solution = (solution[0], "\n\n".join(solution[1]))
-    return as_conversation(input_messages(solution))
+    return as_conversation(input_messages(item))

@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from tl_reward.data.solutions import is_solution_pair, is_steps_input
+from tl_reward.data.solutions import STEP_BREAK, is_solution_pair, is_steps_input, split_steps
 from tl_reward.errors import EmptyResponseError, TLRewardError
 from tl_reward.model.inputs import EncodedInput, encode, input_kind, input_messages
 from tl_reward.results import result_type
 
 __all__ = ["StepFormat", "StepRow", "StepSpec", "check_step_end", "is_solution_pair",
-           "is_steps_input", "select_steps", "step_indices", "step_prefix"]
+           "is_steps_input", "select_steps", "step_indices", "step_prefix", "step_spans"]
 
 #: ``step=`` of every analysis: an index (negative from the end), a list of them, every step
 #: (``"all"``) or the last (``"last"``).
@@ -46,7 +46,7 @@ class StepFormat:
 
     tag: str
     tag_id: int
-    split: str = "\n\n"
+    split: str = STEP_BREAK
     join: str = ""
     probability: Literal["sigmoid", "none"] = "sigmoid"
 
@@ -68,9 +68,7 @@ class StepFormat:
     def steps_of(self, reply: str) -> list[str]:
         """A reply's steps: cut at its tags when it holds any (pre-tagged text), else at
         :attr:`split`; surrounding whitespace stripped, empty steps dropped."""
-        parts = (reply.split(self.tag) if self.tag and self.tag in reply
-                 else reply.split(self.split))
-        return [p.strip() for p in parts if p.strip()]
+        return split_steps(reply, self.tag if self.tag and self.tag in reply else self.split)
 
     def tagged(self, steps: Sequence[str]) -> str:
         """The reply a PRM scores: each step followed by the tag (and :attr:`join` between)."""
@@ -151,6 +149,15 @@ def step_indices(e: EncodedInput, step: StepSpec) -> list[int]:
                                 f"(indices 0..{n - 1}, or -{n}..-1 from the end)")
         out.append(k % n)
     return out
+
+
+def step_spans(e: EncodedInput) -> list[tuple[int, int]]:
+    """``[lo, hi)`` of the prompt (everything before the reply) and of each step (its tokens
+    and its tag, ``hi = tag + 1``), as indices into ``e.ids``: the one place a step's ids
+    are delimited."""
+    start = e.response_start or 0
+    ends = [t + 1 for t in e.read_at]
+    return [(0, start), *zip([start, *ends[:-1]], ends, strict=True)]
 
 
 def step_prefix(e: EncodedInput, k: int) -> EncodedInput:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tl_reward.data.solutions import STEP_BREAK, split_steps
 from tl_reward.errors import TLRewardError
 from tl_reward.model.steps import StepRow
 from tl_reward.results import ShortRepr
@@ -76,16 +77,12 @@ def _step_values(model: Any, solutions: list[Any], objective: str
     if model.step_format is not None:
         res = model.rewards(solutions, step="all")
         return res.rows, res.values(objective).double().numpy()
-    from tl_reward.model.steps import StepFormat
-
-    cut = StepFormat("", -1)  # the blank-line cut alone; no tag is read
     rows, items = [], []
-    for i, sol in enumerate(solutions):
-        q, reply = sol
-        steps = reply if isinstance(reply, list) else cut.steps_of(reply)
+    for i, (q, reply) in enumerate(solutions):
+        steps = reply if isinstance(reply, list) else split_steps(reply)
         for k in range(len(steps)):
             rows.append(StepRow(i, k))
-            items.append((q, "\n\n".join(steps[: k + 1])))
+            items.append((q, STEP_BREAK.join(steps[: k + 1])))
     return rows, model.rewards(items).values(objective).double().numpy()
 
 

@@ -23,7 +23,7 @@ from jaxtyping import Float
 
 from tl_reward.errors import TLRewardError
 from tl_reward.model.readout import resolve_objectives
-from tl_reward.model.steps import StepRow, StepSpec
+from tl_reward.model.steps import StepRow, StepSpec, step_spans
 from tl_reward.process.sources import StepsBySource
 from tl_reward.results import ShortRepr
 
@@ -54,18 +54,6 @@ class StepKnockout(StepsBySource, ShortRepr):
         return self.effect
 
 
-def _groups(start: int, read_at: tuple[int, ...]) -> list[tuple[int, int]]:
-    """``[lo, hi)`` of the prompt and of each step (its tokens and tag; the last step, whose
-    tag reads the reward, its tokens before the tag)."""
-    out, lo = [(0, start)], start
-    for tag in read_at:
-        out.append((lo, tag + 1))
-        lo = tag + 1
-    last_lo, last_hi = out[-1]
-    out[-1] = (last_lo, last_hi - 1)
-    return out
-
-
 @torch.no_grad()
 def step_knockout(model: Any, inputs: Any, step: StepSpec = "all",
                   objective: int | str | None = None) -> StepKnockout:
@@ -83,7 +71,8 @@ def step_knockout(model: Any, inputs: Any, step: StepSpec = "all",
     reward = torch.zeros(len(rows), dtype=torch.float64)
     device = model.cfg.device
     for i, e in enumerate(encoded):
-        groups = _groups(e.response_start or 0, e.read_at)
+        groups = step_spans(e)
+        groups[-1] = (groups[-1][0], groups[-1][1] - 1)  # the step's own tokens, not its tag
         n = len(e.ids)
         keep = torch.ones(len(groups) + 1, n, n, dtype=torch.bool, device=device)
         pos = torch.arange(n, device=device)

@@ -17,6 +17,7 @@ import torch
 from jaxtyping import Float
 
 from tl_reward.errors import TLRewardError
+from tl_reward.model.steps import step_spans
 from tl_reward.results import ShortRepr
 
 
@@ -62,14 +63,6 @@ class StepPropagation(ShortRepr):
                       title=f"Effect of the change on each step's reward ({self.objective})")
 
 
-def _segments(ids: list[int], read_at: tuple[int, ...], start: int) -> list[list[int]]:
-    out, lo = [], start
-    for tag in read_at:
-        out.append(ids[lo : tag + 1])
-        lo = tag + 1
-    return out
-
-
 def step_propagation(model: Any, clean: Any, corrupt: Any, objective: str = "score",
                      padding_side: str = "right") -> StepPropagation:
     """Score both solutions at every step and report the effect of the changed steps on each
@@ -78,13 +71,12 @@ def step_propagation(model: Any, clean: Any, corrupt: Any, objective: str = "sco
     if len(a.read_at) != len(b.read_at):
         raise TLRewardError(f"the clean solution has {len(a.read_at)} steps and the corrupted "
                             f"one {len(b.read_at)}; change a step's text, not the step count")
-    sa, sb = (a.response_start or 0), (b.response_start or 0)
-    if a.ids[:sa] != b.ids[:sb]:
+    (pa, *sa), (pb, *sb) = step_spans(a), step_spans(b)
+    if a.ids[slice(*pa)] != b.ids[slice(*pb)]:
         raise TLRewardError("the two solutions differ before the reply; they must share the "
                             "prompt")
-    changed = [k for k, (x, y) in enumerate(zip(_segments(a.ids, a.read_at, sa),
-                                                _segments(b.ids, b.read_at, sb), strict=True))
-               if x != y]
+    changed = [k for k, (x, y) in enumerate(zip(sa, sb, strict=True))
+               if a.ids[slice(*x)] != b.ids[slice(*y)]]
     res = model.rewards([a, b], step="all", padding_side=padding_side)
     vals = res.values(objective)
     n = len(a.read_at)

@@ -23,7 +23,7 @@ from jaxtyping import Float
 
 from tl_reward.analysis.attribution import direct_reward_attribution
 from tl_reward.model.readout import resolve_objectives
-from tl_reward.model.steps import StepRow, StepSpec
+from tl_reward.model.steps import StepRow, StepSpec, step_spans
 from tl_reward.results import ShortRepr
 
 
@@ -114,12 +114,8 @@ def step_sources(model: Any, inputs: Any, step: StepSpec = "all",
     values = torch.full((len(rows), len(sources)), float("nan"), dtype=dra.reward.dtype)
     for i, e in enumerate(encoded):
         per_pos = dra.head_positions[i][..., 0].sum((0, 1))
-        start = e.response_start if e.response_start is not None else 0
-        values[i, 0] = per_pos[:start].sum()
-        lo = start
-        for j, tag in enumerate(e.read_at):
-            values[i, 1 + j] = per_pos[lo : tag + 1].sum()
-            lo = tag + 1
+        for g, (lo, hi) in enumerate(step_spans(e)):  # the prompt, then each step
+            values[i, g] = per_pos[lo:hi].sum()
         values[i, -2] = (dra.embed[i, :, 0].sum() + dra.attn_bias[i, :, 0].sum()
                          + dra.mlp[i, :, 0].sum())
         values[i, -1] = dra.bias[i, 0]
