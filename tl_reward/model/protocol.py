@@ -30,7 +30,7 @@ from tl_reward.model.inputs import (
     encode,
     encode_inputs,
 )
-from tl_reward.model.judge import Ratings, load_judge
+from tl_reward.model.judge import load_judge
 from tl_reward.model.pooling import pool_positions
 from tl_reward.model.steps import StepFormat, StepRow, StepSpec, check_step_end, select_steps
 
@@ -58,29 +58,9 @@ class RewardModelMixin:
     folded_head: tuple[torch.Tensor, torch.Tensor]
 
     # -- loading -----------------------------------------------------------------------------
-    @classmethod
-    def from_judge(
-        cls,
-        name_or_path: str | None = None,
-        hf_model: Any = None,
-        tokenizer: Any = None,
-        *,
-        template: str | None = None,
-        system: str | None = None,
-        answer_prefix: str = "",
-        verdict: tuple[str | int, str | int] | None = ("Yes", "No"),
-        ratings: Ratings | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        """Load a causal LM as a generative judge (:func:`~tl_reward.model.judge.load_judge`):
-        its reward is ``logit(yes) - logit(no)`` at the answer position of the verdict prompt
-        (``verdict``), or the expected rating over ``ratings`` (HookedRewardModel only).
-        ``template``, ``system`` and ``answer_prefix`` build the prompt
-        (:class:`~tl_reward.model.judge.JudgeFormat`); ``kwargs`` go to
-        :meth:`from_pretrained` (device, dtype, pooling, ...)."""
-        return load_judge(cls, name_or_path, hf_model, tokenizer, template=template,
-                          system=system, answer_prefix=answer_prefix, verdict=verdict,
-                          ratings=ratings, **kwargs)
+    #: Load a causal LM as a generative judge on this backend
+    #: (:func:`~tl_reward.model.judge.load_judge`): ``Model.from_judge(name, verdict=...)``.
+    from_judge = classmethod(load_judge)
 
     # -- objectives ------------------------------------------------------------------------
     @property
