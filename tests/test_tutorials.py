@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from warm_kernels import warm_kernels
 
 from tl_reward.testing.browser import chromium_path, page_problems, render_page
 
@@ -17,27 +19,29 @@ TUTORIALS = sorted((Path(__file__).resolve().parents[1] / "tutorials").glob("*.i
 #: a probe cell, run last in the notebook's own kernel: what that kernel saw
 PROBE = ("import os as _os, json as _json\n"
          "print(_json.dumps({'tiny': _os.environ.get('TL_REWARD_TINY'),"
-         " 'out': _os.environ.get('TL_REWARD_OUT')}))")
+         " 'out': _os.environ.get('TL_REWARD_OUT'), 'pid': _os.getpid()}))")
 
 
 @pytest.fixture(scope="module")
 def executed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
              ) -> dict[str, tuple[nbformat.NotebookNode, Path, BaseException | None]]:
-    """Every selected tutorial executed in tiny mode, in its own kernel, two kernels at a time
-    (most of a run is its kernel importing torch and TransformerLens, on one core): stem ->
-    (the executed notebook, its ``TL_REWARD_OUT`` folder, the error it raised or ``None``)."""
+    """Every selected tutorial executed in tiny mode, in its own kernel, two kernels at a time:
+    stem -> (the executed notebook, its ``TL_REWARD_OUT`` folder, the error it raised or
+    ``None``). Each kernel is a fresh process forked from one that imported torch and
+    TransformerLens once (:mod:`warm_kernels`; a cold kernel spends most of a tiny run on
+    those imports), with one torch thread: two kernels share the cores."""
     selected = [i.callspec.params["path"] for i in request.session.items
                 if i.path == Path(__file__).resolve() and hasattr(i, "callspec")]
     out: dict[str, tuple[nbformat.NotebookNode, Path, BaseException | None]] = {}
+    shared = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-    async def run(path: Path, slots: asyncio.Semaphore) -> None:
+    async def run(path: Path, slots: asyncio.Semaphore, kernel: Callable[[], object]) -> None:
         nb = nbformat.read(path, as_version=4)
         nb.cells.append(nbformat.v4.new_code_cell(PROBE))
         folder = tmp_path_factory.mktemp(path.stem)
-        # one torch thread per kernel: two kernels share the cores
-        env = {**os.environ, "TL_REWARD_TINY": "1", "TL_REWARD_OUT": str(folder),
-               "OMP_NUM_THREADS": "1"}
-        client = NotebookClient(nb, timeout=900, kernel_name="python3",
+        env = {**shared, "TL_REWARD_TINY": "1", "TL_REWARD_OUT": str(folder)}
+        km = kernel()
+        client = NotebookClient(nb, timeout=900, km=km,
                                 resources={"metadata": {"path": str(path.parent)}})
         async with slots:
             try:
@@ -45,12 +49,16 @@ def executed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
                 out[path.stem] = (nb, folder, None)
             except Exception as exc:  # reported by the notebook's own test
                 out[path.stem] = (nb, folder, exc)
+            finally:
+                if km.has_kernel:
+                    await km.shutdown_kernel()
 
-    async def run_all() -> None:
+    async def run_all(kernel: Callable[[], object]) -> None:
         slots = asyncio.Semaphore(max(1, min(2, os.cpu_count() or 1)))
-        await asyncio.gather(*(run(p, slots) for p in selected))
+        await asyncio.gather(*(run(p, slots, kernel) for p in selected))
 
-    asyncio.run(run_all())
+    with warm_kernels(tmp_path_factory.mktemp("kernels"), shared) as kernel:
+        asyncio.run(run_all(kernel))
     return out
 
 
@@ -65,7 +73,10 @@ def test_tutorial_executes(path: Path, executed) -> None:
     # every cell ran, in order (a skipped or re-ordered cell has no or a wrong execution count)
     assert [c.get("execution_count") for c in code] == list(range(1, len(code) + 1))
     probe = json.loads(code[-1]["outputs"][0]["text"])
-    assert probe == {"tiny": "1", "out": str(folder)}  # the kernel ran in tiny mode
+    # the kernel ran in tiny mode, in a process of its own
+    assert probe == {"tiny": "1", "out": str(folder), "pid": probe["pid"]}
+    assert probe["pid"] not in {json.loads(n.cells[-1]["outputs"][0]["text"])["pid"]
+                                for s, (n, _, e) in executed.items() if s != path.stem and not e}
     # every HTML report it wrote renders completely, offline, in a browser
     if chromium_path() is not None:
         for page in sorted(folder.rglob("*.html")):
