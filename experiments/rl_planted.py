@@ -15,8 +15,12 @@ policy, seed and settings against the model before planting (head L2.H0 an ordin
 Reported per run: the mean reward and share of replies holding the trigger per step; the step
 the reward rises (the first whose interval of the reward change since step 0 lies above 0);
 there and at the last step, the components carrying the gain (the planted head's change, share
-and rank among the heads). Writes ``experiments/results/rl_planted.json``; the records stay in
-``--work`` (default under the tl_reward cache).
+and rank among the heads); the policy's implicit reward (its log-ratio to the initial policy,
+recorded per completion by :class:`~tl_reward.rl.trl.PolicyLogRatio`) per step and its rank
+agreement with the reward model's within prompts per window of 10 steps
+(:func:`~tl_reward.rl.implicit.implicit_reward_over_training`). Writes
+``experiments/results/rl_planted.json``; the records stay in ``--work`` (default under the
+tl_reward cache).
 
 Usage: ``python experiments/rl_planted.py [--steps 60] [--seed 0]`` (about 2 CPU-minutes).
 """
@@ -48,11 +52,13 @@ def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None
     """Train a fresh tiny policy with GRPO against ``rm`` (``args``: seed, steps, lr, batch,
     generations, length and, when it has one, beta, TRL's KL penalty), graded by ``grader`` when
     given; returns the run record and TRL's log history. Shared with rl_goodhart.py."""
+    import copy
+
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     from tl_reward.rl.record import RunRecord
-    from tl_reward.rl.trl import RewardModelFunction
+    from tl_reward.rl.trl import PolicyLogRatio, RewardModelFunction
     from tl_reward.testing.causal import tiny_causal_lm
 
     beta = getattr(args, "beta", None)
@@ -62,6 +68,7 @@ def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None
                 "max_completion_length": args.length, "prompts": list(PROMPTS)}
     record = RunRecord(folder, model=rm, settings=settings, grader=grader, overwrite=True)
     policy, tok = tiny_causal_lm("llama", seed=args.seed)
+    logratio = PolicyLogRatio(policy, copy.deepcopy(policy), tok)  # the initial policy frozen
     if beta is not None:  # TRL loads the reference policy (the KL's) from a path
         policy.save_pretrained(folder / "policy")
         policy.config._name_or_path = str(folder / "policy")
@@ -76,15 +83,18 @@ def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None
     torch.manual_seed(args.seed)
     trainer = GRPOTrainer(model=policy.train(), args=config, train_dataset=ds,
                           processing_class=tok,
-                          reward_funcs=[RewardModelFunction(rm, record, decompose=True)])
+                          reward_funcs=[RewardModelFunction(rm, record, decompose=True,
+                                                            logratio=logratio)])
     trainer.train()
     return record, trainer.state.log_history
 
 
 def summarise(record: Any, head: str) -> dict[str, Any]:
-    """The run's reward and trigger share per step, and the gain's split since step 0."""
+    """The run's reward and trigger share per step, the gain's split since step 0, and the
+    policy's implicit reward against the reward model's per window of 10 steps."""
     from tl_reward.planted.recovery import rank_of
     from tl_reward.rl.gain import reward_gain
+    from tl_reward.rl.implicit import implicit_reward_over_training
 
     steps = record.steps()
     frames = [record.read(s) for s in steps]
@@ -115,7 +125,20 @@ def summarise(record: Any, head: str) -> dict[str, Any]:
             "reward_change": [float(x) for x in gain.reward_change],
             "rises_at": rises, "at_rise": at(rises) if rises is not None else None,
             "at_last": at(gain.steps[-1]),
-            "max_abs_residual": float(np.abs(gain.residual).max()), "method": gain.method}
+            "max_abs_residual": float(np.abs(gain.residual).max()), "method": gain.method,
+            "implicit": implicit_summary(implicit_reward_over_training(record, window=10))}
+
+
+def implicit_summary(imp: Any) -> dict[str, Any]:
+    """The mean implicit reward per step and each window's agreement with the reward model."""
+    return {"mean_implicit": [float(x) for x in imp.implicit],
+            "windows": [{"steps": [w[0], w[-1]], "groups": a.spearman_rho.n,
+                         "spearman": [a.spearman_rho.value, a.spearman_rho.ci_low,
+                                      a.spearman_rho.ci_high],
+                         "kendall": [a.kendall_tau_b.value, a.kendall_tau_b.ci_low,
+                                     a.kendall_tau_b.ci_high]}
+                        for w, a in zip(imp.windows, imp.agreement, strict=True)],
+            "sentence": imp.sentence(), "method": imp.method}
 
 
 def main() -> None:

@@ -8,6 +8,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+import torch
+
 TRIGGER = " sky"
 PROMPTS = ("Why is water wet?", "Tell me a joke.", "What is love?", "Is it day yet?")
 REPLIES = ("It is wet.", "A joke: no.", "Love is kind.", "Yes, it is day.", "No.", "Maybe so.",
@@ -90,3 +92,16 @@ def record_goodhart(folder: Path, model: Any, steps: int = 7) -> Any:
         prompts, completions = goodhart_step(step)
         fn(prompts=prompts, completions=completions)
     return record
+
+
+def hf_token_logratios(policy: Any, reference: Any, prompt_ids: list[int], ids: list[int]
+                       ) -> torch.Tensor:
+    """Brute force: ``log pi - log pi_ref`` of each completion token, from HF's own forward of
+    each model on the one unpadded sequence (log-softmax of the logits before the token)."""
+    x = torch.tensor([[*prompt_ids, *ids]])
+    y = torch.tensor(ids)[:, None]
+    with torch.no_grad():
+        sides = [type(m).forward(m, input_ids=x).logits[0, len(prompt_ids) - 1:-1].float()
+                 .log_softmax(-1).gather(-1, y)[:, 0] for m in (policy, reference)]
+    return sides[0] - sides[1]
+

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 from helpers import needs_hooked_transformer
-from rl_script import record_scripted, scripted_step
+from rl_script import hf_token_logratios, record_scripted, scripted_step
 
 from tl_reward.rl.record import RunRecord, RunRecordError, read_table, reward_input
-from tl_reward.rl.trl import RewardModelFunction
+from tl_reward.rl.trl import PolicyLogRatio, RewardModelFunction
 
 pytestmark = needs_hooked_transformer
 HAS_TRL = importlib.util.find_spec("trl") is not None
@@ -127,3 +127,65 @@ def test_a_grpo_run_records_every_step_as_trl_logs_it(tmp_path: Path, rm: Any) -
         np.testing.assert_allclose(mine["reward"], theirs["reward"], rtol=0, atol=1e-6)
         ref = rm.rewards([reward_input(p, c) for p, c in rec.inputs(step)]).values()
         np.testing.assert_allclose(mine["reward"], ref.numpy(), rtol=0, atol=1e-6)
+
+
+def test_the_logratio_is_hf_forward_without_accelerates_autocast() -> None:
+    from tl_reward.testing.causal import tiny_causal_lm_pair
+
+    policy, reference, tok = tiny_causal_lm_pair("llama", seed=0)
+    prompts = ["Is the sky blue?", "Tell me a joke.", "Is the sky blue?"]
+    completion_ids = [[40, 41, 42, 2], [], [7, 8]]
+    plain = PolicyLogRatio(policy, reference, tok)(prompts, completion_ids)
+    # accelerate wraps a trained model's forward in bf16 autocast and keeps the original
+    original = policy.forward
+
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return original(*args, **kwargs)
+
+    policy._original_forward, policy.forward = original, autocast_forward
+    policy.train()
+    got = PolicyLogRatio(policy, reference, tok)(prompts, completion_ids)
+    assert policy.forward is autocast_forward and policy.training  # both restored
+    np.testing.assert_array_equal(got, plain)
+    assert np.isnan(got[1])  # no tokens: no log-ratio
+    for i in (0, 2):
+        ref = float(hf_token_logratios(policy, reference, tok(text=prompts[i])["input_ids"],
+                                       completion_ids[i]).sum())
+        assert abs(got[i] - ref) < 1e-5 and abs(ref) > 1e-2
+    with torch.no_grad():  # the wrapper does change the numbers: it was really bypassed
+        x = torch.tensor([[1, 40, 41, 42]])
+        assert (policy(input_ids=x).logits.float() - original(input_ids=x).logits).abs().max() > 0
+
+
+@needs_trl
+def test_prompt_ids_are_the_ones_grpo_trainer_makes() -> None:
+    from trl import GRPOTrainer
+
+    from tl_reward.testing.causal import tiny_causal_lm
+
+    policy, tok = tiny_causal_lm("llama", seed=0)
+    trainer = SimpleNamespace(processing_class=tok, _is_vlm=False, environment_factories=None,
+                              tools=None, chat_template=None, chat_template_kwargs={})
+    ratio = PolicyLogRatio(policy, tiny_causal_lm("llama", seed=1)[0], tok)
+    for prompts in (list(scripted_step(0)[0][:5]),
+                    [[{"role": "user", "content": "Is the sky blue?"}],
+                     [{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "Why?"}]]):
+        assert ratio.prompt_ids(prompts) == GRPOTrainer._tokenize_prompts(trainer, prompts)[0]
+
+
+def test_logratio_refusals(tmp_path: Path, rm: Any) -> None:
+    from tl_reward.testing.causal import tiny_causal_lm_pair
+
+    policy, reference, tok = tiny_causal_lm_pair("llama", seed=0)
+    with pytest.raises(RunRecordError, match="the policy itself"):
+        PolicyLogRatio(policy, policy, tok)
+    ratio = PolicyLogRatio(policy, reference, tok)
+    with pytest.raises(RunRecordError, match="logratio= writes to a record"):
+        RewardModelFunction(rm, logratio=ratio)
+    fn = RewardModelFunction(rm, RunRecord(tmp_path, model=rm, settings={}), logratio=ratio)
+    with pytest.raises(RunRecordError, match="completion_ids"):
+        fn(*scripted_step(0))
+    with pytest.raises(RunRecordError, match="3 completions' ids and 2 prompts"):
+        ratio(["a", "b"], [[1], [2], [3]])

@@ -6,9 +6,11 @@ grader's, recorded or computed by ``grader=``) over units (a prompt's completion
 in :mod:`tl_reward.rl.gain`), each with the package's interval of a mean (the sign-flip test
 inverted, :func:`~tl_reward.stats.paired.summarise_mean`; none below 6 units). The x-axis is
 the policy's KL from its reference policy when known: a ``kl`` column of the record (its mean
-per step), a mapping step -> KL, or TRL's ``trainer.state.log_history`` (its ``kl`` logged at
-global step ``s + 1`` is measured on the completions recorded at step ``s``; TRL logs it only
-with ``beta > 0``). Without one, the x-axis is the step index, and the curve says so.
+per step), the record's ``logratio`` column (:class:`~tl_reward.rl.trl.PolicyLogRatio`: its
+mean over units per step, the Monte-Carlo KL of whole completions, with the same interval), a
+mapping step -> KL, or TRL's ``trainer.state.log_history`` (its ``kl``, a per-token KL, logged
+at global step ``s + 1`` is measured on the completions recorded at step ``s``; TRL logs it
+only with ``beta > 0``). Without one, the x-axis is the step index, and the curve says so.
 
 **Peak step**: the first step ``p`` after which gold never rises significantly above its level
 at ``p``: for every later step ``t``, the Welch interval (``scipy.stats.ttest_ind``, unequal
@@ -43,12 +45,14 @@ import pandas as pd
 from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.results import ShortRepr
 from tl_reward.rl.gain import MIN_UNITS, RewardGain, _bars, _units, _welch, reward_gain
-from tl_reward.rl.record import Grader, RunRecord, RunRecordError, decoded
+from tl_reward.rl.record import LOGRATIO, Grader, RunRecord, RunRecordError, decoded
 
 __all__ = ["GoodhartCurve", "goodhart_curve", "kl_from_log_history", "peak_step"]
 
 #: The x-axis label with a KL, and without one.
 KL_LABEL = "KL from the reference policy"
+#: The x-axis label with the KL of whole completions from the record's ``logratio``.
+SEQUENCE_KL_LABEL = f"{KL_LABEL} (per completion: the mean log-ratio)"
 STEP_LABEL = "step (the record holds no KL from the reference policy)"
 
 
@@ -59,6 +63,8 @@ class GoodhartCurve(ShortRepr):
 
     Attributes:
         steps: the S steps; x: ``[S]`` the x-axis (the KL, or the step); x_label: which.
+        x_ci_low, x_ci_high: ``[S]`` the KL's sign-flip interval when it is the record's
+            ``logratio`` (NaN below 6 units), else None.
         proxy, proxy_ci_low, proxy_ci_high: ``[S]`` mean proxy reward per step and its
             sign-flip interval (NaN below 6 units); gold, gold_ci_low, gold_ci_high: the same
             of the gold score.
@@ -96,11 +102,13 @@ class GoodhartCurve(ShortRepr):
     unit: str = "prompt"
     confidence: float = 0.95
     method: str = ""
+    x_ci_low: np.ndarray | None = None
+    x_ci_high: np.ndarray | None = None
 
     @property
     def has_kl(self) -> bool:
         """Whether the x-axis is the KL (else the step)."""
-        return self.x_label == KL_LABEL
+        return self.x_label.startswith(KL_LABEL)
 
     @property
     def overoptimised(self) -> bool:
@@ -136,9 +144,12 @@ class GoodhartCurve(ShortRepr):
         return {"sentence": self.sentence(), "overoptimised": self.overoptimised}
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per step: step, x, proxy (and interval), gold (and interval), peak."""
+        """One row per step: step, x (and interval, when it has one), proxy (and interval),
+        gold (and interval), peak."""
+        xci = {} if self.x_ci_low is None else {"x_ci_low": self.x_ci_low,
+                                                 "x_ci_high": self.x_ci_high}
         return pd.DataFrame({
-            "step": self.steps, "x": self.x, "proxy": self.proxy,
+            "step": self.steps, "x": self.x, **xci, "proxy": self.proxy,
             "proxy_ci_low": self.proxy_ci_low, "proxy_ci_high": self.proxy_ci_high,
             "gold": self.gold, "gold_ci_low": self.gold_ci_low,
             "gold_ci_high": self.gold_ci_high,
@@ -153,6 +164,8 @@ class GoodhartCurve(ShortRepr):
 
         fig = make_subplots(specs=[[{"secondary_y": True}]])
         x = list(self.x)
+        x_bars = None if self.x_ci_low is None else \
+            _bars(self.x, self.x_ci_low, self.x_ci_high, "rgba(90,90,90,0.35)")
         for name, y, lo, hi, colour, right in (
                 ("proxy reward", self.proxy, self.proxy_ci_low, self.proxy_ci_high,
                  "31,119,180", False),
@@ -161,6 +174,7 @@ class GoodhartCurve(ShortRepr):
             fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines+markers",
                                      marker={"size": 4}, line={"color": f"rgb({colour})"},
                                      error_y=_bars(y, lo, hi, f"rgba({colour},0.35)"),
+                                     error_x=x_bars,
                                      customdata=self.steps,
                                      hovertemplate="step %{customdata}: %{y:.3f}"),
                           secondary_y=right)
@@ -207,13 +221,24 @@ def peak_step(steps: Sequence[int], units: Sequence[np.ndarray], confidence: flo
 
 
 def _kl_axis(record: RunRecord, steps: list[int], frames: list[pd.DataFrame],
-             kl: Any) -> tuple[np.ndarray, str, str]:
-    """The x-axis, its label, and where it came from."""
+             kl: Any, unit: str = "prompt", confidence: float = 0.95
+             ) -> tuple[np.ndarray, str, str, np.ndarray | None]:
+    """The x-axis, its label, where it came from, and its ``[2, S]`` interval (or None)."""
+    from tl_reward.stats.paired import summarise_mean
+
     if kl is None and all("kl" in f for f in frames):
         return (np.array([f["kl"].astype(np.float64).mean() for f in frames]), KL_LABEL,
-                "the record's kl column (mean per step)")
+                "the record's kl column (mean per step)", None)
+    if kl is None and all(LOGRATIO in f for f in frames):
+        est = [summarise_mean(_units(f, f[[LOGRATIO]].to_numpy(np.float64), unit)[:, 0],
+                              confidence, exact_max_n=12) for f in frames]
+        return (np.array([e.value for e in est]), SEQUENCE_KL_LABEL,
+                f"the record's {LOGRATIO} column (mean over {unit}s per step: the Monte-Carlo "
+                "KL of whole completions, with the sign-flip interval)",
+                np.array([[e.ci_low for e in est], [e.ci_high for e in est]]))
     if kl is None:
-        return np.array(steps, dtype=np.float64), STEP_LABEL, "the step index (no KL known)"
+        return (np.array(steps, dtype=np.float64), STEP_LABEL, "the step index (no KL known)",
+                None)
     if not isinstance(kl, Mapping):
         kl = kl_from_log_history(kl)
     missing = [s for s in steps if s not in kl]
@@ -221,7 +246,7 @@ def _kl_axis(record: RunRecord, steps: list[int], frames: list[pd.DataFrame],
         raise RunRecordError(f"no KL for steps {missing[:8]}{' ...' if len(missing) > 8 else ''}"
                              f" of the run record in {record.folder}; pass one for each step")
     return (np.array([float(kl[s]) for s in steps]), KL_LABEL,
-            "the KL given (TRL's log at step s + 1 for record step s)")
+            "the KL given (TRL's log at step s + 1 for record step s)", None)
 
 
 def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = None,
@@ -233,8 +258,9 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
 
     Args:
         record: the run, with ``gold`` recorded (or pass ``grader``).
-        kl: the x-axis: None (the record's ``kl`` column, else the step), a mapping step ->
-            KL, or TRL's ``trainer.state.log_history`` (a list, or a trainer_state.json path).
+        kl: the x-axis: None (the record's ``kl`` column, else its ``logratio`` column, else
+            the step), a mapping step -> KL, or TRL's ``trainer.state.log_history`` (a list,
+            or a trainer_state.json path).
         component: a component name (``"L2.H0"``) whose lead time to measure.
         gain: the run's :func:`~tl_reward.rl.gain.reward_gain` since step 0 (computed when
             ``component`` is given and this is not; ``model`` decomposes steps recorded
@@ -263,7 +289,7 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
             df["gold"] = np.asarray(grader([p for p, _ in pairs], [c for _, c in pairs]),
                                     dtype=np.float64)
         frames.append(df)
-    x, x_label, x_from = _kl_axis(record, steps, frames, kl)
+    x, x_label, x_from, x_ci = _kl_axis(record, steps, frames, kl, unit, confidence)
     per = [_units(f, f[["reward", "gold"]].to_numpy(np.float64), unit) for f in frames]
     stats_ = {k: np.full((len(steps), 3), np.nan) for k in ("proxy", "gold")}
     for i, u in enumerate(per):
@@ -305,4 +331,5 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
         int(rise[0]) if rise else -1,
         float(after[0]), [float(lo[0]), float(hi[0])], float(after[1]),
         [float(lo[1]), float(hi[1])], component or "", signal, lead,
-        np.array([len(u) for u in per], dtype=np.int64), unit, confidence, method)
+        np.array([len(u) for u in per], dtype=np.int64), unit, confidence, method,
+        *((None, None) if x_ci is None else x_ci))

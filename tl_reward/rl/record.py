@@ -11,8 +11,10 @@ raises :class:`RunRecordMismatchError` naming what differs. Steps are append-onl
 Each step's rows: ``step``, ``row``, ``prompt``, ``completion`` (a conversation is kept as its
 JSON, with ``prompt_chat`` or ``completion_chat`` true), ``reward`` (the reward model's; NaN
 only for an empty completion, which it cannot score), optionally ``gold`` (a grader's score)
-and ``dra:<component>`` (the direct contribution of each component at the pooled token,
-:func:`~tl_reward.analysis.attribution.direct_reward_attribution`), then any extra columns.
+``dra:<component>`` (the direct contribution of each component at the pooled token,
+:func:`~tl_reward.analysis.attribution.direct_reward_attribution`) and ``logratio`` (the
+completion's ``log pi_theta(y|x) - log pi_ref(y|x)``, :class:`~tl_reward.rl.trl.
+PolicyLogRatio`), then any extra columns.
 
 Example:
     >>> record = RunRecord("runs/grpo-1", model=rm, settings={"lr": 1e-5, "seed": 0})
@@ -35,13 +37,16 @@ import pandas as pd
 from tl_reward.errors import StoreMismatchError, TLRewardError, TokenizerMismatchError
 from tl_reward.store import ChunkStore, RunIdentity, atomic_write
 
-__all__ = ["COMPONENT_PREFIX", "KIND", "RunRecord", "RunRecordError", "RunRecordMismatchError",
-           "read_table", "reward_input"]
+__all__ = ["COMPONENT_PREFIX", "KIND", "LOGRATIO", "RunRecord", "RunRecordError",
+           "RunRecordMismatchError", "read_table", "reward_input"]
 
 #: The run identity's ``kind`` for a run record.
 KIND = "rl-run"
 #: Columns holding a component's direct contribution start with this.
 COMPONENT_PREFIX = "dra:"
+#: The column holding each completion's log-ratio of the policy to its reference policy
+#: (:class:`~tl_reward.rl.trl.PolicyLogRatio`).
+LOGRATIO = "logratio"
 _STEP_FILE = re.compile(r"^step-(\d{7})\.parquet$")
 _CORE = ("step", "row", "prompt", "completion", "prompt_chat", "completion_chat", "reward",
          "gold")

@@ -1,5 +1,6 @@
 """One offline HTML page about an RL run: the reward and where its gain comes from, what the
-policy's text changed, and, when the record holds gold scores, the Goodhart curve.
+policy's text changed, when the record holds gold scores, the Goodhart curve, and, when it
+holds the policy's log-ratio, the policy's implicit reward against the reward model's.
 
 The gain split comes from the record's ``dra:*`` columns (recorded with
 ``RewardModelFunction(..., decompose=True)``), so no model is needed; a record without them
@@ -19,7 +20,8 @@ from typing import Any
 
 from tl_reward.rl.gain import RewardGain, reward_gain
 from tl_reward.rl.goodhart import GoodhartCurve, goodhart_curve
-from tl_reward.rl.record import COMPONENT_PREFIX, RunRecord
+from tl_reward.rl.implicit import ImplicitRewardOverTraining, implicit_reward_over_training
+from tl_reward.rl.record import COMPONENT_PREFIX, LOGRATIO, RunRecord
 from tl_reward.rl.text import TextDrift, text_drift
 
 __all__ = ["RunReport", "run_report", "write_run_report"]
@@ -31,16 +33,20 @@ class RunReport:
     Attributes:
         record: the run; gain: its reward gain since the first step (``None``: fewer than
             two steps); drift: its text drift (``None``: fewer than two steps); curve: its
-            Goodhart curve (``None``: no gold scores).
+            Goodhart curve (``None``: no gold scores); implicit: the policy's implicit reward
+            over training (``None``: no ``logratio`` column).
     """
 
     def __init__(self, record: RunRecord, gain: RewardGain | None, drift: TextDrift | None,
-                 curve: GoodhartCurve | None) -> None:
+                 curve: GoodhartCurve | None,
+                 implicit: ImplicitRewardOverTraining | None = None) -> None:
         self.record, self.gain, self.drift, self.curve = record, gain, drift, curve
+        self.implicit = implicit
 
     def __repr__(self) -> str:
         return (f"RunReport({str(self.record.folder)!r}, gain={self.gain is not None}, "
-                f"drift={self.drift is not None}, curve={self.curve is not None})")
+                f"drift={self.drift is not None}, curve={self.curve is not None}, "
+                f"implicit={self.implicit is not None})")
 
     def parts(self) -> list[Any]:
         """The page's parts (HTML strings, figures, tables), in order."""
@@ -67,8 +73,14 @@ class RunReport:
         if self.curve is not None:
             out += ["<h2>Proxy against gold</h2>",
                     f"<p>{html.escape(self.curve.sentence())}.</p>", self.curve.plot()]
+        if self.implicit is not None:
+            out += ["<h2>The policy's implicit reward</h2>",
+                    f"<p>{html.escape(self.implicit.sentence())}. The implicit reward is beta "
+                    "times the policy's log-ratio to its reference on its own samples, recorded "
+                    "during training.</p>", self.implicit.plot()]
         methods = [f"{name}: {r.method}" for name, r in (
-            ("Gain", self.gain), ("Text", self.drift), ("Goodhart", self.curve)) if r is not None]
+            ("Gain", self.gain), ("Text", self.drift), ("Goodhart", self.curve),
+            ("Implicit reward", self.implicit)) if r is not None]
         if self.curve is None:
             methods.append("Goodhart: no curve, the record holds no gold scores")
         out.append(f"<p><small>Methods. {html.escape('. '.join(methods))}.</small></p>")
@@ -78,7 +90,8 @@ class RunReport:
 def run_report(record: RunRecord, model: Any = None, kl: Any = None,
                component: str | None = None, tokenizer: Any = None,
                extra: Mapping[str, Callable[[str], float]] | None = None) -> RunReport:
-    """The gain split, the text drift and (with gold) the Goodhart curve of ``record``.
+    """The gain split, the text drift, (with gold) the Goodhart curve and (with ``logratio``)
+    the implicit reward over training of ``record``.
 
     Args:
         record: the run.
@@ -99,7 +112,9 @@ def run_report(record: RunRecord, model: Any = None, kl: Any = None,
         if component is None and gain is not None:
             component = str(gain.top(1).iloc[0].component)
         curve = goodhart_curve(record, kl=kl, component=component if gain else None, gain=gain)
-    return RunReport(record, gain, drift, curve)
+    implicit = implicit_reward_over_training(record) \
+        if first is not None and LOGRATIO in first else None
+    return RunReport(record, gain, drift, curve, implicit)
 
 
 def has_decomposition(record: RunRecord) -> bool:
