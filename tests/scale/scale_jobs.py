@@ -45,6 +45,73 @@ INPUTS = [(" ".join(_rng.choice(_WORDS, 3)),
 GRAM_KW = {"batch_size": 5}
 
 
+#: What a killed driver imports before its job: preloaded once by the forkserver of
+#: :func:`killed_driver` (a fresh process would import them again each time, about 8 s).
+DRIVER_PRELOAD = ["torch", "transformer_lens", "tl_reward.scale", "tl_reward.analysis.faithfulness",
+                  "tl_reward.audit.probes", "tl_reward.compare.layers", "scale_jobs"]
+
+
+def killed_driver(target: Any, *args: Any, timeout: float = 300) -> int:
+    """Run ``target(*args)`` as a driver process of its own, forked from a server process
+    that imported :data:`DRIVER_PRELOAD` once (``multiprocessing``'s ``forkserver``: a clean
+    single-threaded parent, not this one) with this process's current environment, as a
+    subprocess would have it, and return its exit code:
+    ``-SIGKILL`` when it killed itself as planned."""
+    import multiprocessing
+    import os
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(DRIVER_PRELOAD)
+    proc = ctx.Process(target=_in_environment, args=(dict(os.environ), target, *args))
+    proc.start()
+    proc.join(timeout)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join()
+        raise TimeoutError(f"the driver ran past {timeout} s")
+    return proc.exitcode
+
+
+def _in_environment(env: dict[str, str], target: Any, *args: Any) -> None:
+    import os
+
+    os.environ.clear()
+    os.environ.update(env)
+    target(*args)
+
+
+def sigkill_after(k: int) -> Any:
+    """A job callback that SIGKILLs this process at its ``k``-th call: no cleanup, no
+    ``finally``."""
+    import os
+    import signal
+
+    seen: list[Any] = []
+
+    def die(*args: Any) -> None:
+        seen.append(args)
+        if len(seen) == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return die
+
+
+def drive_job(job: str, path: str, out: str) -> None:
+    """A driver of the faithfulness, probe or Grams job that dies after 3 finished units."""
+    from tl_reward.scale import LocalExecutor, run_faithfulness, run_layer_grams, run_probes
+
+    torch.set_num_threads(1)
+    ex, die = LocalExecutor(threads=1), sigkill_after(3)
+    if job == "faith":
+        run_faithfulness(path, PAIRS, "head", cache_dir=out, executor=ex, pairs_per_unit=2,
+                         progress=False, callback=die)
+    elif job == "probes":
+        run_probes(path, ITEMS, DIMS, output_dir=out, executor=ex, progress=False,
+                   on_chunk=die, **PROBE_KW)
+    else:
+        run_layer_grams(path, INPUTS, cache_dir=out, executor=ex, batches_per_unit=2,
+                        progress=False, callback=die, **GRAM_KW)
+
+
 def one_thread(fn: Any) -> Any:
     """Run ``fn()`` with 1 torch thread (the workers' count: same reductions, same bits)."""
     threads = torch.get_num_threads()

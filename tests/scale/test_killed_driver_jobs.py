@@ -5,8 +5,6 @@ single-process result and scores only what was missing."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,44 +18,18 @@ from scale_jobs import (
     assert_same_faithfulness,
     assert_same_grams,
     assert_same_probes,
+    drive_job,
+    killed_driver,
 )
 
 from tl_reward.scale import LocalExecutor, run_faithfulness, run_layer_grams, run_probes
-
-DRIVER = """
-import os, signal, sys
-import torch
-sys.path.insert(0, {here!r})
-torch.set_num_threads(1)
-from scale_jobs import DIMS, GRAM_KW, INPUTS, ITEMS, PAIRS, PROBE_KW
-from tl_reward.scale import LocalExecutor, run_faithfulness, run_layer_grams, run_probes
-job, path, out = sys.argv[1:4]
-done = []
-def die(*args):
-    done.append(args)
-    if len(done) == 3:
-        os.kill(os.getpid(), signal.SIGKILL)
-ex = LocalExecutor(threads=1)
-if job == "faith":
-    run_faithfulness(path, PAIRS, "head", cache_dir=out, executor=ex, pairs_per_unit=2,
-                     progress=False, callback=die)
-elif job == "probes":
-    run_probes(path, ITEMS, DIMS, output_dir=out, executor=ex, progress=False, on_chunk=die,
-               **PROBE_KW)
-else:
-    run_layer_grams(path, INPUTS, cache_dir=out, executor=ex, batches_per_unit=2,
-                    progress=False, callback=die, **GRAM_KW)
-"""
 
 
 @pytest.mark.parametrize("job", ["faith", "probes", "grams"])
 def test_sigkilled_driver_resumes_to_the_single_process_result(job: str, job_models, references,
                                                                tmp_path: Path) -> None:
     path, _ = job_models["llama"]
-    script = DRIVER.format(here=str(Path(__file__).parent))
-    proc = subprocess.run([sys.executable, "-c", script, job, path, str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert killed_driver(drive_job, job, path, str(tmp_path)) == -signal.SIGKILL
     ex = LocalExecutor(threads=1)
     rest: list[object] = []
     if job == "faith":
