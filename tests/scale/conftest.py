@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from scale_jobs import DIMS, GRAM_KW, INPUTS, ITEMS, PAIRS, PROBE_KW, one_thread
+from scale_jobs import DIMS, GRAM_KW, HALF, INPUTS, ITEMS, PAIRS, PROBE_KW, one_thread
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +20,17 @@ def cluster():
     yield ray.get_runtime_context().gcs_address
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def pool(cluster):
+    """One actor on each of the two logical GPUs, kept for the session: it serves every job,
+    sweep and rerun of the Ray tests (each actor started costs a process that imports torch
+    and TransformerLens, about 8 CPU-seconds)."""
+    from tl_reward.scale import RayExecutor
+
+    with RayExecutor(num_gpus=1, **HALF).session() as p:
+        yield p
 
 
 # -- the single-process references of the faithfulness, probe and Grams jobs ---------------

@@ -43,6 +43,8 @@ _WORDS = "the sky is blue red green cats swim well rarely coffee helps sleep bad
 INPUTS = [(" ".join(_rng.choice(_WORDS, 3)),
            " ".join(_rng.choice(_WORDS, int(_rng.integers(1, 12))))) for _ in range(37)]
 GRAM_KW = {"batch_size": 5}
+#: Half a CPU per actor: the session's pool (2 actors) and a crashing pool (2) fit on 2 CPUs.
+HALF = {"num_cpus": 0.5, "threads": 1}
 
 
 #: What a killed driver imports before its job: preloaded once by the forkserver of

@@ -14,6 +14,8 @@ import torch
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
 
+from scale_jobs import HALF  # noqa: E402
+
 from tl_reward import HookedRewardModel  # noqa: E402
 from tl_reward.scale import RayExecutor, SweepJob, run_sweeps  # noqa: E402
 from tl_reward.sweep.store import parts_dir  # noqa: E402
@@ -21,8 +23,6 @@ from tl_reward.sweep.vocab_sweep import score_vocabulary  # noqa: E402
 from tl_reward.testing.tiny import save_tiny_reward_model  # noqa: E402
 
 PROMPTS = {"best": "What is best?", "worst": "What is worst?"}
-# half a CPU per actor: the module's pool (2 actors) and a crashing pool (2) fit on 2 CPUs
-HALF = {"num_cpus": 0.5, "threads": 1}
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +41,6 @@ def reference(model_dir: Path, out: Path, **kw) -> bytes:
     finally:
         torch.set_num_threads(threads)
     return out.read_bytes()
-
-
-@pytest.fixture(scope="module")
-def pool(cluster):
-    """One actor on each of the two logical GPUs, kept for the module (every actor started
-    costs a process that imports torch): it runs the sweeps and the resumed ones."""
-    with RayExecutor(num_gpus=1, **HALF).session() as p:
-        yield p
 
 
 def test_ray_equals_single_process_one_model_per_gpu(pool, saved, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.
 from scale_jobs import (  # noqa: E402
     DIMS,
     GRAM_KW,
+    HALF,  # noqa: E402
     INPUTS,
     ITEMS,
     PAIRS,
@@ -32,19 +33,9 @@ from tl_reward.scale import (  # noqa: E402
     run_probes,
 )
 
-# half a CPU per actor: the module's pool (2 actors) and a crashing pool (2) fit on 2 CPUs
-HALF = {"num_cpus": 0.5, "threads": 1}
-
 
 class Stop(Exception):
     """An interrupted driver."""
-
-
-@pytest.fixture(scope="module")
-def pool(cluster):
-    """Two actors kept for the module: one pool serves every job (and every rerun)."""
-    with RayExecutor(num_workers=2, **HALF).session() as p:
-        yield p
 
 
 def crashing(tmp_path: Path, **kw: object) -> tuple[RayExecutor, Path]:
