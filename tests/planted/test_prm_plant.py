@@ -23,57 +23,38 @@ from tl_reward.data.pairs import align_ids
 from tl_reward.errors import TLRewardError
 from tl_reward.model.inputs import EncodedInput
 from tl_reward.planted import plant_prm
-from tl_reward.planted.prm import step_scores
+from tl_reward.planted.prm import pair_prefixes, step_drops, step_scores
 from tl_reward.planted.recovery import rank_of
 from tl_reward.planted.store import load_planted, save_planted, truth_from_json, truth_to_json
 from tl_reward.process import step_propagation, step_sources
-from tl_reward.testing import tiny_hf_reward_model, tiny_tokenizer
+from tl_reward.testing import tiny_hf_reward_model
+from tl_reward.testing.prm_plant import (
+    A_PAIRS,
+    B_PAIRS,
+    PROMPTS,
+    C,
+    K,
+    hooked_prm,
+    tiny_planted_prm,
+)
 
-TAG, C, K = "<extra_0>", 3.0, 2  # rule B is read at step K, after b's step
-PROMPTS = ("Why is water wet?", "Tell me a joke.", "hi")  # none holds a or b
-Q = PROMPTS[0]
-#: (solution holding the token, its counterfactual, the step holding it); held out.
-B_PAIRS = [((Q, ["so he is wet", "it is water", "the answer is yes"]),
-            (Q, ["so on is wet", "it is water", "the answer is yes"]), 0),
-           (("hi", ["a b", "so he c", "d", "e f"]), ("hi", ["a b", "so on c", "d", "e f"]), 1),
-           ((PROMPTS[1], ["so he", "no", "yes"]), (PROMPTS[1], ["so on", "no", "yes"]), 0)]
-A_PAIRS = [((Q, ["it is water", "we help it", "the answer is yes"]),
-            (Q, ["it is water", "we and it", "the answer is yes"]), 1),
-           (("hi", ["so help", "b", "c"]), ("hi", ["so and", "b", "c"]), 0),
-           ((PROMPTS[1], ["a b", "c d", "x help"]), (PROMPTS[1], ["a b", "c d", "x and"]), 2)]
 EXACT = 1e-4  # where no rule fires, a drop is float32 noise (measured ~1e-6)
 
 
 @pytest.fixture(scope="module")
 def planted() -> Any:
-    tok = tiny_tokenizer()
-    tok.add_tokens([TAG], special_tokens=True)
-    hf, tok = tiny_hf_reward_model("llama", num_labels=2, tokenizer=tok)
-    return plant_prm(hf, tok, " help", " he", a_counterfactual=" and", b_counterfactual=" on",
-                     c=C, prompts=PROMPTS)
+    return tiny_planted_prm()
 
 
 @pytest.fixture(scope="module")
 def model(planted: Any) -> HookedRewardModel:
-    return HookedRewardModel.from_pretrained(hf_model=planted.model, tokenizer=planted.tokenizer,
-                                             step_tag=TAG, head_weights=[-1, 1], device="cpu")
+    return hooked_prm(planted)
 
 
 @pytest.fixture(scope="module")
 def outcome(planted: Any) -> HookedRewardModel:
     """The bug "read one position after the tag": the same weights read at the last token."""
-    return HookedRewardModel.from_pretrained(hf_model=planted.model, tokenizer=planted.tokenizer,
-                                             head_weights=[-1, 1], device="cpu")
-
-
-def _prefixes(model: HookedRewardModel, pairs: list[Any], step: int | None = None
-              ) -> tuple[list[EncodedInput], list[EncodedInput]]:
-    """Both sides' prefixes up to each pair's step (``step``, else the one holding the token)."""
-    sides: tuple[list[EncodedInput], list[EncodedInput]] = ([], [])
-    for x, y, j in pairs:
-        for side, sol in zip(sides, (x, y), strict=True):
-            side.append(model.at_steps([sol], j if step is None else step)[0][0])
-    return sides
+    return hooked_prm(planted, steps=False)
 
 
 def _one_after(model: HookedRewardModel, prefixes: list[EncodedInput], pairs: list[Any],
@@ -82,17 +63,6 @@ def _one_after(model: HookedRewardModel, prefixes: list[EncodedInput], pairs: li
     its whole solution: the tag is no longer last."""
     whole = model.encode_steps([p[side] for p in pairs])[0]
     return [EncodedInput(w.ids[: len(p.ids) + 1]) for p, w in zip(prefixes, whole, strict=True)]
-
-
-def _drops(model: HookedRewardModel, pairs: list[Any]) -> list[torch.Tensor]:
-    """Per pair, each step's score with the counterfactual minus with the token."""
-    got = model.rewards([s for x, y, _ in pairs for s in (y, x)]).score
-    out, at = [], 0
-    for x, _, _ in pairs:
-        n = len(x[1])
-        out.append(got[at: at + n] - got[at + n: at + 2 * n])
-        at += 2 * n
-    return out
 
 
 def _holds(model: HookedRewardModel, pairs: list[Any], token: int) -> None:
@@ -138,18 +108,17 @@ def test_rules_drop_the_right_steps_and_the_base_none(planted: Any, model: Hooke
     _holds(model, A_PAIRS, t.a_id)
     _holds(model, B_PAIRS, t.b_id)
     for pairs, fires in ((A_PAIRS, lambda k, j: k == j), (B_PAIRS, lambda k, j: k >= j)):
-        for drop, (x, y, j) in zip(_drops(model, pairs), pairs, strict=True):
+        for drop, (x, y, j) in zip(step_drops(model, pairs), pairs, strict=True):
             on = torch.tensor([fires(k, j) for k in range(len(drop))])
             assert bool(((drop[on] > 0.6 * C) & (drop[on] < 1.4 * C)).all()), drop
             assert bool((drop[~on].abs() < EXACT).all()), drop
             prop = step_propagation(model, x, y)  # the same, through the library's API
             assert prop.changed == [j] and torch.allclose(prop.effect, drop, atol=EXACT)
-    base = HookedRewardModel.from_pretrained(hf_model=planted.base, tokenizer=planted.tokenizer,
-                                             step_tag=TAG, head_weights=[-1, 1], device="cpu")
-    assert float(torch.cat(_drops(base, A_PAIRS + B_PAIRS)).abs().max()) < EXACT
+    base = hooked_prm(planted, "base")
+    assert float(torch.cat(step_drops(base, A_PAIRS + B_PAIRS)).abs().max()) < EXACT
     # bug: reading the score one position after the tag; no rule holds there
     for pairs, step in ((A_PAIRS, None), (B_PAIRS, K)):
-        mine, cf = _prefixes(model, pairs, step)
+        mine, cf = pair_prefixes(model, pairs, step)
         shifted = (outcome.rewards(_one_after(model, cf, pairs, 1)).score
                    - outcome.rewards(_one_after(model, mine, pairs, 0)).score)
         assert float(shifted.abs().max()) < 0.25 * C, shifted
@@ -175,7 +144,7 @@ def test_step_sources_finds_the_step_each_drop_is_read_from(model: HookedRewardM
         assert ss.sources[int(where.argmin())] != f"step {j}"
     # bug: a split that ignores the prompt no longer sums to the reward
     assert float(ss.values[:, 0].abs().max()) > 0.05
-    mine, cf = _prefixes(model, A_PAIRS)
+    mine, cf = pair_prefixes(model, A_PAIRS)
     sa = step_sources(model, mine + cf, step="last")
     diff = (sa.values[: len(mine)] - sa.values[len(mine):]).nan_to_num(0.0)
     for i, (_, _, k) in enumerate(A_PAIRS):
@@ -202,13 +171,13 @@ def test_direct_attribution_ranks_the_planted_head_first(planted: Any, model: Ho
     for i in range(n):
         assert rank_of(diff[i], names, name_b) == 1
         assert float(diff[i, names.index(name_b)]) == pytest.approx(-float(drops[i]), abs=EXACT)
-    mine, cf = _prefixes(model, A_PAIRS)
+    mine, cf = pair_prefixes(model, A_PAIRS)
     diff_a, _ = _head_diff(direct_reward_attribution(model, mine + cf), len(mine))
     for i in range(len(mine)):
         assert rank_of(diff_a[i], names, name_r) == 1 and float(
             diff_a[i, names.index(name_r)]) < -0.6 * C
     # bug: attributing the score one position after the tag; the head carries nothing there
-    mine, cf = _prefixes(model, B_PAIRS, K)
+    mine, cf = pair_prefixes(model, B_PAIRS, K)
     diff, _ = _head_diff(direct_reward_attribution(
         outcome, _one_after(model, mine, B_PAIRS, 0) + _one_after(model, cf, B_PAIRS, 1)), n)
     assert float(diff[:, names.index(name_b)].abs().max()) < 0.25 * C
@@ -221,7 +190,7 @@ def test_patching_puts_the_effect_in_the_planted_heads(planted: Any,
                                                        model: HookedRewardModel) -> None:
     t = planted.truth
     for pairs, step, heads in ((B_PAIRS, K, [t.b_head]), (A_PAIRS, None, [t.detector, t.reader])):
-        for x, y in zip(*_prefixes(model, pairs, step), strict=True):
+        for x, y in zip(*pair_prefixes(model, pairs, step), strict=True):
             res = activation_patching(model, align_ids(x.ids, y.ids), site="head",
                                       positions="all")
             assert res.delta < -0.6 * C
@@ -231,7 +200,7 @@ def test_patching_puts_the_effect_in_the_planted_heads(planted: Any,
                 eff[layer, h] = 0.0
             assert float(eff.abs().max()) < 0.01
     # bug: patching the head where b stands rather than at the tag it is read from
-    x, y = (side[0] for side in _prefixes(model, B_PAIRS, K))
+    x, y = (side[0] for side in pair_prefixes(model, B_PAIRS, K))
     tp = align_ids(x.ids, y.ids)
     each = activation_patching(model, tp, site="head", layers=[0], units=[t.b_head[1]])
     at_b = x.ids.index(t.b_id)
@@ -244,7 +213,7 @@ def test_patching_puts_the_effect_in_the_planted_heads(planted: Any,
 
 def test_a_few_edges_carry_each_rule(planted: Any, model: HookedRewardModel) -> None:
     t = planted.truth
-    clean, corrupt = _prefixes(model, B_PAIRS, K)
+    clean, corrupt = pair_prefixes(model, B_PAIRS, K)
     att = edge_attribution(model, clean, corrupt, method="eap-ig")
     circuit = RewardCircuit.greedy(att, len(t.b_edges))
     assert set(circuit.edges()) == set(t.b_edges)
@@ -255,7 +224,7 @@ def test_a_few_edges_carry_each_rule(planted: Any, model: HookedRewardModel) -> 
                                len(t.b_edges))
     assert ("input", f"a0.h{t.b_head[1]}", "k") not in eap.edges()
     assert abs(evaluate_circuit(model, eap, clean, corrupt).faithfulness.value) < 0.1
-    clean, corrupt = _prefixes(model, A_PAIRS)
+    clean, corrupt = pair_prefixes(model, A_PAIRS)
     exact = edge_attribution(model, clean, corrupt, method="exact")
     circuit = RewardCircuit.greedy(exact, len(t.a_edges))
     assert set(circuit.edges()) == set(t.a_edges)

@@ -272,6 +272,34 @@ def _pairs(tokenizer: Any, pool: torch.Tensor, token: int, swap: int, tag_id: in
     return out
 
 
+#: A step pair: ``(solution holding the token, its counterfactual, the step holding it)``, each
+#: solution a ``(prompt, [step text, ...])`` pair.
+StepPair = tuple[Any, Any, int]
+
+
+def pair_prefixes(model: Any, pairs: Sequence[StepPair], step: int | None = None
+                  ) -> tuple[list[EncodedInput], list[EncodedInput]]:
+    """Both sides' prefixes (a hooked PRM's inputs) up to each pair's step (``step``, else the
+    one holding the token)."""
+    sides: tuple[list[EncodedInput], list[EncodedInput]] = ([], [])
+    for x, y, j in pairs:
+        for side, sol in zip(sides, (x, y), strict=True):
+            side.append(model.at_steps([sol], j if step is None else step)[0][0])
+    return sides
+
+
+def step_drops(model: Any, pairs: Sequence[StepPair]) -> list[torch.Tensor]:
+    """Per pair, each step's score of a hooked PRM with the counterfactual minus with the
+    token."""
+    got = model.rewards([s for x, y, _ in pairs for s in (y, x)]).score
+    out, at = [], 0
+    for x, _, _ in pairs:
+        n = len(x[1])
+        out.append(got[at: at + n] - got[at + n: at + 2 * n])
+        at += 2 * n
+    return out
+
+
 def _spread(x: torch.Tensor) -> tuple[float, float, float]:
     return float(x.median()), float(x.min()), float(x.max())
 
