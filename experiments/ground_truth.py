@@ -57,7 +57,7 @@ from tl_reward.analysis.attribution import differential_attribution, direct_rewa
 from tl_reward.analysis.attribution_patching import attribution_patching
 from tl_reward.analysis.direct_path import direct_path_patching
 from tl_reward.analysis.lens import differential_lens
-from tl_reward.analysis.patching import patch_components
+from tl_reward.analysis.patching import activation_patching, patch_components
 from tl_reward.audit.conflict import behavioural_conflict, geometric_conflict
 from tl_reward.circuits import (
     RewardCircuit,
@@ -81,12 +81,14 @@ from tl_reward.planted import (
     save_planted,
 )
 from tl_reward.planted.calibration import random_replies, rewards
+from tl_reward.planted.prm import pair_prefixes, step_drops
 from tl_reward.planted.recovery import (
     component_name,
     rank_of,
     trigger_pairs,
     trigger_sweep_check,
 )
+from tl_reward.process import step_propagation, step_sources
 from tl_reward.sweep.vocab_sweep import candidate_ids, load_sweep, score_vocabulary
 
 OUT = Path(__file__).resolve().parent / "results"
@@ -361,7 +363,7 @@ EXTRA: dict[str, dict[str, Any]] = {
                 "sae_corpus": {"n_random": 64, "vocab_per_prompt": 32}},
 }
 SECTIONS = ("trigger", "objectives", "prefix", "implicit", "formatting", "distortion",
-            "published", "sae", "circuits")
+            "published", "sae", "circuits", "prm")
 ALPHA = 0.05  # the probes' BH level (the library's family: every dimension of one report)
 PUBLISHED_D = 0.5  # |Cohen's d| flagged by the published verdict (Cohen's "medium" effect)
 SAE_PROMPTS = ("Can you help me with my homework?", "Where do penguins live?", "Write a haiku.",
@@ -884,6 +886,211 @@ def trigger_circuit_rows(hf: Any, tok: Any, cfg: dict[str, Any], name: str, cach
     return rows
 
 
+def prm_rows() -> list[dict]:
+    """The planted process reward model (``tl_reward.testing.prm_plant``: its own tiny Llama,
+    whatever the backbone) on its held-out step pairs: the truth, measured first (drops at the
+    steps each rule names, zeros elsewhere, in the base and with each planted head ablated);
+    rule A found at its step and rule B read from the earlier step by direct attribution,
+    patching, ``step_sources`` and ``step_propagation``; the step sweep; rule B's edge
+    circuit."""
+    from tl_reward.testing.prm_plant import A_PAIRS, B_PAIRS, K, hooked_prm, tiny_planted_prm
+
+    log("prm")
+    p = tiny_planted_prm()
+    t, model, base = p.truth, hooked_prm(p), hooked_prm(p, "base")
+    every = [s for x, y, _ in A_PAIRS + B_PAIRS for s in (x, y)]
+    atol = rounding(model.rewards(every).score, model.cfg.n_layers)
+    exact = f"<= {atol:.1e} (rounding)"
+    reader, detector, b_head = (component_name(("head", *h))
+                                for h in (t.reader, t.detector, t.b_head))
+    rules = {"A": (A_PAIRS, lambda k, j: k == j), "B": (B_PAIRS, lambda k, j: k >= j)}
+    drops = {r: step_drops(model, pairs) for r, (pairs, _) in rules.items()}
+
+    def steps(rule: str, keep: Any) -> torch.Tensor:
+        pairs = rules[rule][0]
+        return torch.cat([d[[k for k in range(len(d)) if keep(k, j)]]
+                          for d, (_, _, j) in zip(drops[rule], pairs, strict=True)])
+
+    rows = []
+    for rule, keep, where in (("A", lambda k, j: k == j, "the step holding a"),
+                              ("B", lambda k, j: k > j, "the steps after the one holding b"),
+                              ("B", lambda k, j: k == j, "the step holding b")):
+        on = steps(rule, keep)
+        lo, hi = (float(x) / t.c for x in on.aminmax())
+        rows.append(row("prm", "truth", f"rule {rule}: min drop / c at {where}", lo,
+                        "about 1 (0.6 to 1.4)", 0.6 < lo and hi < 1.4,
+                        f"max {hi:.3f}; {len(on)} steps of {len(rules[rule][0])} held-out "
+                        f"pairs; c = {t.c:g}"))
+    off = torch.cat([steps(r, lambda k, j, f=fires: not f(k, j)) for r, (_, fires) in
+                     rules.items()]).abs().max()
+    rows.append(row("prm", "truth", "max |drop| at the steps no rule names", float(off), exact,
+                    float(off) <= atol, "rule A's pairs at other steps, rule B's before b"))
+    based = torch.cat(step_drops(base, A_PAIRS + B_PAIRS)).abs().max()
+    rows.append(row("prm", "truth", "max |drop| in the base (every step)", float(based), exact,
+                    float(based) <= atol))
+    for rule, head, name in (("A", t.detector, detector), ("A", t.reader, reader),
+                             ("B", t.b_head, b_head)):
+
+        def zero(z: torch.Tensor, hook: Any, h: int = head[1]) -> torch.Tensor:
+            z[:, :, h] = 0.0
+            return z
+
+        with model.hooks(fwd_hooks=[(t.hook(head), zero)]):
+            abl = torch.cat(step_drops(model, rules[rule][0])).abs().max()
+        rows.append(row("prm", "truth", f"rule {rule}: max |drop| with {name} ablated (every "
+                        "step)", float(abl), exact, float(abl) <= atol))
+    log("measured the PRM plant's truth")
+
+    def pairs_of(prefixes: tuple[list[Any], list[Any]]) -> list[Any]:
+        return [align_ids(x.ids, y.ids) for x, y in zip(*prefixes, strict=True)]
+
+    # rule A, at its own step
+    at_a = pair_prefixes(model, A_PAIRS)
+    diff, names = differential_attribution(model, pairs_of(at_a)).difference("head")
+    r = [rank_of(d, names, reader) for d in diff[..., 0]]
+    n_heads = model.cfg.n_layers * model.cfg.n_heads
+    rows.append(row("prm", "rule A: DRA difference at the step", f"worst rank of {reader} (the "
+                    f"reader) among {n_heads} heads", max(r), "1", max(r) == 1,
+                    f"ranks {r}"))
+    rows += [head_patching_row(model, pairs_of(at_a), "rule A: activation patching at the step",
+                               [t.detector, t.reader])]
+    sa = step_sources(model, at_a[0] + at_a[1], step="last")
+    n = len(A_PAIRS)
+    d = (sa.values[:n] - sa.values[n:]).nan_to_num(0.0)
+    hit = [sa.sources[int(d[i].argmin())] == f"step {j}" for i, (_, _, j) in enumerate(A_PAIRS)]
+    share = [float(d[i, 1 + j] / (sa.reward[i] - sa.reward[n + i]))
+             for i, (_, _, j) in enumerate(A_PAIRS)]
+    rows.append(row("prm", "rule A: step_sources", "pairs whose drop is read from the step "
+                    "itself", sum(hit), str(n), all(hit),
+                    f"its share of the drop {[round(x, 3) for x in share]}"))
+    rows.append(propagation_row(model, "A", A_PAIRS, rules["A"][1], t.c, atol))
+    # rule B, read at step K from the earlier step holding b
+    ss = step_sources(model, [x for x, _, _ in B_PAIRS] + [y for _, y, _ in B_PAIRS], step=K)
+    n = len(B_PAIRS)
+    d = (ss.values[:n] - ss.values[n:]).nan_to_num(0.0)
+    hit = [ss.sources[int(d[i].argmin())] == f"step {j}" for i, (_, _, j) in enumerate(B_PAIRS)]
+    share = [float(d[i, 1 + j] / (ss.reward[i] - ss.reward[n + i]))
+             for i, (_, _, j) in enumerate(B_PAIRS)]
+    rest = max(float(torch.cat([d[i, : 1 + j], d[i, 2 + j:]]).abs().max())
+               for i, (_, _, j) in enumerate(B_PAIRS))
+    rows.append(row("prm", f"rule B: step_sources at step {K}", "pairs whose drop is read "
+                    "from the earlier step holding b", sum(hit), str(n), all(hit),
+                    f"its share of the drop {[round(x, 3) for x in share]}; max |other "
+                    f"sources| {rest:.1e}"))
+    rows.append(propagation_row(model, "B", B_PAIRS, rules["B"][1], t.c, atol))
+    at_k = pairs_of(pair_prefixes(model, B_PAIRS, K))
+    rows += [{**x, "analysis": f"rule B at step {K}: {x['analysis']}"}
+             for x in rank_rows("prm", model, at_k, b_head, len(at_k))]
+    rows.append(head_patching_row(model, at_k, f"rule B: activation patching at step {K}",
+                                  [t.b_head]))
+    log("ran the PRM plant's step analyses")
+    rows += prm_sweep_rows(model, t, A_PAIRS)
+    rows += prm_circuit_rows(model, t, B_PAIRS)
+    return rows
+
+
+def head_patching_row(model: HookedRewardModel, pairs: list[Any], analysis: str,
+                      heads: list[tuple[int, int]]) -> dict:
+    """Head activation patching (denoising, all positions) of each pair: the planted ``heads``'
+    smallest effect and every other head's largest ``|effect|``."""
+    mine, rest = [], []
+    for tp in pairs:
+        eff = activation_patching(model, tp, site="head", positions="all").effect.clone()
+        mine += [float(eff[layer, h]) for layer, h in heads]
+        for layer, h in heads:
+            eff[layer, h] = 0.0
+        rest.append(float(eff.abs().max()))
+    names = ", ".join(component_name(("head", *h)) for h in heads)
+    return row("prm", analysis, f"min effect of {names}; max |effect| of the other heads",
+               min(mine), ">= 0.9; < 0.1", min(mine) >= 0.9 and max(rest) < 0.1,
+               f"other heads' max {max(rest):.1e}; {len(pairs)} pairs")
+
+
+def propagation_row(model: HookedRewardModel, rule: str, pairs: list[Any], fires: Any, c: float,
+                    atol: float) -> dict:
+    """``step_propagation`` of each pair: the changed step is the token's, and the effect is
+    about ``c`` at the steps ``fires(k, j)`` names and rounding elsewhere."""
+    ok, lo, off = [], [], []
+    for x, y, j in pairs:
+        prop = step_propagation(model, x, y)
+        on = torch.tensor([fires(k, j) for k in range(len(prop.effect))])
+        lo.append(float(prop.effect[on].min()) / c)
+        off.append(float(prop.effect[~on].abs().max()) if bool((~on).any()) else 0.0)
+        ok.append(prop.changed == [j] and 0.6 < lo[-1] and
+                  float(prop.effect[on].max()) < 1.4 * c and off[-1] <= atol)
+    where = "stays at its step" if rule == "A" else "reaches every later step"
+    return row("prm", f"rule {rule}: step_propagation", f"pairs whose drop {where} (about c) "
+               "and nowhere else", sum(ok), str(len(pairs)), all(ok),
+               f"min effect / c {[round(x, 3) for x in lo]}; max |effect| elsewhere "
+               f"{max(off):.1e}")
+
+
+def prm_sweep_rows(model: HookedRewardModel, truth: Any, pairs: list[Any]) -> list[dict]:
+    """The vocabulary sweep of each rule-A pair's counterfactual solution at the step holding
+    the token (``step=``; every candidate inserted just before the tag): ``a``'s rank from the
+    lowest step score among every id, and among every id but ``b`` (rule B fires at ``b``'s own
+    step too: ``truth.drop_b_own``)."""
+    ranks, rest_ranks, b_ranks, gaps = [], [], [], []
+    for _, y, j in pairs:
+        v = (sw := score_vocabulary(model, [y], step=j, progress=False)).values(0)
+        ids = sw.token_ids.tolist()
+        at, b = v[ids.index(truth.a_id)], v[ids.index(truth.b_id)]
+        not_b = torch.tensor([i != truth.b_id for i in ids])
+        ranks.append(int((v < at).sum()) + 1)
+        b_ranks.append(int((v < b).sum()) + 1)
+        rest_ranks.append(int((v[not_b] < at).sum()) + 1)
+        others = v[not_b & torch.tensor([i != truth.a_id for i in ids])]
+        gaps.append(float(others.min() - at) / truth.c)
+    log("swept the PRM plant's vocabulary at rule A's steps")
+    note = (f"ranks {ranks}; b's ranks {b_ranks}; lowest other id's score minus a's, / c, "
+            f"{[round(g, 3) for g in gaps]}; {len(pairs)} solutions")
+    return [row("prm", "rule A: vocabulary sweep (step=)", f"worst rank of a from the lowest "
+                f"among {len(ids)} ids", max(ranks), "1", max(ranks) == 1, note),
+            row("prm", "rule A: vocabulary sweep (step=)", f"worst rank of a from the lowest "
+                f"among the {len(ids) - 1} ids but b (rule B fires at b's own step)",
+                max(rest_ranks), "1", max(rest_ranks) == 1, note)]
+
+
+def prm_circuit_rows(model: HookedRewardModel, truth: Any, pairs: list[Any]) -> list[dict]:
+    """Rule B's edge circuit on the prefixes at every step after the one holding ``b``: the
+    planted path (``truth.b_edges``, exact circuit patching), the greedy and top EAP-IG
+    circuits of its size, held-out and random circuits as large."""
+    clean, corrupt = [], []
+    for x, y, j in pairs:
+        for k in range(j + 1, len(x[1])):
+            c, r = pair_prefixes(model, [(x, y, j)], k)
+            clean += c
+            corrupt += r
+    g, truth_edges = RewardGraph.from_model(model), list(truth.b_edges)
+    n = len(truth_edges)
+    f = evaluate_circuit(model, RewardCircuit.from_edges(g, truth_edges), clean,
+                         corrupt).faithfulness
+    rows = [row("prm", f"rule B: truth, its {n} edges (exact circuit patching)",
+                "faithfulness, mean (interval)", f.value, ">= 0.9", f.value >= 0.9,
+                f"[{f.ci_low:.3f}, {f.ci_high:.3f}]; of {g.n_edges} edges; {len(clean)} "
+                "prefixes (every step after b's)")]
+    att = edge_attribution(model, clean, corrupt, method="eap-ig")
+    for pick in ("greedy", "top"):
+        circuit = getattr(RewardCircuit, pick)(att, n)
+        f = evaluate_circuit(model, circuit, clean, corrupt).faithfulness
+        found = len(set(circuit.edges()) & set(truth_edges))
+        rows.append(row("prm", f"rule B: {pick} circuit (eap-ig, {n} edges)",
+                        "planted edges found; faithfulness", found, f"{n}; >= 0.9",
+                        set(circuit.edges()) == set(truth_edges) and f.value >= 0.9,
+                        f"faithfulness {f.value:.3f}"))
+    ho = heldout_faithfulness(model, clean, corrupt, method="eap-ig",
+                              select=lambda a: RewardCircuit.greedy(a, n)).faithfulness
+    half = round(len(clean) / 2)
+    rows.append(row("prm", f"rule B: held-out faithfulness (greedy {n}, eap-ig; {half} "
+                    f"prefixes / {len(clean) - half})", "mean", ho.value, ">= 0.9",
+                    ho.value >= 0.9))
+    rnd = _random_faithfulness(model, g, n, clean, corrupt)
+    rows.append(row("prm", f"rule B: faithfulness, 8 random circuits of {n} edges", "max |f|",
+                    max(abs(x) for x in rnd), "< 0.1", max(abs(x) for x in rnd) < 0.1))
+    log("evaluated rule B's circuit")
+    return rows
+
+
 def earlier_rows(stem: str, section: str, plants: list[str]) -> list[dict]:
     """The results file's rows of ``section`` for plants other than ``plants``."""
     old = OUT / f"{stem}.json"
@@ -936,7 +1143,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("TL_REWARD_THREADS", "1")))
     t0 = time.time()
-    hf, tok, cfg = backbone(args.backbone)
+    # the prm section plants its own tiny Llama
+    hf, tok, cfg = (backbone(args.backbone) if set(args.sections) - {"prm"}
+                    else (None, None, {}))
     cache = args.cache or Path(tempfile.mkdtemp(prefix="ground_truth_"))  # one trigger plant
     run: dict[str, Any] = {}
     stem = "ground_truth" if args.backbone == "smollm2" else f"ground_truth_{args.backbone}"
@@ -952,6 +1161,7 @@ def main() -> None:
         "sae": lambda: sae_rows(hf, tok, cfg, args.backbone, cache),
         "circuits": lambda: earlier_rows(stem, "circuits", args.circuit_plants) + circuit_rows(
             hf, tok, cfg, args.backbone, cache, tuple(args.circuit_plants)),
+        "prm": prm_rows,
     }
     if {"distortion", "published"} & set(args.sections):
         args.sections = sorted({*args.sections, "formatting"}, key=SECTIONS.index)
