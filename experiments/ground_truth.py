@@ -26,6 +26,13 @@ Plants (``tl_reward.planted``), each with its truth written down before any anal
   under exact (tiny backbone only), EAP and EAP-IG, greedy selection, faithfulness against
   random circuits, held-out faithfulness and bootstrap stability (``--circuit-plants``: some
   plants; the others' rows are kept from the results).
+* ``prm``: the planted process reward model (``tl_reward.planted.prm``, rules A and B; its own
+  tiny Llama, ``tl_reward.testing.prm_plant``, so the same rows whatever ``--backbone``) on its
+  held-out step pairs: the truth by exact ablation (drops of about ``c`` at the steps each rule
+  names, rounding elsewhere, in the base and with each planted head zeroed); rule A at its step
+  (DRA, head patching, ``step_sources``, ``step_propagation``, the ``step=`` vocabulary sweep)
+  and rule B from the earlier step (``step_sources``, ``step_propagation``, the head ranks of
+  :func:`rank_rows`, head patching, its edge circuit against random ones).
 
 For each plant and analysis it prints the recovery metric (the truth's rank among all heads,
 the trigger's rank in the vocabulary sweep, verdicts right, the identity region found) and
@@ -954,29 +961,13 @@ def prm_rows() -> list[dict]:
                     f"ranks {r}"))
     rows += [head_patching_row(model, pairs_of(at_a), "rule A: activation patching at the step",
                                [t.detector, t.reader])]
-    sa = step_sources(model, at_a[0] + at_a[1], step="last")
-    n = len(A_PAIRS)
-    d = (sa.values[:n] - sa.values[n:]).nan_to_num(0.0)
-    hit = [sa.sources[int(d[i].argmin())] == f"step {j}" for i, (_, _, j) in enumerate(A_PAIRS)]
-    share = [float(d[i, 1 + j] / (sa.reward[i] - sa.reward[n + i]))
-             for i, (_, _, j) in enumerate(A_PAIRS)]
-    rows.append(row("prm", "rule A: step_sources", "pairs whose drop is read from the step "
-                    "itself", sum(hit), str(n), all(hit),
-                    f"its share of the drop {[round(x, 3) for x in share]}"))
+    rows.append(sources_row(step_sources(model, at_a[0] + at_a[1], step="last"), A_PAIRS,
+                            "rule A: step_sources", "the step itself"))
     rows.append(propagation_row(model, "A", A_PAIRS, rules["A"][1], t.c, atol))
     # rule B, read at step K from the earlier step holding b
-    ss = step_sources(model, [x for x, _, _ in B_PAIRS] + [y for _, y, _ in B_PAIRS], step=K)
-    n = len(B_PAIRS)
-    d = (ss.values[:n] - ss.values[n:]).nan_to_num(0.0)
-    hit = [ss.sources[int(d[i].argmin())] == f"step {j}" for i, (_, _, j) in enumerate(B_PAIRS)]
-    share = [float(d[i, 1 + j] / (ss.reward[i] - ss.reward[n + i]))
-             for i, (_, _, j) in enumerate(B_PAIRS)]
-    rest = max(float(torch.cat([d[i, : 1 + j], d[i, 2 + j:]]).abs().max())
-               for i, (_, _, j) in enumerate(B_PAIRS))
-    rows.append(row("prm", f"rule B: step_sources at step {K}", "pairs whose drop is read "
-                    "from the earlier step holding b", sum(hit), str(n), all(hit),
-                    f"its share of the drop {[round(x, 3) for x in share]}; max |other "
-                    f"sources| {rest:.1e}"))
+    sides = [x for x, _, _ in B_PAIRS] + [y for _, y, _ in B_PAIRS]
+    rows.append(sources_row(step_sources(model, sides, step=K), B_PAIRS,
+                            f"rule B: step_sources at step {K}", "the earlier step holding b"))
     rows.append(propagation_row(model, "B", B_PAIRS, rules["B"][1], t.c, atol))
     at_k = pairs_of(pair_prefixes(model, B_PAIRS, K))
     rows += [{**x, "analysis": f"rule B at step {K}: {x['analysis']}"}
@@ -987,6 +978,22 @@ def prm_rows() -> list[dict]:
     rows += prm_sweep_rows(model, t, A_PAIRS)
     rows += prm_circuit_rows(model, t, B_PAIRS)
     return rows
+
+
+def sources_row(ss: Any, pairs: list[Any], analysis: str, where: str) -> dict:
+    """``step_sources`` of each pair's two sides (``ss``: the tokens' sides first): whether the
+    source of the largest drop is the step holding the token, its share of the drop and every
+    other source's largest ``|difference|``."""
+    n = len(pairs)
+    d = (ss.values[:n] - ss.values[n:]).nan_to_num(0.0)
+    hit = [ss.sources[int(d[i].argmin())] == f"step {j}" for i, (_, _, j) in enumerate(pairs)]
+    share = [float(d[i, 1 + j] / (ss.reward[i] - ss.reward[n + i]))
+             for i, (_, _, j) in enumerate(pairs)]
+    rest = max(float(torch.cat([d[i, : 1 + j], d[i, 2 + j:]]).abs().max())
+               for i, (_, _, j) in enumerate(pairs))
+    return row("prm", analysis, f"pairs whose drop is read from {where}", sum(hit), str(n),
+               all(hit), f"its share of the drop {[round(x, 3) for x in share]}; max |other "
+               f"sources| {rest:.1e}")
 
 
 def head_patching_row(model: HookedRewardModel, pairs: list[Any], analysis: str,
