@@ -1034,9 +1034,10 @@ def propagation_row(model: HookedRewardModel, rule: str, pairs: list[Any], fires
 
 def prm_sweep_rows(model: HookedRewardModel, truth: Any, pairs: list[Any]) -> list[dict]:
     """The vocabulary sweep of each rule-A pair's counterfactual solution at the step holding
-    the token (``step=``; every candidate inserted just before the tag): ``a``'s rank from the
-    lowest step score among every id, and among every id but ``b`` (rule B fires at ``b``'s own
-    step too: ``truth.drop_b_own``)."""
+    the token (``step=``; every candidate inserted just before the tag). Rule B drops the step
+    holding ``b`` too (``truth.drop_b_own``), by about as much as rule A drops the step holding
+    ``a``, so the truth is that ``a`` and ``b`` are the two lowest ids, in either order; and
+    ``a`` is the lowest of every id but ``b``."""
     ranks, rest_ranks, b_ranks, gaps = [], [], [], []
     for _, y, j in pairs:
         v = (sw := score_vocabulary(model, [y], step=j, progress=False)).values(0)
@@ -1051,11 +1052,13 @@ def prm_sweep_rows(model: HookedRewardModel, truth: Any, pairs: list[Any]) -> li
     log("swept the PRM plant's vocabulary at rule A's steps")
     note = (f"ranks {ranks}; b's ranks {b_ranks}; lowest other id's score minus a's, / c, "
             f"{[round(g, 3) for g in gaps]}; {len(pairs)} solutions")
-    return [row("prm", "rule A: vocabulary sweep (step=)", f"worst rank of a from the lowest "
-                f"among {len(ids)} ids", max(ranks), "1", max(ranks) == 1, note),
+    both = [sorted((r, q)) == [1, 2] for r, q in zip(ranks, b_ranks, strict=True)]
+    return [row("prm", "rule A: vocabulary sweep (step=)", f"solutions whose two lowest of "
+                f"{len(ids)} ids are the planted a and b (each rule drops the step holding its "
+                "token by about c)", sum(both), str(len(pairs)), all(both), note),
             row("prm", "rule A: vocabulary sweep (step=)", f"worst rank of a from the lowest "
-                f"among the {len(ids) - 1} ids but b (rule B fires at b's own step)",
-                max(rest_ranks), "1", max(rest_ranks) == 1, note)]
+                f"among the {len(ids) - 1} ids but b", max(rest_ranks), "1",
+                max(rest_ranks) == 1, note)]
 
 
 def prm_circuit_rows(model: HookedRewardModel, truth: Any, pairs: list[Any]) -> list[dict]:
