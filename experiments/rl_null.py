@@ -4,7 +4,11 @@ against a planted trigger.
 **Null** (``--null``): rl_planted.py's GRPO run (the tiny random policy, 8 prompts x 4
 completions of 8 tokens a step) against the clean tiny reward model with learning rate 0: the
 policy never changes, so the true change of the mean reward (and of every component's part)
-since step 0 is exactly 0 at every step, and any alarm is false. Seeds 0 to K - 1.
+since step 0 is exactly 0 at every step, and any alarm is false. Seeds 0 to K - 1. A step's 8
+groups come from a pool of 8 prompts (4 to 6 distinct ones a step), drawn without replacement,
+which makes each step's mean less variable than Welch's test assumes of independent units (the
+per-step test is conservative); ``--null-wide`` runs draw from 64 prompts (``wide_prompts``:
+each of the 8 with 8 prefixes), closer to independent units.
 
 **Power** (``--power``): the same run against the planted trigger model (``reward += 4`` in
 head L2.H0 on ``" sky"``), learning rate 3e-3: the policy learns the trigger.
@@ -22,8 +26,9 @@ Reported: the run-level false-alarm rate of each verdict with its Clopper-Pearso
 the step of the first alarm and the component the scan names. Writes
 ``experiments/results/rl_null.json`` (after each run, so an interrupted run keeps what it has).
 
-Usage: ``python experiments/rl_null.py [--null 40] [--null-steps 40] [--power 5]`` (about
-10 CPU-minutes).
+Usage: ``python experiments/rl_null.py [--null 100] [--null-wide 50] [--null-steps 40]
+[--power 5]`` (about 25 CPU-minutes; ``--reanalyse`` recomputes the verdicts from the records
+in ``--work`` in about a minute).
 """
 
 from __future__ import annotations
@@ -40,6 +45,16 @@ from rl_planted import TRIGGER, grpo_run, log
 
 OUT = Path(__file__).resolve().parent / "results" / "rl_null.json"
 HEAD = "L2.H0"
+KINDS = ("null", "null_wide", "power")
+
+
+def wide_prompts() -> list[str]:
+    """64 prompts: each of rl_planted.py's 8 after 8 prefixes."""
+    from rl_planted import PROMPTS
+
+    prefixes = ("", "Quick question. ", "Please answer. ", "Hi! ", "One more thing. ",
+                "I wonder: ", "Be brief. ", "Tell me honestly. ")
+    return [f"{a}{p}" for a in prefixes for p in PROMPTS]
 
 
 def verdicts(gain: Any, alpha: float) -> dict[str, Any]:
@@ -95,8 +110,12 @@ def tally(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--null", type=int, default=40, help="null runs (seeds 0..K-1)")
+    parser.add_argument("--null", type=int, default=100, help="null runs (seeds 0..K-1)")
+    parser.add_argument("--null-wide", type=int, default=50,
+                        help="null runs on 64 prompts (seeds 0..K-1)")
     parser.add_argument("--null-steps", type=int, default=40)
+    parser.add_argument("--reanalyse", action="store_true",
+                        help="recompute the verdicts from the records in --work (no training)")
     parser.add_argument("--power", type=int, default=5, help="planted runs (seeds 0..P-1)")
     parser.add_argument("--power-steps", type=int, default=60)
     parser.add_argument("--alpha", type=float, default=0.05)
@@ -110,10 +129,12 @@ def main() -> None:
     torch.set_num_threads(1)
 
     from tl_reward import HookedRewardModel
+    from tl_reward.errors import EmptyResponseError
     from tl_reward.model.demo import cache_dir
     from tl_reward.planted import plant_trigger_head
     from tl_reward.planted.recovery import component_name
     from tl_reward.rl.gain import reward_gain
+    from tl_reward.rl.record import RunRecord
     from tl_reward.testing import tiny_hf_reward_model
 
     work = args.work or cache_dir() / "rl_null"
@@ -125,7 +146,11 @@ def main() -> None:
     results: dict[str, Any] = {
         "setup": {"alpha": args.alpha, "head": HEAD, "trigger": TRIGGER,
                   "null": {"runs": args.null, "steps": args.null_steps, "lr": 0.0,
+                           "prompts": 8,
                            "reward_model": "the clean tiny llama (tl_reward.testing)"},
+                  "null_wide": {"runs": args.null_wide, "steps": args.null_steps, "lr": 0.0,
+                                "prompts": len(wide_prompts()),
+                                "reward_model": "the clean tiny llama (tl_reward.testing)"},
                   "power": {"runs": args.power, "steps": args.power_steps, "lr": args.lr,
                             "reward_model": f"the tiny llama with reward += "
                                             f"{planted.truth.c} in {HEAD} on {TRIGGER!r}"},
@@ -136,23 +161,42 @@ def main() -> None:
                   "uncorrected": "first step whose 95 % Welch interval lies above 0",
                   "calibrated": "RewardGain.alarm: one-sided Welch p-values, Holm over the "
                                 "steps (x components for the scan), family-wise alpha"},
-        "null_runs": [], "power_runs": []}
+        **{f"{k}_runs": [] for k in KINDS}}
+    before = json.loads(args.out.read_text()) if args.reanalyse and args.out.exists() else {}
+    seconds = {(k, r["seed"]): r["seconds"] for k in KINDS for r in before.get(f"{k}_runs", [])}
+    if args.reanalyse:
+        results["failed"] = before.get("failed", [])
 
     def save() -> None:
-        results["null"] = tally(results["null_runs"]) if results["null_runs"] else {}
+        for k in ("null", "null_wide"):
+            results[k] = tally(results[f"{k}_runs"]) if results[f"{k}_runs"] else {}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1, default=float))
 
     plans = [("null", s, clean, 0.0, args.null_steps) for s in range(args.null)] + \
+        [("null_wide", s, clean, 0.0, args.null_steps) for s in range(args.null_wide)] + \
         [("power", s, trig, args.lr, args.power_steps) for s in range(args.power)]
     for kind, seed, rm, lr, steps in plans:
         run_args = argparse.Namespace(seed=seed, steps=steps, lr=lr, batch=args.batch,
-                                      generations=args.generations, length=args.length)
+                                      generations=args.generations, length=args.length,
+                                      prompts=wide_prompts() if kind == "null_wide" else None)
         start = time.time()
-        record, _ = grpo_run(rm, work / f"{kind}{seed}", run_args)
+        if args.reanalyse:
+            if any(f["kind"] == kind and f["seed"] == seed for f in results["failed"]):
+                continue
+            record = RunRecord.open(work / f"{kind}{seed}")
+        else:
+            try:
+                record, _ = grpo_run(rm, work / f"{kind}{seed}", run_args)
+            except EmptyResponseError as e:  # a reply of whitespace alone: the run stops
+                results.setdefault("failed", []).append({"kind": kind, "seed": seed,
+                                                         "error": str(e)})
+                log(f"{kind} seed {seed}: stopped, {e}")
+                continue
         gain = reward_gain(record, progress=False)
         frames = [record.read(s) for s in record.steps()]
-        out = {"seed": seed, "seconds": round(time.time() - start, 1),
+        took = seconds.get((kind, seed)) if args.reanalyse else round(time.time() - start, 1)
+        out = {"seed": seed, "seconds": took,
                "mean_reward": [float(f["reward"].mean()) for f in frames],
                "trigger_share": [float(f["completion"].str.contains(TRIGGER).mean())
                                  for f in frames],
@@ -161,8 +205,9 @@ def main() -> None:
         save()
         log(f"{kind} seed {seed}: {out['seconds']} s; uncorrected {out['uncorrected']}, "
             f"calibrated {out['calibrated']}; {out['scan_sentence']}")
-    if results["null_runs"]:
-        log(f"null: {json.dumps(results['null'])}")
+    for k in ("null", "null_wide"):
+        if results[f"{k}_runs"]:
+            log(f"{k}: {json.dumps(results[k])}")
     log(f"wrote {args.out}")
 
 

@@ -71,8 +71,8 @@ class Alarm(ShortRepr):
         target: what was tested: ``"reward"`` (the reward change), a component's name, or
             ``"all"`` (every component, one family).
         step: the first step with a rejected test (-1: none); since: its reference step.
-        components: what was rejected at ``step``, smallest p-value first (``["reward"]`` for
-            the reward change; empty when none).
+        components: what was rejected at ``step``, the largest change first (``["reward"]``
+            for the reward change; empty when none).
         change: the change of the first of them (NaN: none); ci: its Welch interval.
         p_value: its one-sided Welch p-value; p_adjusted: Holm's adjusted one.
         alpha: the family-wise error rate; n_tests: the tests in the family (those with a
@@ -213,7 +213,8 @@ class RewardGain(ShortRepr):
                 any alarm is at most ``alpha`` (up to the Welch test's own calibration).
             component: None (the reward change), a component's name (its change), or
                 :data:`ALL` (``"all"``: every component at every step, one family; the alarm
-                names the components rejected at the first step, smallest p-value first).
+                names the components rejected at the first step, the largest change first:
+                a tiny change can be the most significant).
         """
         if self.p_value is None or self.reward_p_value is None:
             raise TLRewardError("this gain holds no p-values (saved by an older version); "
@@ -245,7 +246,7 @@ class RewardGain(ShortRepr):
                          float("nan"), alpha, n, method)
         i = int(rows[0])
         cols = np.flatnonzero(rejected[i])
-        cols = cols[np.lexsort((-change[i, cols], p[i, cols]))]
+        cols = cols[np.lexsort((p[i, cols], -change[i, cols]))]
         k = int(cols[0])
         return Alarm(target, self.steps[i], self.since[i], [names[c] for c in cols],
                      float(change[i, k]), [float(lo[i, k]), float(hi[i, k])], float(p[i, k]),
