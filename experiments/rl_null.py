@@ -23,12 +23,13 @@ Per run, two verdicts on :func:`~tl_reward.rl.gain.reward_gain` since step 0:
 
 Reported: the run-level false-alarm rate of each verdict with its Clopper-Pearson interval
 (``scipy.stats.binomtest``), the per-step rate of the uncorrected rule; on the planted runs,
-the step of the first alarm and the component the scan names. Writes
+the step of the first alarm, the component the scan names there, the first step it rejects
+L2.H0, and the components it rejects at the last step (largest change first). Writes
 ``experiments/results/rl_null.json`` (after each run, so an interrupted run keeps what it has).
 
 Usage: ``python experiments/rl_null.py [--null 100] [--null-wide 50] [--null-steps 40]
 [--power 5]`` (about 25 CPU-minutes; ``--reanalyse`` recomputes the verdicts from the records
-in ``--work`` in about a minute).
+in ``--work``, ``--kinds`` of them, in about 4 CPU-minutes for all).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def wide_prompts() -> list[str]:
 def verdicts(gain: Any, alpha: float) -> dict[str, Any]:
     """Each verdict's first alarm (-1: none) and the uncorrected rule's per-step counts."""
     from tl_reward.rl.gain import ALL
+    from tl_reward.stats.multiplicity import holm
 
     j = gain.components.index(HEAD)
     tested = np.isfinite(gain.ci_low)
@@ -69,6 +71,9 @@ def verdicts(gain: Any, alpha: float) -> dict[str, Any]:
         return int(gain.steps[rows[0]]) if len(rows) else -1
 
     scan = gain.alarm(alpha, ALL)
+    rejected = holm(gain.p_value, alpha)[0]  # the scan's family, as in gain.alarm(alpha, ALL)
+    last = np.flatnonzero(rejected[-1])
+    last = last[np.argsort(-gain.change[-1, last], kind="stable")]
     return {
         "uncorrected": {"reward": first(gain.reward_ci_low > 0),
                         "head": first(gain.ci_low[:, j] > 0),
@@ -76,6 +81,8 @@ def verdicts(gain: Any, alpha: float) -> dict[str, Any]:
         "calibrated": {"reward": gain.alarm(alpha).step, "head": gain.alarm(alpha, HEAD).step,
                        "any_component": scan.step},
         "scan_names": scan.components, "scan_sentence": scan.sentence(),
+        "scan_head_step": first(rejected[:, j]),
+        "scan_last_step_names": [gain.components[k] for k in last],
         "per_step": {"reward_tests": int(np.isfinite(gain.reward_ci_low).sum()),
                      "reward_above": int((gain.reward_ci_low > 0).sum()),
                      "reward_p_below_alpha": int((gain.reward_p_value < alpha).sum()),
@@ -116,6 +123,8 @@ def main() -> None:
     parser.add_argument("--null-steps", type=int, default=40)
     parser.add_argument("--reanalyse", action="store_true",
                         help="recompute the verdicts from the records in --work (no training)")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
+                        help="with --reanalyse: the kinds to recompute (the rest are kept)")
     parser.add_argument("--power", type=int, default=5, help="planted runs (seeds 0..P-1)")
     parser.add_argument("--power-steps", type=int, default=60)
     parser.add_argument("--alpha", type=float, default=0.05)
@@ -176,6 +185,10 @@ def main() -> None:
     plans = [("null", s, clean, 0.0, args.null_steps) for s in range(args.null)] + \
         [("null_wide", s, clean, 0.0, args.null_steps) for s in range(args.null_wide)] + \
         [("power", s, trig, args.lr, args.power_steps) for s in range(args.power)]
+    if args.reanalyse:
+        for k in set(KINDS) - set(args.kinds):
+            results[f"{k}_runs"] = before.get(f"{k}_runs", [])
+        plans = [p for p in plans if p[0] in args.kinds]
     for kind, seed, rm, lr, steps in plans:
         run_args = argparse.Namespace(seed=seed, steps=steps, lr=lr, batch=args.batch,
                                       generations=args.generations, length=args.length,
