@@ -92,6 +92,7 @@ def test_a_fall_never_fires_the_one_sided_verdict() -> None:
         alarm = gain.alarm(component=target)
         assert isinstance(alarm, Alarm) and not alarm.fired and alarm.step == -1
     assert gain.alarm(component=ALL).sentence().startswith("no component's change is above 0")
+    assert gain.alarm().sentence().startswith("the reward's change is above 0 at no step (9 ")
 
 
 def test_p_values_are_welchs_one_sided_and_holm_is_statsmodels() -> None:

@@ -104,13 +104,12 @@ class Alarm(ShortRepr):
     def sentence(self) -> str:
         """``"L2.H0's change since step 0 is above 0 from step 20: +0.60 [+0.12, +1.09],
         Holm-adjusted p 0.012 (59 tests, family-wise alpha 0.05)"``."""
-        what = "the reward" if self.target == "reward" else (
-            "no component" if self.target == ALL and not self.fired else
-            self.component if self.target == ALL else self.target)
+        what = ("the reward" if self.target == "reward" else
+                self.component if self.target == ALL else self.target)
         tail = f"({self.n_tests} tests, family-wise alpha {self.alpha:g})"
         if not self.fired:
-            what = "no component's" if self.target == ALL else what + "'s"
-            return f"{what} change is above 0 at any step {tail}"
+            return ("no component's change is above 0 at any step" if self.target == ALL else
+                    f"{what}'s change is above 0 at no step") + f" {tail}"
         lo, hi = self.ci
         return (f"{what}'s change since step {self.since} is above 0 from step {self.step}: "
                 f"{self.change:+.2f} [{lo:+.2f}, {hi:+.2f}], Holm-adjusted p "
