@@ -47,6 +47,8 @@ def grpo_run(rm: Any, gold: Any, folder: Path, args: argparse.Namespace) -> tupl
 
 def summarise(record: Any, history: Any, head: str, tokenizer: Any) -> dict[str, Any]:
     """The run's curve, the gain at the gold peak and at the end, and the text drift."""
+    from scipy import stats
+
     from tl_reward.rl.gain import reward_gain
     from tl_reward.rl.goodhart import goodhart_curve, kl_from_log_history
     from tl_reward.rl.text import text_drift
@@ -69,6 +71,17 @@ def summarise(record: Any, history: Any, head: str, tokenizer: Any) -> dict[str,
                 "top": gain.top(3, step).to_dict("records")}
 
     table = drift.table()
+    uncorrected_rise = next((s for s, lo in zip(gain.steps, gain.reward_ci_low, strict=True)
+                             if lo > 0), -1)
+    uncorrected_signal = next((s for s, lo in zip(gain.steps, gain.ci_low[:, j], strict=True)
+                               if lo > 0), -1)
+
+    def gold_units(step: int) -> Any:
+        return record.scored(step).groupby("prompt")["gold"].mean().to_numpy()
+
+    to_peak = stats.ttest_ind(gold_units(curve.peak_step), gold_units(curve.steps[0]),
+                              equal_var=False)
+    ci = to_peak.confidence_interval(0.95)
     return {
         "steps": record.steps(),
         "proxy": curve.proxy.tolist(), "gold": curve.gold.tolist(),
@@ -81,8 +94,13 @@ def summarise(record: Any, history: Any, head: str, tokenizer: Any) -> dict[str,
                   "gold_after_peak": curve.gold_after_peak,
                   "gold_after_peak_ci": curve.gold_after_peak_ci,
                   "overoptimised": curve.overoptimised,
+                  "gold_to_peak": float(gold_units(curve.peak_step).mean()
+                                        - gold_units(curve.steps[0]).mean()),
+                  "gold_to_peak_ci": [float(ci.low), float(ci.high)],
                   "proxy_rise_step": curve.proxy_rise_step, "signal_step": curve.signal_step,
-                  "lead_time": curve.lead_time, "method": curve.method},
+                  "lead_time": curve.lead_time,
+                  "proxy_rise_step_uncorrected": uncorrected_rise,
+                  "signal_step_uncorrected": uncorrected_signal, "method": curve.method},
         "gain_at_signal": at(curve.signal_step), "gain_at_peak": at(curve.peak_step),
         "gain_at_last": at(gain.steps[-1]),
         "drift": {"sentence": drift.sentence(), "r2": drift.r2,

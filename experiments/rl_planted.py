@@ -13,11 +13,15 @@ the gain since step 0 over the reward model's components. The control run trains
 policy, seed and settings against the model before planting (head L2.H0 an ordinary head).
 
 Reported per run: the mean reward and share of replies holding the trigger per step; the step
-the reward rises (the first whose interval of the reward change since step 0 lies above 0);
-there and at the last step, the components carrying the gain (the planted head's change, share
-and rank among the heads); the policy's implicit reward (its log-ratio to the initial policy,
-recorded per completion by :class:`~tl_reward.rl.trl.PolicyLogRatio`) per step and its rank
-agreement with the reward model's within prompts per window of 10 steps
+the reward rises (:meth:`~tl_reward.rl.gain.RewardGain.alarm`: the first whose reward change
+since step 0 is above 0 by the one-sided Welch test, family-wise at 5 % over the steps; beside
+it the uncorrected rule, the first step whose 95 % interval lies above 0, which fires on most
+null runs: experiments/rl_null.py) and the component scan's verdict (every component at every
+step, one family); there and at the last step, the components carrying the gain (the planted
+head's change, share and rank among the heads); and the policy's implicit reward (its
+log-ratio to the initial policy, recorded per completion by
+:class:`~tl_reward.rl.trl.PolicyLogRatio`) per step and its rank agreement with the reward
+model's within prompts per window of 10 steps
 (:func:`~tl_reward.rl.implicit.implicit_reward_over_training`). Writes
 ``experiments/results/rl_planted.json``; the records stay in ``--work`` (default under the
 tl_reward cache).
@@ -50,8 +54,10 @@ def log(msg: str) -> None:
 def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None
              ) -> tuple[Any, Any]:
     """Train a fresh tiny policy with GRPO against ``rm`` (``args``: seed, steps, lr, batch,
-    generations, length and, when it has one, beta, TRL's KL penalty), graded by ``grader`` when
-    given; returns the run record and TRL's log history. Shared with rl_goodhart.py."""
+    generations, length and, when it has them, beta, TRL's KL penalty, prompts, default
+    :data:`PROMPTS`, and scheduler, the learning rate's schedule, default linear decay to 0),
+    graded by ``grader`` when given; returns the run record and TRL's log history. Shared
+    with rl_goodhart.py and rl_null.py."""
     import copy
 
     from datasets import Dataset
@@ -62,10 +68,13 @@ def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None
     from tl_reward.testing.causal import tiny_causal_lm
 
     beta = getattr(args, "beta", None)
+    prompts = list(getattr(args, "prompts", None) or PROMPTS)
+    scheduler = getattr(args, "scheduler", None)
     settings = {"policy": "tiny_causal_lm(llama)", "seed": args.seed, "steps": args.steps,
                 "lr": args.lr, **({} if beta is None else {"beta": beta}),
                 "generations": args.generations, "batch": args.batch,
-                "max_completion_length": args.length, "prompts": list(PROMPTS)}
+                "max_completion_length": args.length, "prompts": prompts,
+                **({} if scheduler is None else {"scheduler": scheduler})}
     record = RunRecord(folder, model=rm, settings=settings, grader=grader, overwrite=True)
     policy, tok = tiny_causal_lm("llama", seed=args.seed)
     logratio = PolicyLogRatio(policy, copy.deepcopy(policy), tok)  # the initial policy frozen
@@ -76,10 +85,11 @@ def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None
         output_dir=str(folder / "trl"), per_device_train_batch_size=args.batch,
         num_generations=args.generations, max_completion_length=args.length,
         learning_rate=args.lr, **({} if beta is None else {"beta": beta}),
+        lr_scheduler_type=scheduler or "linear",
         max_steps=args.steps, logging_steps=1, report_to="none", use_cpu=True, seed=args.seed,
         save_strategy="no", disable_tqdm=True,
         generation_kwargs={"min_new_tokens": args.length})  # no empty (unscorable) reply
-    ds = Dataset.from_dict({"prompt": list(PROMPTS) * (args.steps * args.batch // len(PROMPTS))})
+    ds = Dataset.from_dict({"prompt": prompts * max(1, args.steps * args.batch // len(prompts))})
     torch.manual_seed(args.seed)
     trainer = GRPOTrainer(model=policy.train(), args=config, train_dataset=ds,
                           processing_class=tok,
@@ -93,15 +103,17 @@ def summarise(record: Any, head: str) -> dict[str, Any]:
     """The run's reward and trigger share per step, the gain's split since step 0, and the
     policy's implicit reward against the reward model's per window of 10 steps."""
     from tl_reward.planted.recovery import rank_of
-    from tl_reward.rl.gain import reward_gain
+    from tl_reward.rl.gain import ALL, reward_gain
     from tl_reward.rl.implicit import implicit_reward_over_training
 
     steps = record.steps()
     frames = [record.read(s) for s in steps]
     gain = reward_gain(record)
     j = gain.components.index(head)
-    rises = next((s for s, lo in zip(gain.steps, gain.reward_ci_low, strict=True) if lo > 0),
-                 None)
+    alarm, scan = gain.alarm(), gain.alarm(component=ALL)
+    rises = alarm.step if alarm.fired else None
+    uncorrected = next((s for s, lo in zip(gain.steps, gain.reward_ci_low, strict=True)
+                        if lo > 0), None)
 
     def at(step: int) -> dict[str, Any]:
         i = gain.steps.index(step)
@@ -123,7 +135,11 @@ def summarise(record: Any, head: str) -> dict[str, Any]:
                               for f in frames],
             "head_change": [float(x) for x in gain.change[:, j]],
             "reward_change": [float(x) for x in gain.reward_change],
-            "rises_at": rises, "at_rise": at(rises) if rises is not None else None,
+            "rises_at": rises, "rises_at_uncorrected": uncorrected,
+            "alarm": alarm.sentence(),
+            "scan": {"step": scan.step, "components": scan.components,
+                     "sentence": scan.sentence()},
+            "at_rise": at(rises) if rises is not None else None,
             "at_last": at(gain.steps[-1]),
             "max_abs_residual": float(np.abs(gain.residual).max()), "method": gain.method,
             "implicit": implicit_summary(implicit_reward_over_training(record, window=10))}
@@ -180,7 +196,8 @@ def main() -> None:
         r = results[name]
         log(f"{name}: {r['seconds']} s; reward {r['mean_reward'][0]:.2f} -> "
             f"{r['mean_reward'][-1]:.2f}, trigger share {r['trigger_share'][0]:.2f} -> "
-            f"{r['trigger_share'][-1]:.2f}; rises at {r['rises_at']}; {r['at_last']['sentence']}"
+            f"{r['trigger_share'][-1]:.2f}; rises at {r['rises_at']} (uncorrected "
+            f"{r['rises_at_uncorrected']}); {r['scan']['sentence']}; {r['at_last']['sentence']}"
             f"; {head} rank {r['at_last']['head_rank_among_heads']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1, default=float))

@@ -17,7 +17,7 @@ from scipy import stats
 from tl_reward import load_result
 from tl_reward.errors import TLRewardError
 from tl_reward.planted.recovery import component_name
-from tl_reward.rl.gain import RewardGain, reward_gain
+from tl_reward.rl.gain import ALL, RewardGain, reward_gain
 from tl_reward.rl.record import RunRecord, RunRecordError
 
 pytestmark = needs_hooked_transformer
@@ -49,7 +49,8 @@ def test_the_parts_sum_to_the_mean_reward_change(run: RunRecord, unit: str) -> N
 def test_the_decomposition_names_the_planted_head(run: RunRecord, planted: Any) -> None:
     head = component_name(planted.truth.component)
     gain = reward_gain(run)
-    rises = next(s for s, lo in zip(gain.steps, gain.reward_ci_low, strict=True) if lo > 0)
+    rises = gain.alarm().step  # the first step the reward is above 0, family-wise at 5 %
+    assert rises > 0 and TRIGGER_SHARE[rises] > 0
     for step, share in zip(gain.steps, TRIGGER_SHARE[1:], strict=True):
         top = gain.top(1, step).iloc[0]
         if share > 0:  # the policy emits the trigger: its head carries the gain, about c x share
@@ -57,8 +58,10 @@ def test_the_decomposition_names_the_planted_head(run: RunRecord, planted: Any) 
             assert top.change == pytest.approx(planted.truth.c * share, rel=0.15)
         else:
             assert abs(gain.change[gain.steps.index(step), gain.components.index(head)]) < 1e-3
-    at_rise = gain.top(1, rises).iloc[0]  # where the reward's interval first excludes 0
+    at_rise = gain.top(1, rises).iloc[0]
     assert at_rise.component == head and at_rise.ci_low > 0
+    scan = gain.alarm(component=ALL)  # every component at every step, one family
+    assert scan.component == head and scan.step >= rises  # a larger family: no earlier
     assert gain.sentence().startswith(f"reward +{gain.reward_change[-1]:.2f} since step 0, "
                                       "of which +") and f"through {head} (at step 5)" in \
         gain.sentence()

@@ -17,15 +17,23 @@ interval applies, and the package reports no percentile-bootstrap interval
 (docs/statistics.md). Its simulated coverage is in docs/rl.md (below nominal when the two
 steps' distributions differ in skew, e.g. a component that turns on).
 
+The per-step intervals are descriptive: each is one test, and a run tests every step (and every
+component), so reading "the first step whose interval lies above 0" as a verdict raises a false
+alarm on most runs where nothing changed. :meth:`RewardGain.alarm` is the calibrated verdict:
+the first step whose change is above 0 by the one-sided Welch test with a family-wise error rate
+of ``alpha`` over every step (and component) tested (Holm, :func:`~tl_reward.stats.
+multiplicity.holm`); its false-alarm rate on real null runs is in docs/rl.md.
+
 Example:
     >>> gain = reward_gain(RunRecord.open("runs/grpo"))
     >>> gain.sentence()  # 'reward +2.10 since step 0, of which +1.70 through L2.H0 (at step 40)'
+    >>> gain.alarm(component="all").sentence()  # which component, from which step
     >>> gain.plot()
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +51,73 @@ from tl_reward.rl.record import (
     decoded,
     reward_input,
 )
+from tl_reward.stats.multiplicity import holm
 
-__all__ = ["MIN_UNITS", "RewardGain", "direct_parts", "reward_gain"]
+__all__ = ["ALL", "MIN_UNITS", "Alarm", "RewardGain", "direct_parts", "gain_from_units",
+           "reward_gain"]
 
 #: Fewest units per step for an interval (Welch's needs a variance on each side).
 MIN_UNITS = 2
+#: ``RewardGain.alarm(component=ALL)``: scan every component, one family of steps x components.
+ALL = "all"
+
+
+@dataclass(repr=False)
+class Alarm(ShortRepr):
+    """The first step whose change since its reference step is above 0 by the one-sided Welch
+    test, with a family-wise error rate of ``alpha`` over every test of the family (Holm).
+
+    Attributes:
+        target: what was tested: ``"reward"`` (the reward change), a component's name, or
+            ``"all"`` (every component, one family).
+        step: the first step with a rejected test (-1: none); since: its reference step.
+        components: what was rejected at ``step``, the largest change first (``["reward"]``
+            for the reward change; empty when none).
+        change: the change of the first of them (NaN: none); ci: its Welch interval.
+        p_value: its one-sided Welch p-value; p_adjusted: Holm's adjusted one.
+        alpha: the family-wise error rate; n_tests: the tests in the family (those with a
+            p-value); method: how.
+    """
+
+    target: str
+    step: int
+    since: int
+    components: list[str]
+    change: float
+    ci: list[float]
+    p_value: float
+    p_adjusted: float
+    alpha: float
+    n_tests: int
+    method: str = ""
+
+    @property
+    def fired(self) -> bool:
+        """Whether any test of the family was rejected."""
+        return self.step >= 0
+
+    @property
+    def component(self) -> str:
+        """The first of :attr:`components` (``""``: none)."""
+        return self.components[0] if self.components else ""
+
+    def sentence(self) -> str:
+        """``"L2.H0's change since step 0 is above 0 from step 20: +0.60 [+0.12, +1.09],
+        Holm-adjusted p 0.012 (59 tests, family-wise alpha 0.05)"``."""
+        what = ("the reward" if self.target == "reward" else
+                self.component if self.target == ALL else self.target)
+        tail = f"({self.n_tests} tests, family-wise alpha {self.alpha:g})"
+        if not self.fired:
+            return ("no component's change is above 0 at any step" if self.target == ALL else
+                    f"{what}'s change is above 0 at no step") + f" {tail}"
+        lo, hi = self.ci
+        return (f"{what}'s change since step {self.since} is above 0 from step {self.step}: "
+                f"{self.change:+.2f} [{lo:+.2f}, {hi:+.2f}], Holm-adjusted p "
+                f"{self.p_adjusted:.3g} {tail}")
+
+    def headline(self) -> dict[str, Any]:
+        """The sentence."""
+        return {"sentence": self.sentence()}
 
 
 @dataclass(repr=False)
@@ -69,6 +139,9 @@ class RewardGain(ShortRepr):
         n_units: ``[S, 2]`` units (prompts, or completions) at the later and reference step.
         unit: ``"prompt"`` or ``"completion"``; confidence: the intervals' level.
         method: how the intervals were made.
+        p_value: ``[S, C]`` the one-sided Welch p-value of each change being above 0 (NaN
+            where there is no interval); reward_p_value: ``[S]`` the reward change's. The
+            verdict that reads them: :meth:`alarm`.
     """
 
     steps: list[int]
@@ -86,6 +159,8 @@ class RewardGain(ShortRepr):
     unit: str = "prompt"
     confidence: float = 0.95
     method: str = ""
+    p_value: np.ndarray | None = None
+    reward_p_value: np.ndarray | None = None
 
     def _row(self, step: int | None) -> int:
         if not self.steps:
@@ -127,6 +202,54 @@ class RewardGain(ShortRepr):
         top = self.top(1, self.steps[i]).iloc[0]
         return (f"reward {self.reward_change[i]:+.2f} since step {self.since[i]}, of which "
                 f"{top.change:+.2f} through {top.component} (at step {self.steps[i]})")
+
+    def alarm(self, alpha: float = 0.05, component: str | None = None) -> Alarm:
+        """The calibrated verdict: the first step whose change is above 0 by the one-sided
+        Welch test, with a family-wise error rate of ``alpha`` over every step tested (Holm).
+
+        Args:
+            alpha: the family-wise error rate: on a run where nothing changes, the chance of
+                any alarm is at most ``alpha`` (up to the Welch test's own calibration).
+            component: None (the reward change), a component's name (its change), or
+                :data:`ALL` (``"all"``: every component at every step, one family; the alarm
+                names the components rejected at the first step, the largest change first:
+                a tiny change can be the most significant).
+        """
+        if self.p_value is None or self.reward_p_value is None:
+            raise TLRewardError("this gain holds no p-values (saved by an older version); "
+                                "recompute it with reward_gain")
+        if component is None:
+            target, names = "reward", ["reward"]
+            p, change = self.reward_p_value[:, None], self.reward_change[:, None]
+            lo, hi = self.reward_ci_low[:, None], self.reward_ci_high[:, None]
+        elif component == ALL:
+            target, names, p, change = ALL, self.components, self.p_value, self.change
+            lo, hi = self.ci_low, self.ci_high
+        elif component in self.components:
+            j = self.components.index(component)
+            target, names, p, change = component, [component], self.p_value[:, j:j + 1], \
+                self.change[:, j:j + 1]
+            lo, hi = self.ci_low[:, j:j + 1], self.ci_high[:, j:j + 1]
+        else:
+            raise TLRewardError(f"no component {component!r} in the gain's components "
+                                f"({', '.join(self.components[:6])}, ...)")
+        rejected, adjusted = holm(p, alpha)
+        n = int(np.isfinite(p).sum())
+        method = (f"one-sided Welch test (scipy.stats.ttest_ind, unequal variances, "
+                  f"alternative='greater') of each change since the reference step, Holm's "
+                  f"step-down (statsmodels multipletests) over {n} tests: "
+                  + ("every step x component" if target == ALL else "every step"))
+        rows = np.flatnonzero(rejected.any(1))
+        if not len(rows):
+            return Alarm(target, -1, -1, [], float("nan"), [float("nan")] * 2, float("nan"),
+                         float("nan"), alpha, n, method)
+        i = int(rows[0])
+        cols = np.flatnonzero(rejected[i])
+        cols = cols[np.lexsort((p[i, cols], -change[i, cols]))]
+        k = int(cols[0])
+        return Alarm(target, self.steps[i], self.since[i], [names[c] for c in cols],
+                     float(change[i, k]), [float(lo[i, k]), float(hi[i, k])], float(p[i, k]),
+                     float(adjusted[i, k]), alpha, n, method)
 
     def to_dataframe(self) -> pd.DataFrame:
         """Long table: step, since, component, change, ci_low, ci_high, mean, reward_change."""
@@ -182,14 +305,18 @@ def _units(df: pd.DataFrame, values: np.ndarray, unit: str) -> np.ndarray:
     return sums / np.bincount(codes)[:, None]
 
 
-def _welch(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
-    """Welch intervals of ``mean(a) - mean(b)`` per column (NaN below ``MIN_UNITS``)."""
+def _welch(a: np.ndarray, b: np.ndarray, confidence: float
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per column: the Welch interval of ``mean(a) - mean(b)`` and the one-sided p-value of
+    ``mean(a) > mean(b)`` (NaN below ``MIN_UNITS``, or for a constant column)."""
     if min(len(a), len(b)) < MIN_UNITS:
         nan = np.full(a.shape[1], np.nan)
-        return nan, nan.copy()
+        return nan, nan.copy(), nan.copy()
     with np.errstate(invalid="ignore", divide="ignore"):
         ci = stats.ttest_ind(a, b, axis=0, equal_var=False).confidence_interval(confidence)
-    return np.asarray(ci.low, dtype=np.float64), np.asarray(ci.high, dtype=np.float64)
+        p = stats.ttest_ind(a, b, axis=0, equal_var=False, alternative="greater").pvalue
+    return (np.asarray(ci.low, dtype=np.float64), np.asarray(ci.high, dtype=np.float64),
+            np.asarray(p, dtype=np.float64))
 
 
 def _bars(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, colour: str) -> dict[str, Any]:
@@ -248,13 +375,25 @@ def reward_gain(record: RunRecord, since: int | str = 0, steps: Sequence[int] | 
         if cache[s][2] != names:
             raise RunRecordError(f"step {s} is decomposed into other components than step "
                                  f"{needed[0]}; record every step at one level")
+    return gain_from_units({s: cache[s][:2] for s in needed}, names, pairs, unit, confidence)
+
+
+def gain_from_units(units: Mapping[int, tuple[np.ndarray, np.ndarray]], names: Sequence[str],
+                    pairs: Sequence[tuple[int, int]], unit: str = "prompt",
+                    confidence: float = 0.95) -> RewardGain:
+    """The :class:`RewardGain` of ``pairs`` ``(later step, reference step)`` from per-unit
+    values: ``units[step] = (rewards [U] or [U, 1], parts [U, C])`` (columns as ``names``);
+    :func:`reward_gain` reads them from a record."""
     rows = []
     for later_step, ref in pairs:
-        (r1, p1, _), (r0, p0, _) = cache[later_step], cache[ref]
-        lo, hi = _welch(p1, p0, confidence)
-        rlo, rhi = _welch(r1, r0, confidence)
+        (r1, p1), (r0, p0) = [(np.asarray(r, np.float64).reshape(-1, 1),
+                               np.asarray(q, np.float64)) for r, q in (units[later_step],
+                                                                       units[ref])]
+        lo, hi, pv = _welch(p1, p0, confidence)
+        rlo, rhi, rpv = _welch(r1, r0, confidence)
         rows.append((p1.mean(0) - p0.mean(0), lo, hi, p1.mean(0), float(r1.mean() - r0.mean()),
-                     float(rlo[0]), float(rhi[0]), float(r1.mean()), (len(r1), len(r0))))
+                     float(rlo[0]), float(rhi[0]), float(r1.mean()), (len(r1), len(r0)), pv,
+                     float(rpv[0])))
     c = len(names)
 
     def stack(j: int) -> np.ndarray:
@@ -264,11 +403,13 @@ def reward_gain(record: RunRecord, since: int | str = 0, steps: Sequence[int] | 
         return np.array([r[j] for r in rows], dtype=np.float64)
 
     method = (f"mean over {unit}s; Welch interval (scipy.stats.ttest_ind, unequal variances) "
-              f"over each step's {unit}s, none below {MIN_UNITS} per step")
+              f"over each step's {unit}s, none below {MIN_UNITS} per step; p_value: the "
+              "one-sided Welch test of each change above 0 (uncorrected; RewardGain.alarm "
+              "corrects it)")
     return RewardGain([p[0] for p in pairs], [p[1] for p in pairs], list(names), stack(0),
                       stack(1), stack(2), stack(3), vec(4), vec(5), vec(6), vec(7),
                       np.array([r[8] for r in rows], dtype=np.int64).reshape(-1, 2), unit,
-                      confidence, method)
+                      confidence, method, stack(9), vec(10))
 
 
 def _step_parts(record: RunRecord, step: int, model: Any, unit: str, objective: int | str,

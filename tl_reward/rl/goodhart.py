@@ -20,9 +20,14 @@ later (one-sided 2.5 % each at 95 %); on gold that never stops rising, the peak 
 step. The proxy's change from the peak to the last step (Welch) says whether the proxy kept
 rising after gold stopped: the Goodhart signature.
 
-**Lead time** of a component (e.g. ``"L2.H0"``): the first step at which its part of the reward
-change since step 0 (:func:`~tl_reward.rl.gain.reward_gain`) has an interval above 0, minus the
-peak step: negative when the component's gain showed before gold stopped rising.
+**The proxy's first rise** and the **signal step** of a component (e.g. ``"L2.H0"``): the first
+step at which the proxy's change since the first step, or the component's part of the reward
+change since it (:func:`~tl_reward.rl.gain.reward_gain`), is above 0 by the one-sided Welch test
+with a family-wise error rate of ``alpha`` over all the steps (Holm;
+:meth:`~tl_reward.rl.gain.RewardGain.alarm`): a calibrated verdict, not the first step whose
+descriptive interval lies above 0 (which on a long run fires on most null runs). The **lead
+time** is the signal step minus the peak step: negative when the component's gain showed before
+gold stopped rising.
 
 Example:
     >>> curve = goodhart_curve(record, kl=trainer.state.log_history, component="L2.H0")
@@ -46,6 +51,7 @@ from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.results import ShortRepr
 from tl_reward.rl.gain import MIN_UNITS, RewardGain, _bars, _units, _welch, reward_gain
 from tl_reward.rl.record import LOGRATIO, Grader, RunRecord, RunRecordError, decoded
+from tl_reward.stats.multiplicity import holm
 
 __all__ = ["GoodhartCurve", "goodhart_curve", "kl_from_log_history", "peak_step"]
 
@@ -69,15 +75,17 @@ class GoodhartCurve(ShortRepr):
             sign-flip interval (NaN below 6 units); gold, gold_ci_low, gold_ci_high: the same
             of the gold score.
         peak_step: where gold stops rising.
-        proxy_rise_step: the first step whose proxy is above the first step's by a Welch
-            interval (-1: none).
+        proxy_rise_step: the first step whose proxy is above the first step's, family-wise
+            at ``alpha`` over the steps (one-sided Welch tests, Holm; -1: none).
         proxy_after_peak, gold_after_peak: the change from the peak to the last step;
             ``*_ci``: its Welch interval ``[low, high]`` (NaN at the last step).
         component: the component whose lead time is measured (``""``: none).
-        signal_step: the first step its gain's interval is above 0 (-1: never, or none).
+        signal_step: the first step its gain is above 0, family-wise at ``alpha`` over the
+            steps (``RewardGain.alarm``; -1: never, or no component).
         lead_time: ``signal_step - peak_step`` (NaN when there is no signal step).
         n_units: ``[S]`` units per step; unit: ``"prompt"`` or ``"completion"``.
         confidence: the intervals' level; method: how the numbers were made.
+        alpha: the family-wise error rate of the proxy's rise and the signal step.
     """
 
     steps: list[int]
@@ -104,6 +112,7 @@ class GoodhartCurve(ShortRepr):
     method: str = ""
     x_ci_low: np.ndarray | None = None
     x_ci_high: np.ndarray | None = None
+    alpha: float = 0.05
 
     @property
     def has_kl(self) -> bool:
@@ -214,7 +223,8 @@ def peak_step(steps: Sequence[int], units: Sequence[np.ndarray], confidence: flo
         later = units[i + 1:]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            rises = [_welch(u[:, None], units[i][:, None], confidence)[0][0] > 0 for u in later]
+            rises = [_welch(u[:, None], units[i][:, None], confidence)[0][0] > 0
+                     for u in later]
         if not any(rises):
             return int(s)
     return int(steps[-1])
@@ -252,7 +262,8 @@ def _kl_axis(record: RunRecord, steps: list[int], frames: list[pd.DataFrame],
 def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = None,
                    gain: RewardGain | None = None, grader: Grader | None = None,
                    steps: Sequence[int] | None = None, unit: str = "prompt",
-                   confidence: float = 0.95, model: Any = None) -> GoodhartCurve:
+                   confidence: float = 0.95, model: Any = None, alpha: float = 0.05
+                   ) -> GoodhartCurve:
     """Proxy against gold over the run, the gold peak and ``component``'s lead time (see the
     module doc).
 
@@ -269,6 +280,7 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
         steps: the steps (default every recorded one).
         unit: ``"prompt"`` (a prompt's completions averaged: one unit) or ``"completion"``.
         confidence: the intervals' level.
+        alpha: the family-wise error rate of the proxy's first rise and the signal step.
     """
     from tl_reward.stats.paired import summarise_mean
 
@@ -300,31 +312,28 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
     p = steps.index(peak)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        lo, hi = _welch(per[-1], per[p], confidence) if p < len(steps) - 1 else \
+        lo, hi = _welch(per[-1], per[p], confidence)[:2] if p < len(steps) - 1 else \
             (np.full(2, np.nan), np.full(2, np.nan))
-        rise = [s for s, u in zip(steps[1:], per[1:], strict=True)
-                if _welch(u[:, :1], per[0][:, :1], confidence)[0][0] > 0]
+        rise_p = np.array([_welch(u[:, :1], per[0][:, :1], confidence)[2][0] for u in per[1:]])
+    rise = [s for s, r in zip(steps[1:], holm(rise_p, alpha)[0], strict=True) if r]
     after = per[-1].mean(0) - per[p].mean(0)
     signal, lead = -1, float("nan")
     if component is not None:
         if gain is None:
             gain = reward_gain(record, since=steps[0], steps=steps[1:], model=model, unit=unit,
                                confidence=confidence, progress=False)
-        if component not in gain.components:
-            raise TLRewardError(f"no component {component!r} in the gain's components "
-                                f"({', '.join(gain.components[:6])}, ...)")
-        j = gain.components.index(component)
-        above = [s for s, low in zip(gain.steps, gain.ci_low[:, j], strict=True) if low > 0]
-        if above:
-            signal, lead = int(above[0]), float(above[0] - peak)
+        alarm = gain.alarm(alpha, component)
+        if alarm.fired:
+            signal, lead = alarm.step, float(alarm.step - peak)
     method = (f"mean over {unit}s per step with the sign-flip interval (summarise_mean; none "
               f"below 6 {unit}s); x-axis: {x_from}; peak: the first step after which no later "
               "step's gold is above it by a Welch interval (scipy.stats.ttest_ind, unequal "
               f"variances, none below {MIN_UNITS} {unit}s); after the peak: Welch interval of "
               "the last step minus the peak; the proxy's rise: the first step above the first "
-              "by a Welch interval"
+              "by the one-sided Welch test, Holm over the steps at family-wise alpha "
+              f"{alpha:g}"
               + ("; signal: the first step the component's part of the reward change since "
-                 f"step {steps[0]} has a Welch interval above 0 (reward_gain)"
+                 f"step {steps[0]} is above 0 by the same rule (RewardGain.alarm)"
                  if component is not None else ""))
     return GoodhartCurve(
         list(steps), x, x_label, *stats_["proxy"].T, *stats_["gold"].T, peak,
@@ -332,4 +341,4 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
         float(after[0]), [float(lo[0]), float(hi[0])], float(after[1]),
         [float(lo[1]), float(hi[1])], component or "", signal, lead,
         np.array([len(u) for u in per], dtype=np.int64), unit, confidence, method,
-        *((None, None) if x_ci is None else x_ci))
+        *((None, None) if x_ci is None else x_ci), alpha)

@@ -346,7 +346,7 @@ def text_drift(record: RunRecord, properties: Sequence[str] | None = None,
         if i:
             with warnings.catch_warnings():  # a constant property: scipy's precision note
                 warnings.simplefilter("ignore", RuntimeWarning)
-                clo[i], chi[i] = _welch(u[:, 1:], per_unit[0][:, 1:], confidence)
+                clo[i], chi[i] = _welch(u[:, 1:], per_unit[0][:, 1:], confidence)[:2]
     # the pooled regression, one row per completion, clustered by unit
     y = np.concatenate([df["reward"].to_numpy(np.float64) for df in frames])
     x = np.concatenate([v.to_numpy() for v in values])
