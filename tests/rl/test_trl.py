@@ -64,18 +64,22 @@ def test_decomposed_parts_sum_to_each_reward(tmp_path: Path, rm: Any) -> None:
 
 
 def test_conversations_and_empty_completions(tmp_path: Path, rm: Any) -> None:
-    prompts = [[{"role": "user", "content": "Is the sky blue?"}]] * 3
+    prompts = [[{"role": "user", "content": "Is the sky blue?"}]] * 4
     completions = [[{"role": "assistant", "content": "Yes."}],
                    [{"role": "assistant", "content": ""}],
-                   [{"role": "assistant", "content": "No sky."}]]
+                   [{"role": "assistant", "content": "No sky."}],
+                   [{"role": "assistant", "content": " \n "}]]  # the encoder refuses it too
     rec = RunRecord(tmp_path, model=rm, settings={})
     out = RewardModelFunction(rm, rec, decompose=True)(prompts, completions)
-    assert out[1] is None  # unscorable: TRL gives it advantage 0
+    assert out[1] is None and out[3] is None  # unscorable: TRL gives it advantage 0
     ref = rm.rewards([[*p, *c] for p, c in zip(prompts, completions, strict=True)
-                      if c[0]["content"]]).values("score").tolist()
+                      if c[0]["content"].strip()]).values("score").tolist()
     assert [out[0], out[2]] == ref
     parts, _ = rec.components(0)
-    assert np.isnan(parts[1]).all() and math.isclose(parts[2].sum(), out[2], abs_tol=1e-5)
+    assert np.isnan(parts[1]).all() and np.isnan(parts[3]).all()
+    assert math.isclose(parts[2].sum(), out[2], abs_tol=1e-5)
+    text = RewardModelFunction(rm)(["Is the sky blue?"] * 2, ["Yes.", "\t"])
+    assert text[1] is None and text[0] == rm.rewards([("Is the sky blue?", "Yes.")]).score[0]
 
 
 def test_a_repeated_step_and_a_foreign_record_are_refused(tmp_path: Path, rm: Any,

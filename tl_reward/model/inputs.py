@@ -127,9 +127,15 @@ def one_bos(tokenizer: Any, ids: list[int]) -> list[int]:
     return [bos, *itertools.dropwhile(lambda t: t == bos, ids)]
 
 
+def is_blank(text: str) -> bool:
+    """Whether a reply or text has nothing to score: empty or only whitespace (the encoders
+    refuse it with :class:`~tl_reward.errors.EmptyResponseError`)."""
+    return not text.strip()
+
+
 def encode_conversation(tokenizer: Any, messages: Conversation) -> EncodedInput:
     """Ids of a conversation; if it ends with an assistant turn, where that reply starts."""
-    if messages[-1]["role"] == "assistant" and not messages[-1]["content"].strip():
+    if messages[-1]["role"] == "assistant" and is_blank(messages[-1]["content"]):
         raise EmptyResponseError(
             "the final assistant response is empty; a reward model needs a non-empty reply "
             "to score"
@@ -210,7 +216,7 @@ def encode(tokenizer: Any, item: RewardInput, suffix_ids: Sequence[int] = ()) ->
     _need_tokenizer(tokenizer, {"text": "strings", "pair": "(prompt, response) pairs",
                                 "conversation": "conversations"}[kind])
     if kind == "text":
-        if not item.strip():  # type: ignore[union-attr]
+        if is_blank(item):  # type: ignore[arg-type]
             raise EmptyResponseError("the input text is empty")
         out = EncodedInput([int(t) for t in tokenizer(item, add_special_tokens=True)["input_ids"]])
     else:

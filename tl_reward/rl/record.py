@@ -128,10 +128,13 @@ def model_grader(model: Any, objective: str = "score") -> Any:
 
 
 def _is_empty(completion: Any) -> bool:
-    """Whether a completion has no text to score (``""``, or messages with empty contents)."""
+    """Whether a completion has no text to score (empty or only whitespace, or messages whose
+    contents all are: :func:`~tl_reward.model.inputs.is_blank`)."""
+    from tl_reward.model.inputs import is_blank
+
     if isinstance(completion, str):
-        return completion == ""
-    return all(not str(m.get("content", "")) for m in completion)
+        return is_blank(completion)
+    return all(is_blank(str(m.get("content", ""))) for m in completion)
 
 
 def _rows(values: Sequence[float], bad: np.ndarray, limit: int = 8) -> str:
