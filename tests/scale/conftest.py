@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -14,6 +15,10 @@ def cluster():
     """A local cluster for the session: 2 CPUs and 2 logical GPUs (no real GPU needed)."""
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
     started = not ray.is_initialized()
+    # Ray nices its workers (15) by default: beside the suite's other workers its actors
+    # starved (one test took 181 s in the suite, 33 s with this), and tests/scale became the
+    # suite's longest chain
+    os.environ.setdefault("RAY_worker_niceness", "0")
     if started:
         ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
                  object_store_memory=80 * 2**20, configure_logging=False)
