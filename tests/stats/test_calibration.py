@@ -37,7 +37,8 @@ from tl_reward.audit.covariance import fit_gaussian
 from tl_reward.audit.distortion import distortion_floor_test
 from tl_reward.audit.divergence import SiteFit
 from tl_reward.audit.probes import summarise_dimension
-from tl_reward.stats.paired import benjamini_hochberg, sign_flip_test
+from tl_reward.stats.multiplicity import benjamini_hochberg
+from tl_reward.stats.paired import sign_flip_test
 from tl_reward.stats.resampling import bootstrap_indices
 
 ALPHA = 0.05

@@ -10,8 +10,8 @@ import pytest
 from scipy import stats
 
 from tl_reward.compat.published import published_cohens_d
+from tl_reward.stats.multiplicity import benjamini_hochberg
 from tl_reward.stats.paired import (
-    benjamini_hochberg,
     paired_effect_size,
     sign_flip_null_sums,
     sign_flip_test,

@@ -25,7 +25,7 @@ import pandas as pd
 from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.results import ShortRepr
 from tl_reward.stats.estimate import Estimate
-from tl_reward.stats.paired import benjamini_hochberg
+from tl_reward.stats.multiplicity import benjamini_hochberg
 from tl_reward.stats.ranks import average_ranks
 from tl_reward.stats.resampling import fisher_interval, leave_one_out, pearson_rows
 

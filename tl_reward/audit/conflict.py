@@ -47,7 +47,8 @@ from tl_reward.model.heads import LinearRewardHead
 from tl_reward.model.readout import is_layernorm, resolve_objectives
 from tl_reward.results import ShortRepr, result_type
 from tl_reward.stats.estimate import Estimate
-from tl_reward.stats.paired import benjamini_hochberg, share_interval, sign_flip_test
+from tl_reward.stats.multiplicity import benjamini_hochberg
+from tl_reward.stats.paired import share_interval, sign_flip_test
 from tl_reward.stats.ranks import paired_arrays
 
 

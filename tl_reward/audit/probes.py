@@ -43,9 +43,9 @@ from tl_reward.results import ShortRepr, result_type
 from tl_reward.scale.executors import Executor, LocalExecutor, Spec, Worker, as_spec
 from tl_reward.scale.jobs import run_chunked
 from tl_reward.stats.estimate import Estimate
+from tl_reward.stats.multiplicity import benjamini_hochberg
 from tl_reward.stats.paired import (
     NO_RATIO_INTERVAL,
-    benjamini_hochberg,
     paired_effect_size,
     sign_flip_test,
 )

@@ -237,7 +237,7 @@ class RewardGain(ShortRepr):
         n = int(np.isfinite(p).sum())
         method = (f"one-sided Welch test (scipy.stats.ttest_ind, unequal variances, "
                   f"alternative='greater') of each change since the reference step, Holm's "
-                  f"step-down (statsmodels multipletests) over {n} tests: "
+                  f"step-down (tl_reward.stats.multiplicity.holm) over {n} tests: "
                   + ("every step x component" if target == ALL else "every step"))
         rows = np.flatnonzero(rejected.any(1))
         if not len(rows):

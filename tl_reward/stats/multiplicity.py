@@ -1,18 +1,31 @@
 """Multiplicity: many tests read as one verdict.
 
-A monitor that tests every step of a run (and every component of a reward model) at level
-``alpha`` raises a false alarm on most null runs of any length; :func:`holm` rejects with a
-family-wise error rate of ``alpha`` over all the tests instead (Holm's step-down), valid under
-any dependence between them.
+:func:`benjamini_hochberg` adjusts a family of tests for its false discovery rate (the audit's
+probes, cascade links and term conflicts). A monitor that tests every step of a run (and every
+component of a reward model) at level ``alpha`` raises a false alarm on most null runs of any
+length; :func:`holm` rejects with a family-wise error rate of ``alpha`` over all the tests
+instead (Holm's step-down), valid under any dependence between them.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 
 from tl_reward.errors import TLRewardError
+from tl_reward.stats.ranks import ArrayLike, as_array
 
-__all__ = ["holm"]
+__all__ = ["benjamini_hochberg", "holm"]
+
+
+def benjamini_hochberg(p_values: ArrayLike) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (``scipy.stats.false_discovery_control``); NaNs kept
+    as NaN and not counted among the hypotheses."""
+    p = as_array(p_values).ravel()
+    out = np.full(p.shape, np.nan)
+    if (ok := ~np.isnan(p)).any():
+        out[ok] = stats.false_discovery_control(p[ok])
+    return out
 
 
 def holm(p_values: np.ndarray, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:

@@ -1,5 +1,5 @@
-"""Paired (one-sample) statistics for per-item differences: sign-flip tests, effect sizes,
-Benjamini-Hochberg adjustment.
+"""Paired (one-sample) statistics for per-item differences: sign-flip tests and effect sizes
+(their Benjamini-Hochberg adjustment: :mod:`tl_reward.stats.multiplicity`).
 
 A probe gives one difference per base item, ``delta_i = r(perturbed_i) - r(neutral_i)``. Under
 the null of no effect each delta is symmetric about 0, so its sign is exchangeable: the
@@ -10,7 +10,6 @@ observed pattern counted, so ``p > 0`` and the test keeps its level).
 Example:
     >>> sign_flip_test([0.3, 0.1, -0.05, 0.4]).p_value    # exact, 2^4 patterns
     >>> paired_effect_size([0.3, 0.1, -0.05, 0.4]).value   # mean / sd (ddof 1)
-    >>> benjamini_hochberg([0.01, 0.04, 0.3])
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
 from tl_reward.stats.estimate import Estimate
 from tl_reward.stats.ranks import ArrayLike, as_array
@@ -226,13 +225,3 @@ def paired_effect_size(x: ArrayLike, zero_tol: float = 0.0) -> EffectSize:
         what = "all differences are equal" if mean != 0 else "all differences are 0"
         return EffectSize(value, f"zero spread ({what}): mean/sd is undefined", mean, sd, n)
     return EffectSize(value, None, mean, sd, n)
-
-
-def benjamini_hochberg(p_values: ArrayLike) -> np.ndarray:
-    """Benjamini-Hochberg adjusted p-values (``scipy.stats.false_discovery_control``); NaNs kept
-    as NaN and not counted among the hypotheses."""
-    p = as_array(p_values).ravel()
-    out = np.full(p.shape, np.nan)
-    if (ok := ~np.isnan(p)).any():
-        out[ok] = stats.false_discovery_control(p[ok])
-    return out
