@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rl_planted import PROMPTS, TRIGGER, log  # the same run as rl_planted.py
+from rl_planted import PROMPTS, TRIGGER, add_run_arguments, log  # rl_planted.py's run
 from rl_planted import grpo_run as planted_run
 
 OUT = Path(__file__).resolve().parent / "results" / "rl_goodhart.json"
@@ -118,13 +118,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--beta", type=float, default=0.01, help="KL penalty (TRL logs the KL)")
-    parser.add_argument("--batch", type=int, default=32, help="completions per step")
-    parser.add_argument("--generations", type=int, default=4, help="completions per prompt")
-    parser.add_argument("--length", type=int, default=8, help="tokens per completion")
-    parser.add_argument("--work", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=OUT)
+    add_run_arguments(parser, OUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
 

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from rl_planted import TRIGGER, grpo_run, log
+from rl_planted import TRIGGER, add_run_arguments, grpo_run, log
 
 OUT = Path(__file__).resolve().parent / "results" / "rl_null.json"
 HEAD = "L2.H0"
@@ -128,12 +128,7 @@ def main() -> None:
     parser.add_argument("--power", type=int, default=5, help="planted runs (seeds 0..P-1)")
     parser.add_argument("--power-steps", type=int, default=60)
     parser.add_argument("--alpha", type=float, default=0.05)
-    parser.add_argument("--lr", type=float, default=3e-3, help="the planted runs' rate")
-    parser.add_argument("--batch", type=int, default=32, help="completions per step")
-    parser.add_argument("--generations", type=int, default=4, help="completions per prompt")
-    parser.add_argument("--length", type=int, default=8, help="tokens per completion")
-    parser.add_argument("--work", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=OUT)
+    add_run_arguments(parser, OUT, lr_help="the planted runs' rate")
     args = parser.parse_args()
     torch.set_num_threads(1)
 

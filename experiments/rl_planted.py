@@ -99,6 +99,19 @@ def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None
     return record, trainer.state.log_history
 
 
+def add_run_arguments(parser: argparse.ArgumentParser, out: Path,
+                      lr_help: str = "the learning rate") -> None:
+    """The GRPO run's settings that :func:`grpo_run` reads (``--lr``, ``--batch``,
+    ``--generations``, ``--length``) and ``--work`` / ``--out`` (default ``out``). Shared with
+    rl_goodhart.py and rl_null.py."""
+    parser.add_argument("--lr", type=float, default=3e-3, help=lr_help)
+    parser.add_argument("--batch", type=int, default=32, help="completions per step")
+    parser.add_argument("--generations", type=int, default=4, help="completions per prompt")
+    parser.add_argument("--length", type=int, default=8, help="tokens per completion")
+    parser.add_argument("--work", type=Path, default=None, help="where the records stay")
+    parser.add_argument("--out", type=Path, default=out, help="the results file")
+
+
 def summarise(record: Any, head: str) -> dict[str, Any]:
     """The run's reward and trigger share per step, the gain's split since step 0, and the
     policy's implicit reward against the reward model's per window of 10 steps."""
@@ -161,12 +174,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--batch", type=int, default=32, help="completions per step")
-    parser.add_argument("--generations", type=int, default=4, help="completions per prompt")
-    parser.add_argument("--length", type=int, default=8, help="tokens per completion")
-    parser.add_argument("--work", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=OUT)
+    add_run_arguments(parser, OUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
 
