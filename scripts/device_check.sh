@@ -17,13 +17,13 @@
 #       peak above its own weights          -> $OUT/bridge_llama-3.1-8b_$SFX.{txt,json}
 #   (b) benchmarks/vocab_sweep.py roofline at the 8B shape, the whole 128,256-token vocabulary,
 #       batch 512, with a torch.profiler table of where a sweep batch's time goes
-#       -> $OUT/vocab_sweep_llama8b_$SFX.{txt,json}, $OUT/vocab_sweep_profile_llama8b_$SFX.txt
+#       -> $OUT/vocab_sweep_llama8b_$SFX.json, $OUT/vocab_sweep_profile_llama8b_$SFX.txt
 #   (c) benchmarks/circuits.py at the 8B shape, bf16, $PAIRS pairs, 2 replies per forward:
 #       forward+backward (with and without weight gradients), EAP, EAP-IG and where EAP-IG's
 #       time goes      -> $OUT/circuits_breakdown_llama-3.1-8b_$SFX.{txt,json}
 #   (d) benchmarks/cuda_parity.py --device cuda (if time is left)  -> $OUT/cuda_parity_$SFX.txt
 #   (e) pytest of the fused-attention, readout and bridge tests (if time is left)
-# Everything goes to $OUT/log.txt; each step's exit status and seconds to $OUT/rc.txt (a step
+# Everything goes to $OUT/log.txt, which ends with each step's exit status and seconds (a step
 # with under MIN_LEFT seconds of T_TOTAL left is recorded as skipped). Exits non-zero when any
 # step failed. Expected: (a) ~150 s, (b) ~90 s, (c) ~90 s, about 6 minutes with the install;
 # the per-step timeouts and T_TOTAL (500 s) bound it to about 9 minutes at worst.
@@ -48,14 +48,15 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled
 export HF_HUB_DISABLE_TELEMETRY=1 DO_NOT_TRACK=1
 
-: >"$OUT/rc.txt"
+RC=$(mktemp)  # the summary; $OUT returns at most 8 files, so no file of its own
+: >"$RC"
 
 step() {  # step NAME TIMEOUT CMD...: run, log, record the exit status, never abort
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS left=$((T_TOTAL - SECONDS))
   if [ "$left" -lt "$MIN_LEFT" ]; then
     echo "=== [$name] skipped: ${left}s of T_TOTAL left"
-    echo "$name skipped 0s" >>"$OUT/rc.txt"
+    echo "$name skipped 0s" >>"$RC"
     return 0
   fi
   [ "$limit" -gt "$left" ] && limit=$left
@@ -63,7 +64,7 @@ step() {  # step NAME TIMEOUT CMD...: run, log, record the exit status, never ab
   timeout --kill-after=10 "$limit" "$@"
   local rc=$?
   echo "=== [$name] rc=$rc ($((SECONDS - t0)) s)"
-  echo "$name $rc $((SECONDS - t0))s" >>"$OUT/rc.txt"
+  echo "$name $rc $((SECONDS - t0))s" >>"$RC"
   return $rc
 }
 
@@ -86,10 +87,10 @@ main() {
     if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" .whl/*.whl; then
       echo "=== [install] FAILED: nothing else can run"
-      echo "install 1" >>"$OUT/rc.txt"
+      echo "install 1" >>"$RC"
       return 1
     fi
-    echo "install 0" >>"$OUT/rc.txt"
+    echo "install 0" >>"$RC"
   fi
   export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -121,7 +122,7 @@ EOF
 
   # (b) the sweep against its in-run roofline, and where its time goes
   step sweep_8b "$T_SWEEP" bash -o pipefail -c \
-    "cd benchmarks && \"$PY\" vocab_sweep.py roofline --shape llama-3.1-8b --dtype bfloat16 --device cuda --n-tokens 128256 --batch-size 512 --peak-tflops $PEAK --json \"$OUT/vocab_sweep_llama8b_$SFX.json\" --profile \"$OUT/vocab_sweep_profile_llama8b_$SFX.txt\" 2>&1 | tee \"$OUT/vocab_sweep_llama8b_$SFX.txt\"" \
+    "cd benchmarks && \"$PY\" vocab_sweep.py roofline --shape llama-3.1-8b --dtype bfloat16 --device cuda --n-tokens 128256 --batch-size 512 --peak-tflops $PEAK --json \"$OUT/vocab_sweep_llama8b_$SFX.json\" --profile \"$OUT/vocab_sweep_profile_llama8b_$SFX.txt\" 2>&1" \
     || fail=1
 
   # (c) EAP-IG against m forward+backward passes, and where its time goes
@@ -141,7 +142,7 @@ EOF
   step pytest "$T_PYTEST" "$PY" -m pytest -q -rs -p no:cacheprovider -x "${tests[@]}" || fail=1
 
   echo "=== summary ($((SECONDS - t_start)) s in all):"
-  cat "$OUT/rc.txt"
+  cat "$RC"
   return $fail
 }
 
