@@ -306,6 +306,33 @@ def test_disagreement_p_is_exact_over_every_permutation():
     assert mc.p_value == pytest.approx(ref, abs=0.012)
 
 
+def test_pair_disagreement_rows_equal_disagreement_share_pair_by_pair():
+    """The family computes its exact p-values in one call for all pairs: every row equals
+    :func:`disagreement_share` on that pair alone (exact pairs, and Monte Carlo ones where a
+    term has a zero margin), and an exact pair's p equals the enumeration of all 8! shuffles
+    (a p from the wrong pair's counts, or ties not halved, fails)."""
+    rng = np.random.default_rng(11)
+    margins = [rng.normal(size=8) + 0.4 * k for k in range(4)]
+    margins[3][2] = 0.0  # the pairs with term 3 take Monte Carlo shuffles
+    rows, family = pair_disagreement(margins, ["a", "b", "c", "d"], n_permutations=999, seed=3)
+    pairs = [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    assert family["tests"] == 6 and [(r.term_a, r.term_b) for r in rows] == [
+        ("abcd"[i], "abcd"[j]) for i, j in pairs]
+    for r, (i, j) in zip(rows, pairs, strict=True):
+        d = disagreement_share(margins[i], margins[j], n_permutations=999, seed=3)
+        assert (r.value, r.ci_low, r.ci_high, r.p_value) == (d.share, d.ci_low, d.ci_high,
+                                                             d.p_value)
+        assert r.extra["excess"] == d.excess
+    ps = {round(r.p_value, 12) for r in rows[:2] + rows[3:4]}
+    assert len(ps) == 3  # the exact pairs' p-values differ: no pair read another's counts
+    ma, mb = margins[1], margins[2]
+    obs = abs(rows[3].value - rows[3].extra["expected"])
+    null = np.array([abs(np.mean(ma * mb[list(p)] < 0) - rows[3].extra["expected"])
+                     for p in permutations(range(8))])
+    ref = np.mean(null > obs + 1e-12) + np.mean(np.abs(null - obs) <= 1e-12) / 2
+    assert rows[3].p_value == pytest.approx(ref, abs=1e-12)
+
+
 def test_pair_disagreement_warns_when_permutations_cannot_reach_the_bh_threshold():
     rng = np.random.default_rng(0)
     margins = [rng.normal(size=20) for _ in range(19)]
