@@ -93,8 +93,8 @@ def test_demo_head_heldout_accuracy(hh_path, demo_rm) -> None:
     """The README's held-out accuracy, checked pair by pair. The training script's held-out
     rewards (``--heldout-scores``: its own features from HF's ``model.model``, and the packaged
     head) are the recorded split's pairs, in its order, of the same HH records, and give the
-    recorded accuracy; the loaded demo RM reproduces 8 of them, drawn at random, from their
-    token ids (float32 parity). A wrong split, pooling or final norm fails it."""
+    recorded accuracy; the loaded demo RM reproduces 8 of them, drawn at random among those of
+    at most 128 tokens, from their token ids (float32 parity). A wrong split, pooling or final norm fails it."""
     import json
 
     import numpy as np
@@ -116,7 +116,12 @@ def test_demo_head_heldout_accuracy(hh_path, demo_rm) -> None:
     chosen, rejected = np.array(stored["chosen"]), np.array(stored["rejected"])
     assert float((chosen > rejected).mean()) == pytest.approx(meta["heldout_accuracy"],
                                                             abs=0.5 / len(held))
-    pick = np.random.default_rng(0).choice(len(held), 8, replace=False)
+    # 8 drawn at random among the pairs whose replies both fit in 128 tokens (the forward is
+    # the cost; parity at full length is test_smollm2_matches_hf's)
+    short = [i for i in range(len(held)) if max(len(pairs[held[i]].chosen_ids),
+                                                len(pairs[held[i]].rejected_ids)) <= 128]
+    assert len(short) >= 40
+    pick = np.random.default_rng(0).choice(short, 8, replace=False)
     ids = [x for i in pick for x in (pairs[held[i]].chosen_ids, pairs[held[i]].rejected_ids)]
     ref = torch.tensor([v for i in pick for v in (chosen[i], rejected[i])])
     score = model.rewards(ids, batch_size=4).score.double()
@@ -130,8 +135,18 @@ def test_extract_rows_matches_the_full_extraction(hh_path, tmp_path, monkeypatch
     for bit once it exists."""
     train = train_demo_head_script()
     monkeypatch.setattr(train, "cache_dir", lambda: tmp_path)
+    loaded: list[Any] = []  # both runs read the one backbone (a GGUF load is seconds)
+    load = train.load_smollm2
+
+    def load_once(dtype: torch.dtype) -> Any:
+        if not loaded:
+            loaded.append(load(dtype))
+        return loaded[0]
+
     torch.set_num_threads(1)
-    args = train.parse_args(["--data", str(hh_path), "--limit", "5"])
+    # 128 tokens: 4 of the 5 pairs fit once their earliest exchanges are trimmed, 1 is skipped
+    args = train.parse_args(["--data", str(hh_path), "--limit", "5", "--max-tokens", "128"])
+    monkeypatch.setattr(train, "load_smollm2", load_once)
     rows = [3, 0, 2]
     alone = train.extract_rows(args, rows)
     assert alone["source"] == "extracted rows" and alone["rows"].tolist() == rows
