@@ -50,7 +50,7 @@ def test_gold_peaks_while_the_proxy_rises_and_the_head_shows_first(
     assert curve.x_label == STEP_LABEL and curve.x.tolist() == run.steps()
     assert curve.peak_step in (1, 2)  # the script's gold rises to step 2, then falls
     assert curve.gold_after_peak_ci[1] < 0 < curve.proxy_after_peak_ci[0]
-    assert curve.overoptimised
+    assert curve.overoptimised and curve.gold_fell and curve.headline()["gold_fell"]
     assert curve.component == head and 0 <= curve.signal_step <= curve.peak_step
     assert curve.lead_time == curve.signal_step - curve.peak_step <= 0
     assert 0 < curve.proxy_rise_step <= 3  # the trigger share is 0.25 from step 1

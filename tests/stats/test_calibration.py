@@ -14,7 +14,9 @@ The verdicts and their families:
 * divergence flag: :class:`tl_reward.audit.divergence.SiteFit` p < alpha for a natural
   activation (one more draw of what the fit and its reference came from);
 * distortion above floor: :func:`tl_reward.audit.distortion.distortion_floor_test` p < alpha
-  (the per-shape grid is in tests/audit/test_distortion.py).
+  (the per-shape grid is in tests/audit/test_distortion.py);
+* the Goodhart curve's peak (not the first step on flat gold) and its after-peak verdicts
+  (:mod:`tl_reward.rl.goodhart`; the scenario grid is experiments/goodhart_null.py).
 
 The interval of a mean (the sign-flip test inverted) is checked the same way: its coverage of
 the true mean, at the smallest n it is reported for, is at least nominal.
@@ -37,6 +39,7 @@ from tl_reward.audit.covariance import fit_gaussian
 from tl_reward.audit.distortion import distortion_floor_test
 from tl_reward.audit.divergence import SiteFit
 from tl_reward.audit.probes import summarise_dimension
+from tl_reward.rl.goodhart import after_peak, after_peak_verdicts, peak_step
 from tl_reward.stats.multiplicity import benjamini_hochberg
 from tl_reward.stats.paired import sign_flip_test
 from tl_reward.stats.resampling import bootstrap_indices
@@ -274,3 +277,44 @@ def test_distortion_above_floor_is_calibrated(n: int, k: int) -> None:
     d[:, : n // 4, 1] = np.nan  # an edit that did not apply to a quarter of the items
     rate = float((distortion_floor_test(d, n_permutations=199, seed=k).p_value < ALPHA).mean())
     assert LOW <= rate <= HIGH, rate
+
+
+# ----------------------------------------------------------------------------- goodhart
+
+
+def _goodhart_runs(proxy: np.ndarray, gold: np.ndarray, n: int, sims: int, seed: int
+                   ) -> np.ndarray:
+    """``[sims, 3]``: each simulated run's peak step, ``overoptimised`` and ``gold_fell``, from
+    per-step true means and n units a step (proxy and gold noise sd 1, correlated 0.5)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(sims):
+        z = rng.standard_normal((len(proxy), n, 2))
+        z[..., 1] = 0.5 * z[..., 0] + np.sqrt(0.75) * z[..., 1]
+        per = list(z + np.stack([proxy, gold], -1)[:, None, :])
+        peak = peak_step(list(range(len(per))), [u[:, 1] for u in per], alpha=ALPHA)
+        _, lo, hi = after_peak(per, peak, 0.95)
+        out.append((peak, *after_peak_verdicts([lo[0], hi[0]], [lo[1], hi[1]])))
+    return np.array(out, dtype=np.float64)
+
+
+def test_goodhart_peak_and_verdicts_hold_alpha_on_flat_runs() -> None:
+    """Flat proxy and gold over 30 steps of 8 units: the peak is the first step, and neither
+    verdict fires, at least 1 - alpha of the time (Holm over the later steps). The peak rule
+    that scanned them uncorrected moved the peak on 22 % of such runs."""
+    runs = _goodhart_runs(np.zeros(30), np.zeros(30), 8, 600, seed=30)
+    assert float((runs[:, 0] > 0).mean()) <= HIGH
+    assert float(runs[:, 1].mean()) <= HIGH and float(runs[:, 2].mean()) <= HIGH
+
+
+def test_gold_fell_holds_alpha_while_gold_rises_and_finds_a_fall() -> None:
+    """Proxy and gold both rising by 1 sd over 10 steps of 8 units (gold never falls):
+    ``gold_fell`` fires at most alpha of the time. Gold rising to the middle (steps 4 and 5)
+    and falling back, 64 units a step, is found on most runs (0.91 over these 200), the peak
+    at most two steps before the turn (median 3: a last rise of 0.22 sd is not seen)."""
+    t = np.linspace(0, 1, 10)
+    rising = _goodhart_runs(t, t, 8, 600, seed=10)
+    assert float(rising[:, 2].mean()) <= HIGH
+    falls = _goodhart_runs(t, 1 - 2 * np.abs(t - 0.5), 64, 200, seed=11)
+    assert float(falls[:, 2].mean()) >= 0.8
+    assert 2 <= float(np.median(falls[:, 0])) <= 5

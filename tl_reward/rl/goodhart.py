@@ -12,13 +12,17 @@ mapping step -> KL, or TRL's ``trainer.state.log_history`` (its ``kl``, a per-to
 at global step ``s + 1`` is measured on the completions recorded at step ``s``; TRL logs it
 only with ``beta > 0``). Without one, the x-axis is the step index, and the curve says so.
 
-**Peak step**: the first step ``p`` after which gold never rises significantly above its level
-at ``p``: for every later step ``t``, the Welch interval (``scipy.stats.ttest_ind``, unequal
-variances; two steps are independent samples) of ``gold[t] - gold[p]`` reaches down to 0. Each
-later step is one comparison, so on a long run with flat gold a chance rise can move the peak
-later (one-sided 2.5 % each at 95 %); on gold that never stops rising, the peak is the last
-step. The proxy's change from the peak to the last step (Welch) says whether the proxy kept
-rising after gold stopped: the Goodhart signature.
+**Peak step**: the first step ``p`` after which gold never rises: no later step's gold is above
+its level at ``p`` by the one-sided Welch test (unequal variances; two steps are independent
+samples), Holm over the later steps at family-wise ``alpha``. On gold that never rises the peak
+is the first step with probability at least ``1 - alpha`` (scanning the later steps without
+correction moved it later on 14-22 % of simulated flat runs); on gold that never stops rising,
+the peak is the last step. The proxy's and gold's change from the peak to the last step (Welch
+intervals) give two verdicts: ``overoptimised``, the proxy kept rising after gold stopped (its
+interval above 0), and ``gold_fell``, gold also fell (its interval below 0: Gao et al.'s
+signature). ``gold_fell`` is calibrated against gold that keeps rising; ``overoptimised`` only
+against a flat proxy: where gold keeps rising too slowly for its noise, the peak comes early and
+``overoptimised`` fires (``experiments/goodhart_null.py`` measures both).
 
 **The proxy's first rise** and the **signal step** of a component (e.g. ``"L2.H0"``): the first
 step at which the proxy's change since the first step, or the component's part of the reward
@@ -46,6 +50,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from tl_reward.errors import TLRewardError, check_choice
 from tl_reward.results import ShortRepr
@@ -53,7 +58,8 @@ from tl_reward.rl.gain import MIN_UNITS, RewardGain, _bars, _units, _welch, rewa
 from tl_reward.rl.record import LOGRATIO, Grader, RunRecord, RunRecordError, decoded
 from tl_reward.stats.multiplicity import holm
 
-__all__ = ["GoodhartCurve", "goodhart_curve", "kl_from_log_history", "peak_step"]
+__all__ = ["GoodhartCurve", "after_peak", "after_peak_verdicts", "goodhart_curve",
+           "kl_from_log_history", "peak_step"]
 
 #: The x-axis label with a KL, and without one.
 KL_LABEL = "KL from the reference policy"
@@ -121,8 +127,15 @@ class GoodhartCurve(ShortRepr):
 
     @property
     def overoptimised(self) -> bool:
-        """Whether the proxy kept rising after gold's peak (its change's interval above 0)."""
-        return bool(self.proxy_after_peak_ci[0] > 0)
+        """Whether the proxy kept rising after gold's peak (its change's interval above 0):
+        see the module doc for what it is calibrated against, and what it is not."""
+        return after_peak_verdicts(self.proxy_after_peak_ci, self.gold_after_peak_ci)[0]
+
+    @property
+    def gold_fell(self) -> bool:
+        """Whether gold fell after its peak while the proxy rose (both changes' intervals
+        exclude 0): the over-optimisation of Gao et al., calibrated against gold that rises."""
+        return after_peak_verdicts(self.proxy_after_peak_ci, self.gold_after_peak_ci)[1]
 
     def _at(self, step: int) -> str:
         i = self.steps.index(step)
@@ -149,8 +162,10 @@ class GoodhartCurve(ShortRepr):
         return out
 
     def headline(self) -> dict[str, Any]:
-        """The sentence, and whether the proxy kept rising after gold's peak."""
-        return {"sentence": self.sentence(), "overoptimised": self.overoptimised}
+        """The sentence, whether the proxy kept rising after gold's peak, and whether gold
+        fell after it."""
+        return {"sentence": self.sentence(), "overoptimised": self.overoptimised,
+                "gold_fell": self.gold_fell}
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per step: step, x (and interval, when it has one), proxy (and interval),
@@ -215,19 +230,51 @@ def kl_from_log_history(history: Sequence[Mapping[str, Any]] | str | Path) -> di
     return out
 
 
-def peak_step(steps: Sequence[int], units: Sequence[np.ndarray], confidence: float = 0.95
-              ) -> int:
+def peak_step(steps: Sequence[int], units: Sequence[np.ndarray], alpha: float = 0.05) -> int:
     """The first step after which the per-unit values ``units[i]`` (of ``steps[i]``) never
-    rise significantly (Welch interval of the later minus it above 0); see the module doc."""
-    for i, s in enumerate(steps):
-        later = units[i + 1:]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            rises = [_welch(u[:, None], units[i][:, None], confidence)[0][0] > 0
-                     for u in later]
-        if not any(rises):
+    rise: no later step's mean is above its by the one-sided Welch test
+    (``scipy.stats.ttest_ind_from_stats``, unequal variances; none below ``MIN_UNITS``
+    units), Holm over the later steps at family-wise ``alpha``. On values that never rise the
+    first step is the peak with probability at least ``1 - alpha``; see the module doc."""
+    n = np.array([len(u) for u in units], dtype=np.float64)
+    mean = np.array([np.mean(u) if len(u) else np.nan for u in units])
+    sd = np.array([np.std(u, ddof=1) if len(u) > 1 else np.nan for u in units])
+    enough = n >= MIN_UNITS
+    for i, s in enumerate(steps[:-1]):
+        if not enough[i]:
+            continue
+        with np.errstate(invalid="ignore", divide="ignore"):
+            p = stats.ttest_ind_from_stats(mean[i + 1:], sd[i + 1:], n[i + 1:], mean[i],
+                                           sd[i], n[i], equal_var=False,
+                                           alternative="greater").pvalue
+        p = np.where(enough[i + 1:], p, np.nan)
+        if not holm(p, alpha)[0].any():
             return int(s)
     return int(steps[-1])
+
+
+def after_peak(per: Sequence[np.ndarray], peak: int, confidence: float = 0.95
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(change, low, high)``, each ``[K]``: the change of each column of the per-unit values
+    ``per[i]`` (``[n_i, K]``, one entry per step) from step index ``peak`` to the last, and its
+    Welch interval (NaN when the peak is the last step)."""
+    change = per[-1].mean(0) - per[peak].mean(0)
+    if peak >= len(per) - 1:
+        nan = np.full(per[-1].shape[1], np.nan)
+        return change, nan, nan.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, hi = _welch(per[-1], per[peak], confidence)[:2]
+    return change, lo, hi
+
+
+def after_peak_verdicts(proxy_ci: Sequence[float], gold_ci: Sequence[float]
+                        ) -> tuple[bool, bool]:
+    """``(overoptimised, gold_fell)`` from the after-peak intervals ``[low, high]`` of the
+    proxy and of gold: the proxy rose (its low end above 0), and also gold fell (its high end
+    below 0)."""
+    rose = bool(proxy_ci[0] > 0)
+    return rose, rose and bool(gold_ci[1] < 0)
 
 
 def _kl_axis(record: RunRecord, steps: list[int], frames: list[pd.DataFrame],
@@ -308,15 +355,12 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
         for j, k in enumerate(("proxy", "gold")):
             est = summarise_mean(u[:, j], confidence, exact_max_n=12)
             stats_[k][i] = est.value, est.ci_low, est.ci_high
-    peak = peak_step(steps, [u[:, 1] for u in per], confidence)
-    p = steps.index(peak)
+    peak = peak_step(steps, [u[:, 1] for u in per], alpha)
+    after, lo, hi = after_peak(per, steps.index(peak), confidence)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        lo, hi = _welch(per[-1], per[p], confidence)[:2] if p < len(steps) - 1 else \
-            (np.full(2, np.nan), np.full(2, np.nan))
         rise_p = np.array([_welch(u[:, :1], per[0][:, :1], confidence)[2][0] for u in per[1:]])
     rise = [s for s, r in zip(steps[1:], holm(rise_p, alpha)[0], strict=True) if r]
-    after = per[-1].mean(0) - per[p].mean(0)
     signal, lead = -1, float("nan")
     if component is not None:
         if gain is None:
@@ -327,8 +371,9 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
             signal, lead = alarm.step, float(alarm.step - peak)
     method = (f"mean over {unit}s per step with the sign-flip interval (summarise_mean; none "
               f"below 6 {unit}s); x-axis: {x_from}; peak: the first step after which no later "
-              "step's gold is above it by a Welch interval (scipy.stats.ttest_ind, unequal "
-              f"variances, none below {MIN_UNITS} {unit}s); after the peak: Welch interval of "
+              "step's gold is above it by the one-sided Welch test (unequal variances, none below "
+              f"{MIN_UNITS} {unit}s), Holm over the later steps at family-wise alpha {alpha:g}; "
+              "after the peak: Welch interval of "
               "the last step minus the peak; the proxy's rise: the first step above the first "
               "by the one-sided Welch test, Holm over the steps at family-wise alpha "
               f"{alpha:g}"
