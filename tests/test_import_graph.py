@@ -9,6 +9,7 @@ dependency), except under ``if TYPE_CHECKING:``; a name taken from a package's l
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import tl_reward
@@ -136,8 +137,15 @@ def private_imports(graph: Graph) -> list[tuple[str, str, str]]:
             and a.split(".")[:2] != b.split(".")[:2]]
 
 
+@functools.cache
+def _parsed() -> Graph:
+    """The library's graph, parsed once for this module's four checks (each must not mutate
+    it)."""
+    return import_graph(Path(tl_reward.__file__).parent)
+
+
 def _library() -> Graph:
-    graph = import_graph(Path(tl_reward.__file__).parent)
+    graph = _parsed()
     return {a: {b: n for b, n in deps.items() if (a, b) not in ALLOWED}
             for a, deps in graph.items()}
 
@@ -167,19 +175,12 @@ def test_checker_finds_a_lazy_cycle_an_upward_and_a_private_import(tmp_path: Pat
     assert cycles(graph) == [] and upward(graph, layers) == [] and private_imports(graph) == []
 
 
-def test_no_import_cycle() -> None:
-    assert cycles(_library()) == []
-
-
-def test_no_import_from_a_higher_layer() -> None:
-    assert upward(_library(), LAYERS) == []
-
-
-def test_no_private_name_from_another_package() -> None:
-    assert private_imports(_library()) == []
-
-
-def test_allowed_imports_still_exist() -> None:
-    graph = import_graph(Path(tl_reward.__file__).parent)
-    assert [e for e in sorted(ALLOWED) if e[1] not in graph[e[0]]] == [], \
+def test_the_library_graph_has_no_cycle_no_upward_and_no_private_import() -> None:
+    """One test for the three checks: each parses every module (2 s), and pytest-xdist would
+    spread separate tests over workers that each parse again."""
+    graph = _library()
+    assert cycles(graph) == [], "import cycles"
+    assert upward(graph, LAYERS) == [], "imports from a higher layer"
+    assert private_imports(graph) == [], "_private names from another package"
+    assert [e for e in sorted(ALLOWED) if e[1] not in _parsed()[e[0]]] == [], \
         "fixed: delete these from ALLOWED"
