@@ -94,7 +94,8 @@ def test_demo_head_heldout_accuracy(hh_path, demo_rm) -> None:
     rewards (``--heldout-scores``: its own features from HF's ``model.model``, and the packaged
     head) are the recorded split's pairs, in its order, of the same HH records, and give the
     recorded accuracy; the loaded demo RM reproduces 8 of them, drawn at random among those of
-    at most 128 tokens, from their token ids (float32 parity). A wrong split, pooling or final norm fails it."""
+    at most 128 tokens, from their token ids (float32 parity). A wrong split, pooling or final
+    norm fails it."""
     import json
 
     import numpy as np
