@@ -23,8 +23,13 @@ from tl_reward.errors import TLRewardError
 from tl_reward.rl.gain import _units
 from tl_reward.rl.goodhart import SEQUENCE_KL_LABEL, goodhart_curve, kl_from_log_history
 from tl_reward.rl.implicit import ImplicitRewardOverTraining, implicit_reward_over_training
-from tl_reward.rl.record import RunRecord, RunRecordError
-from tl_reward.rl.trl import PolicyLogRatio, RewardModelFunction
+from tl_reward.rl.record import COMPLETION_IDS, LOGRATIO, RunRecord, RunRecordError
+from tl_reward.rl.trl import (
+    PolicyLogRatio,
+    RewardModelFunction,
+    checkpoint_logratios,
+    trl_checkpoints,
+)
 
 pytestmark = [needs_hooked_transformer, pytest.mark.skipif(
     importlib.util.find_spec("trl") is None, reason="trl is not installed")]
@@ -143,6 +148,49 @@ def test_the_implicit_reward_is_irm_implicits_own(run: SimpleNamespace) -> None:
         _units(rows, rows[["implicit_reward"]].to_numpy(np.float64), "prompt").mean())
     assert implicit_reward_over_training(run.record, beta=1.0).implicit[2] == \
         pytest.approx(imp.implicit[2] / BETA)
+
+
+def test_log_ratios_from_checkpoints_equal_the_recorded_ones(run: SimpleNamespace,
+                                                             tmp_path: Path) -> None:
+    """The record keeps TRL's completion ids; each step's log-ratio computed afterwards from
+    the policy that sampled it (a model, or a TRL checkpoint folder loaded from disk) equals
+    the one recorded during training, and so does the implicit reward over training. The
+    policy of another step gives other numbers (what the check would catch)."""
+    for step in run.record.steps():
+        kept = run.record.read(step)[COMPLETION_IDS]
+        assert [list(ids) for ids in kept] == [list(ids) for ids in run.calls[step]["ids"]]
+    run.policy_at(2).save_pretrained(tmp_path / "out" / "checkpoint-2")
+    (tmp_path / "out" / "checkpoint-x").mkdir()
+    saved = trl_checkpoints(tmp_path / "out")
+    assert saved == {2: tmp_path / "out" / "checkpoint-2"}
+    got = checkpoint_logratios(run.record, {0: run.policy_at(0), 1: run.policy_at(1), **saved},
+                               run.reference, run.tok, progress=False)
+    for step in run.record.steps():
+        np.testing.assert_allclose(got[step], run.record.read(step)[LOGRATIO], rtol=0,
+                                   atol=1e-5)
+    assert np.abs(got[2]).max() > 1e-2
+    wrong = checkpoint_logratios(run.record, {2: run.policy_at(1)}, run.reference, run.tok,
+                                 progress=False)
+    assert np.abs(wrong[2] - got[2]).max() > 1e-2
+    recorded = implicit_reward_over_training(run.record, window=2)
+    again = implicit_reward_over_training(run.record, window=2, logratio=got)
+    np.testing.assert_allclose(again.implicit, recorded.implicit, rtol=0, atol=1e-6)
+    assert again.agreement[0].spearman_rho.value == pytest.approx(
+        recorded.agreement[0].spearman_rho.value, abs=1e-9)
+    assert "from checkpoints" in again.method
+    with pytest.raises(RunRecordError, match=r"checkpoints for steps \[7\]"):
+        checkpoint_logratios(run.record, {7: run.policy_at(0)}, run.reference, run.tok)
+    with pytest.raises(RunRecordError, match="holds 3 values for the 24 rows of step 1"):
+        implicit_reward_over_training(run.record, logratio={1: [0.0, 0.0, 0.0]})
+
+
+def test_a_record_without_ids_is_refused_not_encoded_again(rm: Any, tmp_path: Path) -> None:
+    from tl_reward.testing.causal import tiny_causal_lm_pair
+
+    policy, reference, tok = tiny_causal_lm_pair("llama", seed=0)
+    plain = record_scripted(tmp_path / "plain", rm, steps=1)
+    with pytest.raises(RunRecordError, match="holds no completion_ids column, and the"):
+        checkpoint_logratios(plain, {0: policy}, reference, tok)
 
 
 def test_the_agreement_is_scipys_on_the_same_numbers(run: SimpleNamespace) -> None:

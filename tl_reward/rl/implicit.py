@@ -7,7 +7,8 @@ prompt, ``-beta log Z(x)``. How far the policy's implicit reward agrees with the
 shows how much of the reward model the policy has taken in so far. Both come from the record:
 the reward model's ``reward`` and each completion's ``logratio`` (recorded during training by
 :class:`~tl_reward.rl.trl.PolicyLogRatio`, on the policy's own samples at that step), so no
-checkpoint is loaded.
+checkpoint is loaded. A run recorded without it gets it from saved checkpoints
+(:func:`~tl_reward.rl.trl.checkpoint_logratios`, on the completion ids the record kept).
 
 Per step: the mean implicit reward over units (a prompt's completions averaged, as in
 :mod:`tl_reward.rl.gain`) with the sign-flip interval of a mean (none below 6 units); it is
@@ -31,7 +32,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,7 +163,8 @@ def _beta(record: RunRecord, beta: float | None) -> tuple[float, str]:
 
 def implicit_reward_over_training(record: RunRecord, beta: float | None = None,
                                   steps: Sequence[int] | None = None, window: int = 10,
-                                  unit: str = "prompt", confidence: float = 0.95
+                                  unit: str = "prompt", confidence: float = 0.95,
+                                  logratio: Mapping[int, Sequence[float]] | None = None
                                   ) -> ImplicitRewardOverTraining:
     """The policy's implicit reward ``beta * logratio`` on its own samples per step, and its
     agreement with the recorded reward per window of steps (see the module doc).
@@ -176,6 +178,10 @@ def implicit_reward_over_training(record: RunRecord, beta: float | None = None,
         unit: the per-step means' unit: ``"prompt"`` (a prompt's completions averaged) or
             ``"completion"``.
         confidence: the intervals' level.
+        logratio: ``{step: one log-ratio per recorded row}`` for a run recorded without them
+            (:func:`~tl_reward.rl.trl.checkpoint_logratios` makes it from saved
+            checkpoints); used where given (default steps: its keys), the record's
+            ``logratio`` column elsewhere.
     """
     from tl_reward.stats.paired import summarise_mean
 
@@ -183,17 +189,25 @@ def implicit_reward_over_training(record: RunRecord, beta: float | None = None,
     if window < 1:
         raise TLRewardError(f"window must be at least 1 step, got {window}")
     b, b_from = _beta(record, beta)
-    steps = sorted(steps) if steps is not None else record.steps()
+    given = dict(logratio or {})
+    steps = sorted(steps) if steps is not None else sorted(given) or record.steps()
     if not steps:
         raise RunRecordError(f"the run record in {record.folder} holds no step yet")
     frames = []
     for s in steps:
         df = record.scored(s)
-        if LOGRATIO not in df:
+        if s in given:
+            values = np.asarray(given[s], dtype=np.float64)
+            if values.shape != (len(record.read(s)),):
+                raise RunRecordError(f"logratio[{s}] holds {values.size} values for the "
+                                     f"{len(record.read(s))} rows of step {s}; pass one per row")
+            df = df.assign(**{LOGRATIO: values[df["row"].to_numpy()]})
+        elif LOGRATIO not in df:
             raise RunRecordError(
                 f"step {s} of the run record in {record.folder} holds no {LOGRATIO} column; "
                 "record the run with RewardModelFunction(..., logratio=PolicyLogRatio(policy, "
-                "reference, tokenizer))")
+                "reference, tokenizer)), or pass logratio=checkpoint_logratios(record, "
+                "checkpoints, reference, tokenizer)")
         df = df[np.isfinite(df[LOGRATIO].to_numpy(np.float64))].reset_index(drop=True)
         df = df.assign(implicit_reward=b * df[LOGRATIO].astype(np.float64),
                        group=[f"{s}:{p}" for p in df["prompt"]])
@@ -214,7 +228,9 @@ def implicit_reward_over_training(record: RunRecord, beta: float | None = None,
             part["implicit_reward_centred"].to_numpy(), part["reward_centred"].to_numpy(),
             ("implicit reward (centred)", "reward model (centred)"), confidence,
             units=part["group"].to_numpy(), unit="prompt group"))
-    method = (f"implicit reward {b_from} x the recorded log-ratio; per step, mean over {unit}s "
+    source = ("the recorded log-ratio" if not given else "the log-ratio given for steps "
+              f"{sorted(given)} (from checkpoints), the recorded one elsewhere")
+    method = (f"implicit reward {b_from} x {source}; per step, mean over {unit}s "
               "with the sign-flip interval (summarise_mean; none below 6); per window of "
               f"{window} steps, both rewards centred within each step's prompt group (groups of "
               "one left out), then rank_agreement with each group a unit (rho: jackknife "

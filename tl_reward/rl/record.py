@@ -14,7 +14,8 @@ only for an empty completion, which it cannot score), optionally ``gold`` (a gra
 ``dra:<component>`` (the direct contribution of each component at the pooled token,
 :func:`~tl_reward.analysis.attribution.direct_reward_attribution`) and ``logratio`` (the
 completion's ``log pi_theta(y|x) - log pi_ref(y|x)``, :class:`~tl_reward.rl.trl.
-PolicyLogRatio`), then any extra columns.
+PolicyLogRatio`), ``completion_ids`` (the token ids the policy generated, when TRL passes
+them), then any extra columns.
 
 Example:
     >>> record = RunRecord("runs/grpo-1", model=rm, settings={"lr": 1e-5, "seed": 0})
@@ -37,8 +38,8 @@ import pandas as pd
 from tl_reward.errors import StoreMismatchError, TLRewardError, TokenizerMismatchError
 from tl_reward.store import ChunkStore, RunIdentity, atomic_write
 
-__all__ = ["COMPONENT_PREFIX", "KIND", "LOGRATIO", "RunRecord", "RunRecordError",
-           "RunRecordMismatchError", "read_table", "reward_input"]
+__all__ = ["COMPLETION_IDS", "COMPONENT_PREFIX", "KIND", "LOGRATIO", "RunRecord",
+           "RunRecordError", "RunRecordMismatchError", "read_table", "reward_input"]
 
 #: The run identity's ``kind`` for a run record.
 KIND = "rl-run"
@@ -47,6 +48,9 @@ COMPONENT_PREFIX = "dra:"
 #: The column holding each completion's log-ratio of the policy to its reference policy
 #: (:class:`~tl_reward.rl.trl.PolicyLogRatio`).
 LOGRATIO = "logratio"
+#: The column holding each completion's token ids as the policy generated them (TRL's
+#: ``completion_ids``), so its log-ratio can be computed later from a saved checkpoint.
+COMPLETION_IDS = "completion_ids"
 _STEP_FILE = re.compile(r"^step-(\d{7})\.parquet$")
 _CORE = ("step", "row", "prompt", "completion", "prompt_chat", "completion_chat", "reward",
          "gold")

@@ -9,7 +9,9 @@ template (a conversational prompt and completion as one conversation), and, give
 and, with ``decompose=True``, every component's direct contribution at the pooled token
 (:func:`~tl_reward.analysis.attribution.direct_reward_attribution`, a second forward pass)
 and, given a :class:`PolicyLogRatio`, each completion's log-ratio of the policy to its
-reference policy (column ``logratio``). Nothing here imports TRL.
+reference policy (column ``logratio``), and the completions' token ids when TRL passes them
+(column ``completion_ids``: :func:`checkpoint_logratios` computes the log-ratios later from
+saved checkpoints). Nothing here imports TRL.
 
 Example:
     >>> record = RunRecord("runs/grpo", model=rm, settings=vars(config))
@@ -19,16 +21,26 @@ Example:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tl_reward.rl.gain import direct_parts
-from tl_reward.rl.record import LOGRATIO, RunRecord, RunRecordError, _is_empty, reward_input
+from tl_reward.rl.record import (
+    COMPLETION_IDS,
+    LOGRATIO,
+    RunRecord,
+    RunRecordError,
+    _is_empty,
+    decoded,
+    reward_input,
+)
 
-__all__ = ["PolicyLogRatio", "RewardModelFunction"]
+__all__ = ["PolicyLogRatio", "RewardModelFunction", "checkpoint_logratios", "trl_checkpoints"]
 
 
 @contextmanager
@@ -128,6 +140,61 @@ class PolicyLogRatio:
             out[keep] = res.rewards.double().cpu().numpy()
         return out
 
+    def of_step(self, record: RunRecord, step: int) -> np.ndarray:
+        """``[n]``: the log-ratio of each of step ``step``'s recorded rows (in ``row`` order),
+        on the completion ids the record kept (column ``completion_ids``); refused without
+        them (encoding the completion's text again can give other ids than those sampled)."""
+        df = record.read(step)
+        if COMPLETION_IDS not in df:
+            raise RunRecordError(
+                f"step {step} of the run record in {record.folder} holds no {COMPLETION_IDS} "
+                "column, and the completions' text is not encoded again (its ids can differ "
+                "from those the policy sampled); record the run with RewardModelFunction on "
+                "TRL 1.x, which passes completion_ids")
+        return self([p for p, _ in decoded(df)], [list(ids) for ids in df[COMPLETION_IDS]])
+
+
+def trl_checkpoints(output_dir: str | Path) -> dict[int, Path]:
+    """``{step: folder}`` of TRL's ``checkpoint-<step>`` folders in ``output_dir``: the policy
+    after ``step`` optimizer steps, which generated the record's step ``step``."""
+    out = {}
+    for path in Path(output_dir).iterdir():
+        m = re.fullmatch(r"checkpoint-(\d+)", path.name)
+        if m and path.is_dir():
+            out[int(m.group(1))] = path
+    return dict(sorted(out.items()))
+
+
+def checkpoint_logratios(record: RunRecord, checkpoints: Mapping[int, Any], reference: Any,
+                         tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None,
+                         batch_size: int = 8, progress: bool | None = None
+                         ) -> dict[int, np.ndarray]:
+    """``{step: [n] log-ratios}`` of recorded steps from saved policies, for a run recorded
+    without :class:`PolicyLogRatio`: step ``s``'s completions against the policy that sampled
+    them, ``checkpoints[s]`` (a model, or a folder ``AutoModelForCausalLM`` loads in float32;
+    :func:`trl_checkpoints` reads TRL's), one loaded at a time. The record must hold the
+    completions' ids (see :meth:`PolicyLogRatio.of_step`). Pass the result to
+    :func:`~tl_reward.rl.implicit.implicit_reward_over_training` as ``logratio=``."""
+    import torch
+    from tqdm.auto import tqdm
+
+    have = set(record.steps())
+    if missing := sorted(set(checkpoints) - have):
+        raise RunRecordError(f"checkpoints for steps {missing[:8]} that the run record in "
+                             f"{record.folder} does not hold; a checkpoint's step is the "
+                             "record step its policy generated")
+    out = {}
+    for step in tqdm(sorted(checkpoints), desc="checkpoints", disable=progress is False):
+        policy = checkpoints[step]
+        if isinstance(policy, str | Path):
+            from transformers import AutoModelForCausalLM
+
+            policy = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+        ratio = PolicyLogRatio(policy, reference, tokenizer, chat_template_kwargs, batch_size)
+        out[step] = ratio.of_step(record, step)
+        del policy, ratio
+    return out
+
 
 class RewardModelFunction:
     """A reward model as a TRL reward function (see the module doc).
@@ -190,15 +257,17 @@ class RewardModelFunction:
                 out[i] = float(r)
         if self.record is not None:
             step = self._step(trainer_state)
-            extra = None
+            extra: dict[str, list[Any]] = {}
             if self.logratio is not None:
                 if completion_ids is None:
                     raise RunRecordError("logratio= needs the completions' token ids; TRL 1.x "
                                          "passes them as completion_ids")
-                extra = {LOGRATIO: self.logratio(prompts, completion_ids).tolist()}
+                extra[LOGRATIO] = self.logratio(prompts, completion_ids).tolist()
+            if completion_ids is not None:
+                extra[COMPLETION_IDS] = [[int(t) for t in ids] for ids in completion_ids]
             self.record.append(step, prompts, completions, out,
                                components=self._components(items, keep, len(completions))
-                               if self.decompose else None, extra=extra)
+                               if self.decompose else None, extra=extra or None)
         self.calls += 1
         return out
 
