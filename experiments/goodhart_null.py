@@ -56,7 +56,7 @@ def simulate(proxy: np.ndarray, gold: np.ndarray, n: int, rng: np.random.Generat
         z[:, 1] = RHO * z[:, 0] + np.sqrt(1 - RHO**2) * z[:, 1]
         per.append(z + np.array([p, g]))
     steps = list(range(len(per)))
-    peak = peak_step(steps, [u[:, 1] for u in per], alpha=0.05)
+    peak = peak_step(steps, [u[:, 1] for u in per], alpha=0.05, confidence=0.95)
     _, lo, hi = after_peak(per, peak, 0.95)
     return (peak, *after_peak_verdicts([lo[0], hi[0]], [lo[1], hi[1]]))
 

@@ -292,16 +292,17 @@ def _goodhart_runs(proxy: np.ndarray, gold: np.ndarray, n: int, sims: int, seed:
         z = rng.standard_normal((len(proxy), n, 2))
         z[..., 1] = 0.5 * z[..., 0] + np.sqrt(0.75) * z[..., 1]
         per = list(z + np.stack([proxy, gold], -1)[:, None, :])
-        peak = peak_step(list(range(len(per))), [u[:, 1] for u in per], alpha=ALPHA)
+        peak = peak_step(list(range(len(per))), [u[:, 1] for u in per], ALPHA, 0.95)
         _, lo, hi = after_peak(per, peak, 0.95)
         out.append((peak, *after_peak_verdicts([lo[0], hi[0]], [lo[1], hi[1]])))
     return np.array(out, dtype=np.float64)
 
 
 def test_goodhart_peak_and_verdicts_hold_alpha_on_flat_runs() -> None:
-    """Flat proxy and gold over 30 steps of 8 units: the peak is the first step, and neither
-    verdict fires, at least 1 - alpha of the time (Holm over the later steps). The peak rule
-    that scanned them uncorrected moved the peak on 22 % of such runs."""
+    """Flat proxy and gold over 30 steps of 8 units: the peak stays at the first step (Holm
+    over the later steps, and the last step's 95 % interval: a bound of 7.5 %, 3.8 % measured
+    over these 600 runs), and neither verdict fires more than alpha of the time. The peak rule that
+    scanned the later steps uncorrected moved the peak on 22 % of such runs."""
     runs = _goodhart_runs(np.zeros(30), np.zeros(30), 8, 600, seed=30)
     assert float((runs[:, 0] > 0).mean()) <= HIGH
     assert float(runs[:, 1].mean()) <= HIGH and float(runs[:, 2].mean()) <= HIGH

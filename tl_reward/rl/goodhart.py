@@ -14,15 +14,17 @@ only with ``beta > 0``). Without one, the x-axis is the step index, and the curv
 
 **Peak step**: the first step ``p`` after which gold never rises: no later step's gold is above
 its level at ``p`` by the one-sided Welch test (unequal variances; two steps are independent
-samples), Holm over the later steps at family-wise ``alpha``. On gold that never rises the peak
-is the first step with probability at least ``1 - alpha`` (scanning the later steps without
-correction moved it later on 14-22 % of simulated flat runs); on gold that never stops rising,
-the peak is the last step. The proxy's and gold's change from the peak to the last step (Welch
+samples), Holm over the later steps at family-wise ``alpha``, and gold's change from it to the
+last step is not a significant rise (its Welch interval reaches 0, the interval reported after
+the peak). On gold that never rises the peak is the first step with probability at least
+``1 - alpha - (1 - confidence) / 2`` (scanning the later steps without correction moved it
+later on 14-22 % of simulated flat runs); on gold that never stops rising, the peak is the last
+step. The proxy's and gold's change from the peak to the last step (Welch
 intervals) give two verdicts: ``overoptimised``, the proxy kept rising after gold stopped (its
-interval above 0), and ``gold_fell``, gold also fell (its interval below 0: Gao et al.'s
-signature). ``gold_fell`` is calibrated against gold that keeps rising; ``overoptimised`` only
-against a flat proxy: where gold keeps rising too slowly for its noise, the peak comes early and
-``overoptimised`` fires (``experiments/goodhart_null.py`` measures both).
+interval above 0, gold's reaching 0), and ``gold_fell``, gold fell (its interval below 0: Gao
+et al.'s signature). ``gold_fell`` is calibrated against gold that keeps rising;
+``overoptimised`` rests on gold's rise not being seen, so where gold keeps rising too slowly for
+its noise it fires (``experiments/goodhart_null.py`` measures both).
 
 **The proxy's first rise** and the **signal step** of a component (e.g. ``"L2.H0"``): the first
 step at which the proxy's change since the first step, or the component's part of the reward
@@ -127,8 +129,9 @@ class GoodhartCurve(ShortRepr):
 
     @property
     def overoptimised(self) -> bool:
-        """Whether the proxy kept rising after gold's peak (its change's interval above 0):
-        see the module doc for what it is calibrated against, and what it is not."""
+        """Whether the proxy kept rising after gold's peak (its change's interval above 0)
+        while gold did not (its interval reaches 0): see the module doc for what it is
+        calibrated against, and what it is not."""
         return after_peak_verdicts(self.proxy_after_peak_ci, self.gold_after_peak_ci)[0]
 
     @property
@@ -230,12 +233,15 @@ def kl_from_log_history(history: Sequence[Mapping[str, Any]] | str | Path) -> di
     return out
 
 
-def peak_step(steps: Sequence[int], units: Sequence[np.ndarray], alpha: float = 0.05) -> int:
+def peak_step(steps: Sequence[int], units: Sequence[np.ndarray], alpha: float = 0.05,
+              confidence: float = 0.95) -> int:
     """The first step after which the per-unit values ``units[i]`` (of ``steps[i]``) never
     rise: no later step's mean is above its by the one-sided Welch test
     (``scipy.stats.ttest_ind_from_stats``, unequal variances; none below ``MIN_UNITS``
-    units), Holm over the later steps at family-wise ``alpha``. On values that never rise the
-    first step is the peak with probability at least ``1 - alpha``; see the module doc."""
+    units), Holm over the later steps at family-wise ``alpha``, and the last step's Welch
+    interval (at ``confidence``) over it reaches down to 0, so the change after the peak is
+    never a significant rise. On values that never rise the first step is the peak with
+    probability at least ``1 - alpha - (1 - confidence) / 2``; see the module doc."""
     n = np.array([len(u) for u in units], dtype=np.float64)
     mean = np.array([np.mean(u) if len(u) else np.nan for u in units])
     sd = np.array([np.std(u, ddof=1) if len(u) > 1 else np.nan for u in units])
@@ -248,7 +254,7 @@ def peak_step(steps: Sequence[int], units: Sequence[np.ndarray], alpha: float = 
                                            sd[i], n[i], equal_var=False,
                                            alternative="greater").pvalue
         p = np.where(enough[i + 1:], p, np.nan)
-        if not holm(p, alpha)[0].any():
+        if not holm(p, alpha)[0].any() and not p[-1] < (1 - confidence) / 2:
             return int(s)
     return int(steps[-1])
 
@@ -271,10 +277,10 @@ def after_peak(per: Sequence[np.ndarray], peak: int, confidence: float = 0.95
 def after_peak_verdicts(proxy_ci: Sequence[float], gold_ci: Sequence[float]
                         ) -> tuple[bool, bool]:
     """``(overoptimised, gold_fell)`` from the after-peak intervals ``[low, high]`` of the
-    proxy and of gold: the proxy rose (its low end above 0), and also gold fell (its high end
-    below 0)."""
+    proxy and of gold: the proxy rose (its low end above 0) while gold did not (its low end
+    at or below 0); the proxy rose and gold fell (its high end below 0)."""
     rose = bool(proxy_ci[0] > 0)
-    return rose, rose and bool(gold_ci[1] < 0)
+    return rose and bool(gold_ci[0] <= 0), rose and bool(gold_ci[1] < 0)
 
 
 def _kl_axis(record: RunRecord, steps: list[int], frames: list[pd.DataFrame],
@@ -355,7 +361,7 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
         for j, k in enumerate(("proxy", "gold")):
             est = summarise_mean(u[:, j], confidence, exact_max_n=12)
             stats_[k][i] = est.value, est.ci_low, est.ci_high
-    peak = peak_step(steps, [u[:, 1] for u in per], alpha)
+    peak = peak_step(steps, [u[:, 1] for u in per], alpha, confidence)
     after, lo, hi = after_peak(per, steps.index(peak), confidence)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -372,7 +378,8 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
     method = (f"mean over {unit}s per step with the sign-flip interval (summarise_mean; none "
               f"below 6 {unit}s); x-axis: {x_from}; peak: the first step after which no later "
               "step's gold is above it by the one-sided Welch test (unequal variances, none below "
-              f"{MIN_UNITS} {unit}s), Holm over the later steps at family-wise alpha {alpha:g}; "
+              f"{MIN_UNITS} {unit}s), Holm over the later steps at family-wise alpha {alpha:g}, "
+              "and the last step's Welch interval over it reaching 0; "
               "after the peak: Welch interval of "
               "the last step minus the peak; the proxy's rise: the first step above the first "
               "by the one-sided Welch test, Holm over the steps at family-wise alpha "
