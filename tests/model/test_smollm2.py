@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +148,8 @@ def test_extract_rows_matches_the_full_extraction(hh_path, tmp_path, monkeypatch
     # 128 tokens: 4 of the 5 pairs fit once their earliest exchanges are trimmed, 1 is skipped
     args = train.parse_args(["--data", str(hh_path), "--limit", "5", "--max-tokens", "128"])
     monkeypatch.setattr(train, "load_smollm2", load_once)
+    # the script's own HF parity check on one pair, not three (each pair is 4 forwards)
+    monkeypatch.setattr(train, "hf_parity_check", partial(train.hf_parity_check, n=1))
     rows = [3, 0, 2]
     alone = train.extract_rows(args, rows)
     assert alone["source"] == "extracted rows" and alone["rows"].tolist() == rows

@@ -14,10 +14,9 @@ import torch
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
 
-from scale_jobs import HALF  # noqa: E402
 
 from tl_reward import HookedRewardModel  # noqa: E402
-from tl_reward.scale import RayExecutor, SweepJob, run_sweeps  # noqa: E402
+from tl_reward.scale import SweepJob, run_sweeps  # noqa: E402
 from tl_reward.sweep.store import parts_dir  # noqa: E402
 from tl_reward.sweep.vocab_sweep import score_vocabulary  # noqa: E402
 from tl_reward.testing.tiny import save_tiny_reward_model  # noqa: E402
@@ -57,19 +56,22 @@ def test_ray_equals_single_process_one_model_per_gpu(pool, saved, tmp_path: Path
     assert refs[0] != refs[1]  # different models: the comparison can fail
 
 
-def test_killed_worker_resumes_to_identical_file(cluster, saved, tmp_path: Path) -> None:
+def test_killed_worker_resumes_to_identical_file(pool, saved, tmp_path: Path) -> None:
     ref = reference(saved["llama"], tmp_path / "ref.parquet", batch_size=16, shard=(0, 2))
     job = SweepJob(str(saved["llama"]), tmp_path / "out.parquet", PROMPTS, batch_size=16,
                    shard=(0, 2))
     marker = tmp_path / "crashes"
     marker.mkdir()
-    # each actor exits (os._exit) halfway through its second unit; Ray restarts it and retries
-    executor = RayExecutor(num_workers=2, crash_after_units=2, crash_marker=str(marker),
-                           **HALF)
+    # each of the session's actors exits (os._exit) halfway through its second unit from
+    # now; Ray restarts it and retries
+    before = {ray.get(a.info.remote())["pid"] for a in pool.actors}
+    pool.arm_crash(2, str(marker))
     written: list[int] = []
-    run_sweeps([job], executor, unit_chunks=2, progress=False,
+    run_sweeps([job], pool, unit_chunks=2, progress=False,
                callback=lambda j, c: written.append(c))
     assert len(list(marker.iterdir())) == 2  # both workers really died mid-unit
+    assert {int(f.name.split("-")[1]) for f in marker.iterdir()} == before
+    assert not before & {ray.get(a.info.remote())["pid"] for a in pool.actors}  # restarted
     assert job.output.read_bytes() == ref
     assert sorted(written) == list(range(len(written)))  # every chunk written exactly once
 

@@ -46,6 +46,15 @@ def crashing(tmp_path: Path, **kw: object) -> tuple[RayExecutor, Path]:
                        **HALF, **kw), marker
 
 
+def armed(pool: object, tmp_path: Path) -> Path:
+    """The session pool's two actors armed to die halfway through their second unit from now
+    (then restart, unarmed): the workers of a running pool killed, without starting a pool."""
+    marker = tmp_path / "crashes"
+    marker.mkdir()
+    pool.arm_crash(2, str(marker))
+    return marker
+
+
 def stop_after(k: int, seen: list) -> object:
     def cb(*a: object) -> None:
         seen.append(a if len(a) > 1 else a[0])
@@ -81,10 +90,10 @@ def test_jobs_on_one_ray_pool_equal_single_process(pool, job_models, references)
 def test_faithfulness_killed_workers_and_driver_resume(pool, job_models, references,
                                                        tmp_path: Path) -> None:
     path = job_models["llama"][0]
-    executor, marker = crashing(tmp_path)
+    marker = armed(pool, tmp_path)
     first: list[int] = []
     with pytest.raises(Stop):
-        run_faithfulness(path, PAIRS, "head", cache_dir=tmp_path / "c", executor=executor,
+        run_faithfulness(path, PAIRS, "head", cache_dir=tmp_path / "c", executor=pool,
                          pairs_per_unit=1, progress=False, callback=stop_after(6, first))
     assert len(list(marker.iterdir())) == 2  # both actors really died mid-unit
     assert len(list((tmp_path / "c").glob("*.json"))) == len(set(first) - {4})
@@ -126,12 +135,12 @@ def test_probes_killed_workers_and_driver_resume(pool, job_models, references,
 def test_grams_killed_workers_and_driver_resume(pool, job_models, references,
                                                 tmp_path: Path) -> None:
     path = job_models["llama"][0]
-    executor, marker = crashing(tmp_path)
+    marker = armed(pool, tmp_path)
     kw = {"positions": "response", "layer_chunk": 2, "cache_dir": tmp_path / "g",
           "batches_per_unit": 2, "progress": False, **GRAM_KW}
     first: list[tuple] = []
     with pytest.raises(Stop):
-        run_layer_grams(path, INPUTS, executor=executor, callback=stop_after(4, first), **kw)
+        run_layer_grams(path, INPUTS, executor=pool, callback=stop_after(4, first), **kw)
     assert len(list(marker.iterdir())) == 2
     rest: list[tuple] = []
     (got,) = run_layer_grams(path, INPUTS, executor=pool, callback=lambda *a: rest.append(a),

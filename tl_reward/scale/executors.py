@@ -86,7 +86,8 @@ class Worker:
         device: ``None`` picks CUDA when a GPU is visible (on Ray: assigned), else CPU.
         crash_after_units: test hook: the process exits (``os._exit``) in the middle of its
             n-th unit (at the :meth:`checkpoint` halfway through it), once (a restarted Ray
-            actor does not crash again), first creating a file in the folder ``crash_marker``.
+            actor does not crash again), first creating a file in the folder ``crash_marker``;
+            :meth:`arm_crash` arms a running worker the same way.
     """
 
     def __init__(self, threads: int | None = None, device: str | None = None,
@@ -98,6 +99,7 @@ class Worker:
         self.state: dict[Any, Any] = {}
         self._crash_after = crash_after_units
         self._crash_marker = crash_marker
+        self._armed_here = False
         self._units = 0
 
     @contextmanager
@@ -137,9 +139,16 @@ class Worker:
         self._units += 1
         return self.call(fn, *args)
 
+    def arm_crash(self, after_units: int, marker: str | None = None) -> None:
+        """Test hook: exit in the middle of the ``after_units``-th unit from now, as
+        ``crash_after_units``; the actor Ray restarts comes back unarmed."""
+        self._crash_after, self._crash_marker = self._units + after_units, marker
+        self._armed_here = True
+
     def checkpoint(self, i: int, n: int) -> None:
         """Called by units at step ``i`` of ``n``: the crash hook fires halfway through."""
-        if self._units == self._crash_after and i == n // 2 and not _restarted():
+        if (self._units == self._crash_after and i == n // 2
+                and (self._armed_here or not _restarted())):
             if self._crash_marker:
                 Path(self._crash_marker, f"crashed-{os.getpid()}").touch()
             os._exit(1)
@@ -211,6 +220,12 @@ class _RayPool(Pool):
         self.n_workers = len(actors)
         self.resubmitted = 0  # units handed out again because their actor died
         self.restart_timeout_s = 600.0  # how long a dead actor may take to come back
+
+    def arm_crash(self, after_units: int, marker: str | None = None) -> None:
+        """Test hook: every actor exits in the middle of its ``after_units``-th unit from now
+        (:meth:`Worker.arm_crash`), so a test kills a running pool's workers without starting
+        a crashing pool of its own."""
+        self.ray.get([a.arm_crash.remote(after_units, marker) for a in self.actors])
 
     def gather(self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
         n = len(self.actors)
