@@ -6,9 +6,12 @@ Same run, same inputs, interleaved repeats (median): ``plain`` is
 also records every head's direct contribution (a second forward pass,
 ``direct_reward_attribution``). Inputs: ``--n`` completions of a GRPO step (8 prompts, each
 with n / 8 replies). Models: ``tiny`` (the seeded tiny Llama classifier of the tests) or
-``demo`` (the SmolLM2-135M demo reward model, when its weights are on disk).
+``demo`` (the SmolLM2-135M demo reward model, when its weights are on disk), or ``--shape``
+(a seeded random-weight RM of a real shape, e.g. ``llama-3.1-8b``, on ``--device`` in
+``--dtype``; the rewards come back to the CPU as floats, so each call is timed to its end).
 
     python benchmarks/rl_reward_overhead.py [--model tiny|demo] [--n 32] [--repeats 7]
+    python benchmarks/rl_reward_overhead.py --shape llama-3.1-8b --device cuda --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -33,10 +36,17 @@ REPLIES = ("Yes, the sky is blue on a clear day because of Rayleigh scattering."
            "No.", "The quick brown fox jumps over the lazy dog.", "Thanks for asking.")
 
 
-def load(name: str) -> Any:
+def load(name: str, shape: str | None = None, device: str = "cpu",
+         dtype: str = "float32") -> Any:
+    """The model: ``shape`` (a seeded random-weight RM of ``vocab_sweep.SHAPES``, built on
+    ``device`` in ``dtype``), else the demo RM or the tiny one (float32, CPU)."""
     from tl_reward import DEMO_MODEL_NAME, HookedRewardModel
     from tl_reward.testing import tiny_hf_reward_model
 
+    if shape is not None:
+        from vocab_sweep import build_shape
+
+        return build_shape(shape, getattr(torch, dtype), device)
     if name == "demo":
         return HookedRewardModel.from_pretrained(DEMO_MODEL_NAME, device="cpu")
     hf, tok = tiny_hf_reward_model("llama")
@@ -50,13 +60,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--shape", default=None,
+                        help="a seeded random-weight RM of this shape (vocab_sweep.SHAPES)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     from tl_reward.rl.record import RunRecord
     from tl_reward.rl.trl import RewardModelFunction
 
-    model = load(args.model)
+    model = load(args.model, args.shape, args.device, args.dtype)
     per = max(1, args.n // len(PROMPTS))
     prompts = [p for p in PROMPTS for _ in range(per)]
     completions = [REPLIES[(i * 3 + j) % len(REPLIES)] for i in range(len(PROMPTS))
@@ -77,8 +91,11 @@ def main() -> None:
                 fn(prompts, completions, trainer_state=SimpleNamespace(global_step=rep))
                 times[side].append(time.perf_counter() - start)
     med = {k: statistics.median(v) for k, v in times.items()}
-    head = (f"model {args.model} ({model.cfg.model_name}), cpu, {args.threads} thread(s), "
-            f"{len(completions)} completions, {args.repeats} repeats (median)")
+    where = (f"cuda ({torch.cuda.get_device_name()})" if args.device.startswith("cuda")
+             else f"cpu, {args.threads} thread(s)")
+    name = args.shape or args.model
+    head = (f"model {name} ({model.cfg.model_name}), {args.dtype if args.shape else 'float32'}, "
+            f"{where}, {len(completions)} completions, {args.repeats} repeats (median)")
     print(head)
     for side, t in med.items():
         print(f"  {side:<10} {1e3 * t:8.1f} ms   x{t / med['plain']:.2f} of plain")
