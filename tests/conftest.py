@@ -20,7 +20,7 @@ from helpers import SHARED, smollm2_unavailable, tiny_models  # noqa: E402
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """pytest-xdist (``-n 3``, pyproject's addopts) runs each test module whole on one worker,
+    """pytest-xdist (``-n 2``, pyproject's addopts) runs each test module whole on one worker,
     so its module fixtures are built once, and all of tests/scale on one worker, so its session
     fixtures (the job models and references, one local Ray cluster) are too."""
     from xdist.scheduler import LoadScopeScheduling
