@@ -197,10 +197,10 @@ def implicit_reward_over_training(record: RunRecord, beta: float | None = None,
     for s in steps:
         df = record.scored(s)
         if s in given:
-            values = np.asarray(given[s], dtype=np.float64)
-            if values.shape != (len(record.read(s)),):
+            values, rows = np.asarray(given[s], dtype=np.float64), len(record.read(s))
+            if values.shape != (rows,):
                 raise RunRecordError(f"logratio[{s}] holds {values.size} values for the "
-                                     f"{len(record.read(s))} rows of step {s}; pass one per row")
+                                     f"{rows} rows of step {s}; pass one per row")
             df = df.assign(**{LOGRATIO: values[df["row"].to_numpy()]})
         elif LOGRATIO not in df:
             raise RunRecordError(
