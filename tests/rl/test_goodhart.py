@@ -61,6 +61,25 @@ def test_gold_peaks_while_the_proxy_rises_and_the_head_shows_first(
     assert goodhart_curve(run, component="L1.H1").signal_step == -1
 
 
+def test_gold_stalled_against_the_smallest_gain_that_matters(run: RunRecord,
+                                                             curve: GoodhartCurve) -> None:
+    """``gold_stalled``: the proxy rose after the peak and gold's after-peak interval lies
+    below the stated gain (its calibration: tests/stats/test_calibration.py)."""
+    assert curve.gold_stalled is None and "gold_stalled" not in curve.headline()
+    assert curve.gold_after_peak_ci[1] < 0  # the script's gold falls after its peak
+    stalled = goodhart_curve(run, min_gold_gain=0.5)
+    assert stalled.gold_stalled and stalled.headline()["gold_stalled"]
+    assert "gold's gain after the peak is shown below 0.5;" in stalled.sentence()
+    assert stalled.peak_step == curve.peak_step and stalled.gold_fell == curve.gold_fell
+    assert goodhart_curve(run, min_gold_gain=0.0).gold_stalled == curve.gold_fell
+    # up to the peak gold rises: there no stall is shown, however large the stated gain
+    rising = goodhart_curve(run, steps=run.steps()[:curve.peak_step + 1], min_gold_gain=5.0)
+    assert rising.gold_stalled is False
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(TLRewardError, match="min_gold_gain"):
+            goodhart_curve(run, min_gold_gain=bad)
+
+
 def test_the_peak_rule_on_simulated_gold() -> None:
     rng = np.random.default_rng(0)
     steps = list(range(20))

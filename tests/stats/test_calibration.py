@@ -39,7 +39,7 @@ from tl_reward.audit.covariance import fit_gaussian
 from tl_reward.audit.distortion import distortion_floor_test
 from tl_reward.audit.divergence import SiteFit
 from tl_reward.audit.probes import summarise_dimension
-from tl_reward.rl.goodhart import after_peak, after_peak_verdicts, peak_step
+from tl_reward.rl.goodhart import after_peak, after_peak_verdicts, gold_stalled_verdict, peak_step
 from tl_reward.stats.multiplicity import benjamini_hochberg
 from tl_reward.stats.paired import sign_flip_test
 from tl_reward.stats.resampling import bootstrap_indices
@@ -282,10 +282,12 @@ def test_distortion_above_floor_is_calibrated(n: int, k: int) -> None:
 # ----------------------------------------------------------------------------- goodhart
 
 
-def _goodhart_runs(proxy: np.ndarray, gold: np.ndarray, n: int, sims: int, seed: int
-                   ) -> np.ndarray:
-    """``[sims, 3]``: each simulated run's peak step, ``overoptimised`` and ``gold_fell``, from
-    per-step true means and n units a step (proxy and gold noise sd 1, correlated 0.5)."""
+def _goodhart_runs(proxy: np.ndarray, gold: np.ndarray, n: int, sims: int, seed: int,
+                   min_gain: float = 0.25) -> np.ndarray:
+    """``[sims, 5]``: each simulated run's peak step, ``overoptimised``, ``gold_fell``,
+    ``gold_stalled`` at ``min_gain`` and whether that is wrong (gold's true change from the
+    peak found to the last step is at least ``min_gain``), from per-step true means and n
+    units a step (proxy and gold noise sd 1, correlated 0.5)."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(sims):
@@ -294,7 +296,9 @@ def _goodhart_runs(proxy: np.ndarray, gold: np.ndarray, n: int, sims: int, seed:
         per = list(z + np.stack([proxy, gold], -1)[:, None, :])
         peak = peak_step(list(range(len(per))), [u[:, 1] for u in per], ALPHA, 0.95)
         _, lo, hi = after_peak(per, peak, 0.95)
-        out.append((peak, *after_peak_verdicts([lo[0], hi[0]], [lo[1], hi[1]])))
+        stalled = gold_stalled_verdict([lo[0], hi[0]], [lo[1], hi[1]], min_gain)
+        out.append((peak, *after_peak_verdicts([lo[0], hi[0]], [lo[1], hi[1]]), stalled,
+                    stalled and gold[-1] - gold[peak] >= min_gain))
     return np.array(out, dtype=np.float64)
 
 
@@ -319,3 +323,17 @@ def test_gold_fell_holds_alpha_while_gold_rises_and_finds_a_fall() -> None:
     falls = _goodhart_runs(t, 1 - 2 * np.abs(t - 0.5), 64, 200, seed=11)
     assert float(falls[:, 2].mean()) >= 0.8
     assert 2 <= float(np.median(falls[:, 0])) <= 5
+
+
+def test_gold_stalled_holds_alpha_while_gold_rises_and_finds_a_stall() -> None:
+    """``gold_stalled`` (smallest gain that matters 0.25 sd) while proxy and gold both rise by
+    1 sd over 10 steps of 64 units: it fires wrongly (gold's true gain after the peak found at
+    least 0.25) at most alpha of the time (0 of these 200 runs; testing gold's interval's low
+    end against the gain instead fires wrongly on 25 %). With gold flat from the start while
+    the proxy rises it fires on most runs at a gain of 0.5 (0.83 of these 200), where
+    ``gold_fell``, which needs gold to fall, fires at most alpha of the time."""
+    t = np.linspace(0, 1, 10)
+    rising = _goodhart_runs(t, t, 64, 200, seed=31)
+    assert float(rising[:, 4].mean()) <= HIGH
+    flat = _goodhart_runs(t, np.zeros(10), 64, 200, seed=32, min_gain=0.5)
+    assert float(flat[:, 3].mean()) >= 0.7 and float(flat[:, 2].mean()) <= HIGH

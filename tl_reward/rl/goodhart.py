@@ -24,7 +24,12 @@ intervals) give two verdicts: ``overoptimised``, the proxy kept rising after gol
 interval above 0, gold's reaching 0), and ``gold_fell``, gold fell (its interval below 0: Gao
 et al.'s signature). ``gold_fell`` is calibrated against gold that keeps rising;
 ``overoptimised`` rests on gold's rise not being seen, so where gold keeps rising too slowly for
-its noise it fires (``experiments/goodhart_null.py`` measures both).
+its noise it fires (``experiments/goodhart_null.py`` measures both). Given the smallest gold
+gain that matters, ``min_gold_gain`` (in gold's units), a third verdict, ``gold_stalled``: the
+proxy rose after the peak and gold's change after it is shown below that gain (its interval's
+high end below ``min_gold_gain``, a one-sided test at ``(1 - confidence) / 2``), calibrated
+against gold that goes on rising by at least that much; ``gold_fell`` is its case
+``min_gold_gain = 0``.
 
 **The proxy's first rise** and the **signal step** of a component (e.g. ``"L2.H0"``): the first
 step at which the proxy's change since the first step, or the component's part of the reward
@@ -61,7 +66,7 @@ from tl_reward.rl.record import LOGRATIO, Grader, RunRecord, RunRecordError, dec
 from tl_reward.stats.multiplicity import holm
 
 __all__ = ["GoodhartCurve", "after_peak", "after_peak_verdicts", "goodhart_curve",
-           "kl_from_log_history", "peak_step"]
+           "gold_stalled_verdict", "kl_from_log_history", "peak_step"]
 
 #: The x-axis label with a KL, and without one.
 KL_LABEL = "KL from the reference policy"
@@ -94,6 +99,7 @@ class GoodhartCurve(ShortRepr):
         n_units: ``[S]`` units per step; unit: ``"prompt"`` or ``"completion"``.
         confidence: the intervals' level; method: how the numbers were made.
         alpha: the family-wise error rate of the proxy's rise and the signal step.
+        min_gold_gain: the smallest gold gain that matters, when given (``gold_stalled``).
     """
 
     steps: list[int]
@@ -121,6 +127,7 @@ class GoodhartCurve(ShortRepr):
     x_ci_low: np.ndarray | None = None
     x_ci_high: np.ndarray | None = None
     alpha: float = 0.05
+    min_gold_gain: float | None = None
 
     @property
     def has_kl(self) -> bool:
@@ -140,6 +147,15 @@ class GoodhartCurve(ShortRepr):
         exclude 0): the over-optimisation of Gao et al., calibrated against gold that rises."""
         return after_peak_verdicts(self.proxy_after_peak_ci, self.gold_after_peak_ci)[1]
 
+    @property
+    def gold_stalled(self) -> bool | None:
+        """Whether the proxy rose after gold's peak while gold's change after it is shown below
+        ``min_gold_gain`` (None when no gain was stated): see the module doc."""
+        if self.min_gold_gain is None:
+            return None
+        return gold_stalled_verdict(self.proxy_after_peak_ci, self.gold_after_peak_ci,
+                                    self.min_gold_gain)
+
     def _at(self, step: int) -> str:
         i = self.steps.index(step)
         return f"step {step}" + (f", KL {self.x[i]:.3g}" if self.has_kl else "")
@@ -156,6 +172,9 @@ class GoodhartCurve(ShortRepr):
                     f"{hi:+.2f}] and gold {self.gold_after_peak:+.2f} [{glo:+.2f}, {ghi:+.2f}]")
         else:
             out += " (the last step: gold never stops rising)"
+        if self.gold_stalled is not None:
+            out += (f"; gold's gain after the peak is {'' if self.gold_stalled else 'not '}"
+                    f"shown below {self.min_gold_gain:g}")
         out += (f"; the proxy first rises at step {self.proxy_rise_step}"
                 if self.proxy_rise_step >= 0 else "; the proxy never rises")
         if self.component:
@@ -165,10 +184,11 @@ class GoodhartCurve(ShortRepr):
         return out
 
     def headline(self) -> dict[str, Any]:
-        """The sentence, whether the proxy kept rising after gold's peak, and whether gold
-        fell after it."""
-        return {"sentence": self.sentence(), "overoptimised": self.overoptimised,
-                "gold_fell": self.gold_fell}
+        """The sentence, whether the proxy kept rising after gold's peak, whether gold fell
+        after it, and (with ``min_gold_gain``) whether its gain there is shown below that."""
+        out = {"sentence": self.sentence(), "overoptimised": self.overoptimised,
+               "gold_fell": self.gold_fell}
+        return out if self.min_gold_gain is None else {**out, "gold_stalled": self.gold_stalled}
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per step: step, x (and interval, when it has one), proxy (and interval),
@@ -283,6 +303,13 @@ def after_peak_verdicts(proxy_ci: Sequence[float], gold_ci: Sequence[float]
     return rose and bool(gold_ci[0] <= 0), rose and bool(gold_ci[1] < 0)
 
 
+def gold_stalled_verdict(proxy_ci: Sequence[float], gold_ci: Sequence[float],
+                         min_gold_gain: float) -> bool:
+    """Whether the proxy rose after the peak (its interval's low end above 0) while gold's
+    change after it is shown below ``min_gold_gain`` (its interval's high end below it)."""
+    return bool(proxy_ci[0] > 0) and bool(gold_ci[1] < min_gold_gain)
+
+
 def _kl_axis(record: RunRecord, steps: list[int], frames: list[pd.DataFrame],
              kl: Any, unit: str = "prompt", confidence: float = 0.95
              ) -> tuple[np.ndarray, str, str, np.ndarray | None]:
@@ -315,8 +342,8 @@ def _kl_axis(record: RunRecord, steps: list[int], frames: list[pd.DataFrame],
 def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = None,
                    gain: RewardGain | None = None, grader: Grader | None = None,
                    steps: Sequence[int] | None = None, unit: str = "prompt",
-                   confidence: float = 0.95, model: Any = None, alpha: float = 0.05
-                   ) -> GoodhartCurve:
+                   confidence: float = 0.95, model: Any = None, alpha: float = 0.05,
+                   min_gold_gain: float | None = None) -> GoodhartCurve:
     """Proxy against gold over the run, the gold peak and ``component``'s lead time (see the
     module doc).
 
@@ -334,9 +361,14 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
         unit: ``"prompt"`` (a prompt's completions averaged: one unit) or ``"completion"``.
         confidence: the intervals' level.
         alpha: the family-wise error rate of the proxy's first rise and the signal step.
+        min_gold_gain: the smallest gain of the gold score that matters, in its units
+            (``gold_stalled``); must be finite and at least 0.
     """
     from tl_reward.stats.paired import summarise_mean
 
+    if min_gold_gain is not None and not (np.isfinite(min_gold_gain) and min_gold_gain >= 0):
+        raise TLRewardError(f"min_gold_gain={min_gold_gain!r}: give the smallest gain of the "
+                            "gold score that matters, a finite number >= 0 in gold's units")
     check_choice(unit, ("prompt", "completion"), "unit")
     have = record.steps()
     steps = sorted(steps) if steps is not None else have
@@ -386,11 +418,14 @@ def goodhart_curve(record: RunRecord, kl: Any = None, component: str | None = No
               f"{alpha:g}"
               + ("; signal: the first step the component's part of the reward change since "
                  f"step {steps[0]} is above 0 by the same rule (RewardGain.alarm)"
-                 if component is not None else ""))
+                 if component is not None else "")
+              + (f"; gold_stalled: the proxy's after-peak interval above 0 and gold's below "
+                 f"{min_gold_gain:g}" if min_gold_gain is not None else ""))
     return GoodhartCurve(
         list(steps), x, x_label, *stats_["proxy"].T, *stats_["gold"].T, peak,
         int(rise[0]) if rise else -1,
         float(after[0]), [float(lo[0]), float(hi[0])], float(after[1]),
         [float(lo[1]), float(hi[1])], component or "", signal, lead,
         np.array([len(u) for u in per], dtype=np.int64), unit, confidence, method,
-        *((None, None) if x_ci is None else x_ci), alpha)
+        *((None, None) if x_ci is None else x_ci), alpha,
+        None if min_gold_gain is None else float(min_gold_gain))
