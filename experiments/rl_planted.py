@@ -51,13 +51,18 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None
-             ) -> tuple[Any, Any]:
-    """Train a fresh tiny policy with GRPO against ``rm`` (``args``: seed, steps, lr, batch,
-    generations, length and, when it has them, beta, TRL's KL penalty, prompts, default
-    :data:`PROMPTS`, and scheduler, the learning rate's schedule, default linear decay to 0),
-    graded by ``grader`` when given; returns the run record and TRL's log history. Shared
-    with rl_goodhart.py and rl_null.py."""
+def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None,
+             policy: tuple[Any, Any] | None = None, objective: str = "score",
+             reward: Any = None) -> tuple[Any, Any]:
+    """Train a fresh tiny policy with GRPO against ``rm``'s ``objective`` (``args``: seed,
+    steps, lr, batch, generations, length and, when it has them, beta, TRL's KL penalty,
+    prompts, default :data:`PROMPTS`, scheduler, the learning rate's schedule, default linear
+    decay to 0, min_length, the fewest tokens a completion has, default ``length``, and
+    suppress, token ids never generated),
+    graded by ``grader`` when given; ``policy``: ``(model, tokenizer)``, default the tiny
+    seeded ``LlamaForCausalLM`` on the reward model's tokenizer; ``reward``: a TRL reward
+    function trained on instead of ``rm``, which is then recorded with weight 0. Returns the
+    run record and TRL's log history. Shared with rl_goodhart.py, rl_null.py and rl_length.py."""
     import copy
 
     from datasets import Dataset
@@ -70,13 +75,19 @@ def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None
     beta = getattr(args, "beta", None)
     prompts = list(getattr(args, "prompts", None) or PROMPTS)
     scheduler = getattr(args, "scheduler", None)
-    settings = {"policy": "tiny_causal_lm(llama)", "seed": args.seed, "steps": args.steps,
+    min_length = getattr(args, "min_length", None) or args.length
+    suppress = getattr(args, "suppress", None)
+    name = "tiny_causal_lm(llama)" if policy is None else type(policy[0]).__name__
+    settings = {"policy": name, "seed": args.seed, "steps": args.steps,
                 "lr": args.lr, **({} if beta is None else {"beta": beta}),
                 "generations": args.generations, "batch": args.batch,
                 "max_completion_length": args.length, "prompts": prompts,
-                **({} if scheduler is None else {"scheduler": scheduler})}
+                **({} if scheduler is None else {"scheduler": scheduler}),
+                **({} if min_length == args.length else {"min_length": min_length}),
+                **({} if objective == "score" else {"objective": objective}),
+                **({} if reward is None else {"trained_on": reward.__name__})}
     record = RunRecord(folder, model=rm, settings=settings, grader=grader, overwrite=True)
-    policy, tok = tiny_causal_lm("llama", seed=args.seed)
+    policy, tok = policy or tiny_causal_lm("llama", seed=args.seed)
     logratio = PolicyLogRatio(policy, copy.deepcopy(policy), tok)  # the initial policy frozen
     if beta is not None:  # TRL loads the reference policy (the KL's) from a path
         policy.save_pretrained(folder / "policy")
@@ -86,15 +97,19 @@ def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None
         num_generations=args.generations, max_completion_length=args.length,
         learning_rate=args.lr, **({} if beta is None else {"beta": beta}),
         lr_scheduler_type=scheduler or "linear",
+        **({} if reward is None else {"reward_weights": [0.0, 1.0]}),
         max_steps=args.steps, logging_steps=1, report_to="none", use_cpu=True, seed=args.seed,
         save_strategy="no", disable_tqdm=True,
-        generation_kwargs={"min_new_tokens": args.length})  # no empty (unscorable) reply
+        generation_kwargs={"min_new_tokens": min_length,  # no empty (unscorable) reply
+                           **({"suppress_tokens": suppress} if suppress else {})})
     ds = Dataset.from_dict({"prompt": prompts * max(1, args.steps * args.batch // len(prompts))})
     torch.manual_seed(args.seed)
     trainer = GRPOTrainer(model=policy.train(), args=config, train_dataset=ds,
                           processing_class=tok,
                           reward_funcs=[RewardModelFunction(rm, record, decompose=True,
-                                                            logratio=logratio)])
+                                                            objective=objective,
+                                                            logratio=logratio),
+                                        *([] if reward is None else [reward])])
     trainer.train()
     return record, trainer.state.log_history
 
