@@ -33,6 +33,9 @@ Plants (``tl_reward.planted``), each with its truth written down before any anal
   (DRA, head patching, ``step_sources``, ``step_propagation``, the ``step=`` vocabulary sweep)
   and rule B from the earlier step (``step_sources``, ``step_propagation``, the head ranks of
   :func:`rank_rows`, head patching, its edge circuit against random ones).
+* ``rl``: the RL experiments' results, read (``rl_scorecard.py``): GRPO against the planted
+  trigger (the alarm and the head's share), null runs (false alarms on the tiny and the demo
+  reward model) and the Goodhart runs (the verdicts where the truth is known).
 
 For each plant and analysis it prints the recovery metric (the truth's rank among all heads,
 the trigger's rank in the vocabulary sweep, verdicts right, the identity region found) and
@@ -58,6 +61,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from rl_scorecard import rl_rows  # experiments/rl_scorecard.py
 
 from tl_reward import HookedRewardModel
 from tl_reward.analysis.attribution import differential_attribution, direct_reward_attribution
@@ -370,7 +374,7 @@ EXTRA: dict[str, dict[str, Any]] = {
                 "sae_corpus": {"n_random": 64, "vocab_per_prompt": 32}},
 }
 SECTIONS = ("trigger", "objectives", "prefix", "implicit", "formatting", "distortion",
-            "published", "sae", "circuits", "prm")
+            "published", "sae", "circuits", "prm", "rl")
 ALPHA = 0.05  # the probes' BH level (the library's family: every dimension of one report)
 PUBLISHED_D = 0.5  # |Cohen's d| flagged by the published verdict (Cohen's "medium" effect)
 SAE_PROMPTS = ("Can you help me with my homework?", "Where do penguins live?", "Write a haiku.",
@@ -1154,7 +1158,7 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("TL_REWARD_THREADS", "1")))
     t0 = time.time()
     # the prm section plants its own tiny Llama
-    hf, tok, cfg = (backbone(args.backbone) if set(args.sections) - {"prm"}
+    hf, tok, cfg = (backbone(args.backbone) if set(args.sections) - {"prm", "rl"}
                     else (None, None, {}))
     cache = args.cache or Path(tempfile.mkdtemp(prefix="ground_truth_"))  # one trigger plant
     run: dict[str, Any] = {}
@@ -1172,6 +1176,7 @@ def main() -> None:
         "circuits": lambda: earlier_rows(stem, "circuits", args.circuit_plants) + circuit_rows(
             hf, tok, cfg, args.backbone, cache, tuple(args.circuit_plants)),
         "prm": prm_rows,
+        "rl": rl_rows,
     }
     if {"distortion", "published"} & set(args.sections):
         args.sections = sorted({*args.sections, "formatting"}, key=SECTIONS.index)
