@@ -27,13 +27,15 @@ def run(tmp_path_factory: pytest.TempPathFactory, rm: Any) -> RunRecord:
 def test_the_cli_writes_the_page_without_a_model(run: RunRecord, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run.html"
-    assert main(["run-report", str(run.folder), "--output", str(out), "--threads", "1"]) == 0
+    assert main(["run-report", str(run.folder), "--output", str(out), "--threads", "1",
+                 "--min-gold-gain", "0.5"]) == 0
     printed = capsys.readouterr().out
     assert "loading" not in printed  # the recorded dra:* columns suffice
     assert "through L2.H0" in printed and "gold stops rising at step" in printed
+    assert "gold's gain after the peak is shown below 0.5" in printed  # the script's gold falls
     page = out.read_text()
     for title in ("Reward and where its gain comes from", "What the policy's text changed",
-                  "Proxy against gold", "L2.H0"):
+                  "Proxy against gold", "L2.H0", "shown below 0.5"):
         assert title in page, title
     assert 1e6 < out.stat().st_size < 4e6  # plotly.js embedded once, compressed
     if chromium_path() is not None:

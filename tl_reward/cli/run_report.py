@@ -3,7 +3,8 @@
 The reward and where its gain comes from (from the record's ``dra:*`` columns; the reward model
 the record names is loaded only when a step lacks them), what the policy's text changed, and,
 when the record holds gold scores, the Goodhart curve (against the KL from TRL's
-``trainer_state.json`` with ``--trainer-state``, else the step).
+``trainer_state.json`` with ``--trainer-state``, else the step; with ``--min-gold-gain``, whether
+gold's gain after its peak is shown below that gain).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--component", default=None,
                    help="the component whose lead time over the gold peak to report (default: "
                         "the one carrying the most of the gain)")
+    p.add_argument("--min-gold-gain", type=float, default=None,
+                   help="the smallest gold gain that matters, in gold's units: the report then "
+                        "says whether gold's gain after its peak is shown below it")
     p.add_argument("--tokenizer", default=None,
                    help="the policy's tokenizer (hub name or folder), for the length in tokens")
     add_device_options(p)
@@ -61,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     report = run_report(record, model=model, kl=args.trainer_state, component=args.component,
-                        tokenizer=tokenizer)
+                        tokenizer=tokenizer, min_gold_gain=args.min_gold_gain)
     path = write_report(args, report.parts(), f"RL run: {record.folder.name}")
     for r in (report.gain, report.drift, report.curve):
         if r is not None:

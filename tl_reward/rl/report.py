@@ -89,7 +89,8 @@ class RunReport:
 
 def run_report(record: RunRecord, model: Any = None, kl: Any = None,
                component: str | None = None, tokenizer: Any = None,
-               extra: Mapping[str, Callable[[str], float]] | None = None) -> RunReport:
+               extra: Mapping[str, Callable[[str], float]] | None = None,
+               min_gold_gain: float | None = None) -> RunReport:
     """The gain split, the text drift, (with gold) the Goodhart curve and (with ``logratio``)
     the implicit reward over training of ``record``.
 
@@ -101,6 +102,7 @@ def run_report(record: RunRecord, model: Any = None, kl: Any = None,
             most of the gain at the last step).
         tokenizer: the policy's tokenizer, for the ``tokens`` property; extra: further text
             properties.
+        min_gold_gain: the smallest gold gain that matters, for the curve's ``gold_stalled``.
     """
     steps = record.steps()
     first = record.read(steps[0]) if steps else None
@@ -111,7 +113,8 @@ def run_report(record: RunRecord, model: Any = None, kl: Any = None,
     if first is not None and "gold" in first:
         if component is None and gain is not None:
             component = str(gain.top(1).iloc[0].component)
-        curve = goodhart_curve(record, kl=kl, component=component if gain else None, gain=gain)
+        curve = goodhart_curve(record, kl=kl, component=component if gain else None, gain=gain,
+                               min_gold_gain=min_gold_gain)
     implicit = implicit_reward_over_training(record) \
         if first is not None and LOGRATIO in first else None
     return RunReport(record, gain, drift, curve, implicit)
