@@ -24,8 +24,10 @@ curve (:func:`~tl_reward.rl.goodhart.goodhart_curve`); the gain split at the end
 text_drift`, padding counted with the probe's phrases). Writes
 ``experiments/results/rl_length.json``; the records stay in ``--work``.
 
-Usage: ``python experiments/rl_length.py [--steps 60] [--seed 0]`` (about 15 CPU-minutes: the
-135M reward model scores 32 replies a step).
+Usage: ``python experiments/rl_length.py [--steps 60] [--seed 0]`` (about 20 CPU-minutes a run:
+the 135M reward model scores 32 replies a step); ``--reanalyse`` summarises the records in
+``--work`` again. Seed 1: ``--seed 1 --runs length --work DIR --out
+experiments/results/rl_length_seed1.json``.
 """
 
 from __future__ import annotations
