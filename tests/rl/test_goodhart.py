@@ -62,7 +62,8 @@ def test_gold_peaks_while_the_proxy_rises_and_the_head_shows_first(
 
 
 def test_gold_stalled_against_the_smallest_gain_that_matters(run: RunRecord,
-                                                             curve: GoodhartCurve) -> None:
+                                                             curve: GoodhartCurve,
+                                                             tmp_path: Path) -> None:
     """``gold_stalled``: the proxy rose after the peak and gold's after-peak interval lies
     below the stated gain (its calibration: tests/stats/test_calibration.py)."""
     assert curve.gold_stalled is None and "gold_stalled" not in curve.headline()
@@ -71,6 +72,8 @@ def test_gold_stalled_against_the_smallest_gain_that_matters(run: RunRecord,
     assert stalled.gold_stalled and stalled.headline()["gold_stalled"]
     assert "gold's gain after the peak is shown below 0.5;" in stalled.sentence()
     assert stalled.peak_step == curve.peak_step and stalled.gold_fell == curve.gold_fell
+    back = load_result(stalled.save(tmp_path / "stalled.tlr"))
+    assert back.min_gold_gain == 0.5 and back.gold_stalled
     assert goodhart_curve(run, min_gold_gain=0.0).gold_stalled == curve.gold_fell
     # up to the peak gold rises: there no stall is shown, however large the stated gain
     rising = goodhart_curve(run, steps=run.steps()[:curve.peak_step + 1], min_gold_gain=5.0)
