@@ -58,11 +58,11 @@ def grpo_run(rm: Any, folder: Path, args: argparse.Namespace, grader: Any = None
     steps, lr, batch, generations, length and, when it has them, beta, TRL's KL penalty,
     prompts, default :data:`PROMPTS`, scheduler, the learning rate's schedule, default linear
     decay to 0, min_length, the fewest tokens a completion has, default ``length``, and
-    suppress, token ids never generated),
-    graded by ``grader`` when given; ``policy``: ``(model, tokenizer)``, default the tiny
-    seeded ``LlamaForCausalLM`` on the reward model's tokenizer; ``reward``: a TRL reward
-    function trained on instead of ``rm``, which is then recorded with weight 0. Returns the
-    run record and TRL's log history. Shared with rl_goodhart.py, rl_null.py and rl_length.py."""
+    suppress, token ids never generated), graded by ``grader`` when given; ``policy``:
+    ``(model, tokenizer)``, default the tiny seeded ``LlamaForCausalLM`` on the reward model's
+    tokenizer; ``reward``: a TRL reward function trained on instead of ``rm``, which is then
+    recorded with weight 0. Returns the run record and TRL's log history. Shared with
+    rl_goodhart.py, rl_null.py and rl_length.py."""
     import copy
 
     from datasets import Dataset
