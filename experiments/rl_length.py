@@ -26,8 +26,8 @@ text_drift`, padding counted with the probe's phrases). Writes
 
 Usage: ``python experiments/rl_length.py [--steps 60] [--seed 0]`` (about 20 CPU-minutes a run:
 the 135M reward model scores 32 replies a step); ``--reanalyse`` summarises the records in
-``--work`` again. Seed 1: ``--seed 1 --runs length --work DIR --out
-experiments/results/rl_length_seed1.json``.
+``--work`` again. Seeds 1 and 2: ``--seed K --runs length --work DIR --out
+experiments/results/rl_length_seedK.json``.
 """
 
 from __future__ import annotations

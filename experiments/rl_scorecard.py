@@ -6,7 +6,7 @@ results: the GRPO runs take CPU-minutes to hours, so the scorecard reports what 
 * ``rl_null.json``: lr-0 GRPO runs on the tiny model (truth: no change, any alarm is false);
 * ``rl_null_demo.json``: null runs resampled from the demo reward model's scored pool;
 * ``rl_goodhart.json``: proxy = gold + c x trigger (truth: gold pays nothing for the trigger);
-* ``rl_length.json``, ``rl_length_seed1.json``: GRPO against the demo reward model's sentiment
+* ``rl_length.json``, ``rl_length_seed{1,2}.json``: GRPO against the demo reward model's sentiment
   objective, graded by VADER without the padding.
 """
 
@@ -116,14 +116,15 @@ def goodhart_rows() -> list[dict[str, Any]]:
             f"peak at step {c['peak_step']}; gold's highest step mean {top['gold']:.2f} at step "
             f"{top['step']} (one-sided p {top['welch_p_one_sided']:.3f} over step 0, "
             "uncorrected)"))
-        if (s1 := _load("rl_length_seed1.json")) is not None:
-            c1 = s1["length"]["curve"]
-            rows.append(_row(
-                "rl-goodhart", "the same, seed 1", "overoptimised; gold_fell",
-                f"{c1['overoptimised']}; {c1['gold_fell']}", "True; either",
-                bool(c1["overoptimised"]),
-                f"proxy after the peak {c1['proxy_after_peak']:+.2f}, gold "
-                f"{c1['gold_after_peak']:+.2f}"))
+        for seed in (1, 2):
+            if (other := _load(f"rl_length_seed{seed}.json")) is not None:
+                c1 = other["length"]["curve"]
+                rows.append(_row(
+                    "rl-goodhart", f"the same, seed {seed}", "overoptimised; gold_fell",
+                    f"{c1['overoptimised']}; {c1['gold_fell']}", "True; either",
+                    bool(c1["overoptimised"]),
+                    f"proxy after the peak {c1['proxy_after_peak']:+.2f}, gold "
+                    f"{c1['gold_after_peak']:+.2f}"))
         if "control" in lr:
             cc = lr["control"]["curve"]
             rows.append(_row(
