@@ -300,7 +300,7 @@ def after_peak_verdicts(proxy_ci: Sequence[float], gold_ci: Sequence[float]
     proxy and of gold: the proxy rose (its low end above 0) while gold did not (its low end
     at or below 0); the proxy rose and gold fell (its high end below 0)."""
     rose = bool(proxy_ci[0] > 0)
-    return rose and bool(gold_ci[0] <= 0), rose and bool(gold_ci[1] < 0)
+    return rose and bool(gold_ci[0] <= 0), gold_stalled_verdict(proxy_ci, gold_ci, 0.0)
 
 
 def gold_stalled_verdict(proxy_ci: Sequence[float], gold_ci: Sequence[float],
