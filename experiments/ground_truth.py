@@ -1176,7 +1176,7 @@ def main() -> None:
         "circuits": lambda: earlier_rows(stem, "circuits", args.circuit_plants) + circuit_rows(
             hf, tok, cfg, args.backbone, cache, tuple(args.circuit_plants)),
         "prm": prm_rows,
-        "rl": rl_rows,
+        "rl": lambda: rl_rows(row),
     }
     if {"distortion", "published"} & set(args.sections):
         args.sections = sorted({*args.sections, "formatting"}, key=SECTIONS.index)

@@ -13,16 +13,15 @@ results: the GRPO runs take CPU-minutes to hours, so the scorecard reports what 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+#: The scorecard's row maker (``ground_truth.row``: plant, analysis, metric, value, target, ok,
+#: note).
+Row = Callable[..., dict[str, Any]]
+
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _row(plant: str, analysis: str, metric: str, value: Any, target: str, ok: bool,
-         note: str = "") -> dict[str, Any]:
-    return {"plant": plant, "analysis": analysis, "metric": metric, "value": value,
-            "target": target, "ok": bool(ok), "note": note}
 
 
 def _load(name: str) -> dict[str, Any] | None:
@@ -34,7 +33,7 @@ def _pct(r: dict[str, Any]) -> str:
     return f"{100 * r['rate']:.1f} % [{100 * r['ci'][0]:.1f}, {100 * r['ci'][1]:.1f}]"
 
 
-def planted_rows() -> list[dict[str, Any]]:
+def planted_rows(row: Row) -> list[dict[str, Any]]:
     """The planted GRPO runs over seeds: the alarm's step, the head's rank there and its share
     of the gain at the last step; the controls' share."""
     runs = [r for r in (_load("rl_planted.json"), _load("rl_planted_seed1.json"),
@@ -48,24 +47,24 @@ def planted_rows() -> list[dict[str, Any]]:
     control = [r["control"]["at_last"]["head_share"] for r in runs]
     n = len(runs)
     return [
-        _row("rl-trigger", f"GRPO, reward gain ({n} seeds)",
+        row("rl-trigger", f"GRPO, reward gain ({n} seeds)",
              f"calibrated alarm step; {head}'s rank among heads there",
              f"{', '.join(map(str, rises))}; {', '.join(map(str, ranks))}",
              "fires; rank 1", all(s is not None for s in rises) and set(ranks) == {1}),
-        _row("rl-trigger", f"GRPO, reward gain ({n} seeds)",
+        row("rl-trigger", f"GRPO, reward gain ({n} seeds)",
              f"{head}'s share of the gain at the last step (planted; control)",
              f"{', '.join(f'{s:.2f}' for s in share)}; {', '.join(f'{s:.2f}' for s in control)}",
              "about 1; small", min(share) > 0.9 and max(control) < 0.25)]
 
 
-def null_rows() -> list[dict[str, Any]]:
+def null_rows(row: Row) -> list[dict[str, Any]]:
     """False-alarm rates of the calibrated verdicts on null runs (tiny GRPO, demo RM pool)."""
     rows = []
     if (tiny := _load("rl_null.json")) is not None:
         for kind, label in (("null", "8 prompts"), ("null_wide", "64 prompts")):
             rates = tiny[kind]
             n = rates["calibrated_reward"]["n"]
-            rows.append(_row(
+            rows.append(row(
                 "rl-null", f"lr-0 GRPO, tiny RM ({n} runs, {label})",
                 "false alarms: calibrated reward; any component",
                 f"{_pct(rates['calibrated_reward'])}; {_pct(rates['calibrated_any_component'])}",
@@ -73,7 +72,7 @@ def null_rows() -> list[dict[str, Any]]:
                               rates["calibrated_any_component"]["ci"][0]) <= 0.05))
     if (demo := _load("rl_null_demo.json")) is not None:
         r, n = demo["rates"], demo["rates"]["reward"]["n"]
-        rows.append(_row(
+        rows.append(row(
             "rl-null", f"resampled null runs, demo RM ({n} runs, "
             f"{demo['setup']['components']} components)",
             "false alarms: calibrated reward; any component",
@@ -81,7 +80,7 @@ def null_rows() -> list[dict[str, Any]]:
             max(r["reward"]["ci"][0], r["any_component"]["ci"][0]) <= 0.05,
             f"uncorrected: {_pct(r['uncorrected_reward'])}; "
             f"{_pct(r['uncorrected_any_component'])}"))
-        rows.append(_row(
+        rows.append(row(
             "rl-null", f"resampled null runs, demo RM ({n} runs), VADER as gold",
             "false alarms: peak moved; overoptimised; gold_fell; gold_stalled",
             "; ".join(_pct(r[k]) for k in ("peak_moved", "overoptimised", "gold_fell",
@@ -92,7 +91,7 @@ def null_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def goodhart_rows() -> list[dict[str, Any]]:
+def goodhart_rows(row: Row) -> list[dict[str, Any]]:
     """The Goodhart runs: the verdicts where the truth is known."""
     from tl_reward.rl.goodhart import after_peak_verdicts
 
@@ -101,14 +100,14 @@ def goodhart_rows() -> list[dict[str, Any]]:
         for name, want in (("strong", (True, None)), ("control", (False, False))):
             c = g[name]["curve"]
             over, fell = after_peak_verdicts(c["proxy_after_peak_ci"], c["gold_after_peak_ci"])
-            rows.append(_row(
+            rows.append(row(
                 "rl-goodhart", f"GRPO, proxy = gold + c x trigger ({name})",
                 "overoptimised; gold_fell", f"{over}; {fell}",
                 "True; either" if name == "strong" else "False; False",
                 over == want[0] and (want[1] is None or fell == want[1])))
     if (lr := _load("rl_length.json")) is not None and "length" in lr:
         c, top = lr["length"]["curve"], lr["length"]["gold_top"]
-        rows.append(_row(
+        rows.append(row(
             "rl-goodhart", "GRPO vs the demo RM's sentiment objective, VADER gold",
             "gold_fell; proxy and gold after the peak",
             f"{c['gold_fell']}; {c['proxy_after_peak']:+.2f}, {c['gold_after_peak']:+.2f}",
@@ -119,7 +118,7 @@ def goodhart_rows() -> list[dict[str, Any]]:
         for seed in (1, 2):
             if (other := _load(f"rl_length_seed{seed}.json")) is not None:
                 c1 = other["length"]["curve"]
-                rows.append(_row(
+                rows.append(row(
                     "rl-goodhart", f"the same, seed {seed}", "overoptimised; gold_fell",
                     f"{c1['overoptimised']}; {c1['gold_fell']}", "True; either",
                     bool(c1["overoptimised"]),
@@ -127,12 +126,12 @@ def goodhart_rows() -> list[dict[str, Any]]:
                     f"{c1['gold_after_peak']:+.2f}"))
         if "control" in lr:
             cc = lr["control"]["curve"]
-            rows.append(_row(
+            rows.append(row(
                 "rl-goodhart", "the same, trained on gold (control)",
                 "gold_fell", f"{cc['gold_fell']}", "False", not cc["gold_fell"]))
     return rows
 
 
-def rl_rows() -> list[dict[str, Any]]:
-    """Every RL row (sections whose results file is missing are left out)."""
-    return planted_rows() + null_rows() + goodhart_rows()
+def rl_rows(row: Row) -> list[dict[str, Any]]:
+    """Every RL row, made by ``row`` (sections whose results file is missing are left out)."""
+    return planted_rows(row) + null_rows(row) + goodhart_rows(row)
