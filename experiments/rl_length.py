@@ -61,11 +61,13 @@ GOLD_GAIN = 0.1
 
 def hh_sentences(n: int = 24, seed: int = 0) -> list[str]:
     """``n`` distinct sentences of 4-16 words from HH-RLHF chosen replies, drawn at random."""
+    from tl_reward.data.hh_rlhf import parse_dialogue
+
     rows = [json.loads(line) for line in gzip.open(HH, "rt")]
     rng = random.Random(seed)
     found: list[str] = []
     for row in rng.sample(rows, 400):
-        reply = row["chosen"].split("Assistant:")[-1].strip()
+        reply = parse_dialogue(row["chosen"])[-1]["content"]
         found += [s for s in re.split(_SPLIT, reply)
                   if 4 <= len(s.split()) <= 16 and s[-1] in ".!?" and "\n" not in s]
     found = list(dict.fromkeys(found))
@@ -96,16 +98,12 @@ def content(text: str) -> str:
     return " ".join(s for s in re.split(_SPLIT, text.strip()) if s and s not in PADDING)
 
 
-def gold_vader(prompts: list[Any], completions: list[Any]) -> list[float]:
-    """VADER compound score of each reply without its padding sentences (0 for none left)."""
+def gold_vader(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+    """VADER compound score of each reply without its padding sentences (0 for none left): the
+    record's grader, and the control run's TRL reward function (which passes ``kwargs``)."""
     from tl_reward.irm.vader import vader_compound
 
     return vader_compound([content(c) for c in completions]).tolist()
-
-
-def gold_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
-    """:func:`gold_vader` as a TRL reward function (the control run's reward)."""
-    return gold_vader(prompts, completions)
 
 
 def summarise(record: Any, history: Any, tokenizer: Any) -> dict[str, Any]:
@@ -211,7 +209,7 @@ def main() -> None:
         else:
             record, history = grpo_run(proxy, work / name, args, grader=gold_vader,
                                        policy=policy, objective="sentiment",
-                                       reward=gold_reward)
+                                       reward=gold_vader)
         history_file.write_text(json.dumps(history))
         results[name] = {"seconds": round(time.time() - start, 1),
                          **summarise(record, history, tok)}

@@ -58,12 +58,14 @@ def wide_prompts() -> list[str]:
     return [f"{a}{p}" for a in prefixes for p in PROMPTS]
 
 
-def verdicts(gain: Any, alpha: float) -> dict[str, Any]:
-    """Each verdict's first alarm (-1: none) and the uncorrected rule's per-step counts."""
+def verdicts(gain: Any, alpha: float, head: str | None = HEAD) -> dict[str, Any]:
+    """Each verdict's first alarm (-1: none) and the uncorrected rule's per-step counts;
+    ``head``'s own verdicts are -1 without one (a reward model with nothing planted). Shared
+    with rl_null_demo.py."""
     from tl_reward.rl.gain import ALL
     from tl_reward.stats.multiplicity import holm
 
-    j = gain.components.index(HEAD)
+    j = None if head is None else gain.components.index(head)
     tested = np.isfinite(gain.ci_low)
 
     def first(mask: np.ndarray) -> int:
@@ -76,12 +78,13 @@ def verdicts(gain: Any, alpha: float) -> dict[str, Any]:
     last = last[np.argsort(-gain.change[-1, last], kind="stable")]
     return {
         "uncorrected": {"reward": first(gain.reward_ci_low > 0),
-                        "head": first(gain.ci_low[:, j] > 0),
+                        "head": -1 if j is None else first(gain.ci_low[:, j] > 0),
                         "any_component": first(gain.ci_low > 0)},
-        "calibrated": {"reward": gain.alarm(alpha).step, "head": gain.alarm(alpha, HEAD).step,
+        "calibrated": {"reward": gain.alarm(alpha).step,
+                       "head": -1 if head is None else gain.alarm(alpha, head).step,
                        "any_component": scan.step},
         "scan_names": scan.components, "scan_sentence": scan.sentence(),
-        "scan_head_step": first(rejected[:, j]),
+        "scan_head_step": -1 if j is None else first(rejected[:, j]),
         "scan_last_step_names": [gain.components[k] for k in last],
         "per_step": {"reward_tests": int(np.isfinite(gain.reward_ci_low).sum()),
                      "reward_above": int((gain.reward_ci_low > 0).sum()),

@@ -36,20 +36,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from rl_null import rate
+from rl_length import HH
+from rl_null import rate, verdicts
 from rl_planted import log
 
 OUT = Path(__file__).resolve().parent / "results" / "rl_null_demo.json"
-HH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / \
-    "harmless-base-test.jsonl.gz"
 
 
 def hh_prompts(n: int, max_words: int = 30) -> list[str]:
     """The first human turn of the first ``n`` HH-RLHF harmless-base test conversations whose
     turn has at most ``max_words`` words (distinct)."""
+    from tl_reward.data.hh_rlhf import parse_dialogue
+
     out: list[str] = []
     for line in gzip.open(HH, "rt"):
-        turn = json.loads(line)["chosen"].split("Human:")[1].split("Assistant:")[0].strip()
+        turn = parse_dialogue(json.loads(line)["chosen"])[0]["content"]
         if turn and len(turn.split()) <= max_words and turn not in out:
             out.append(turn)
         if len(out) == n:
@@ -95,7 +96,7 @@ def gold_vader_reply(prompts: list[Any], completions: list[Any]) -> list[float]:
 def null_run(pool: Any, names: list[str], seed: int, args: argparse.Namespace,
              folder: Path, min_gain: float) -> dict[str, Any]:
     """One null run resampled from the pool; its verdicts."""
-    from tl_reward.rl.gain import ALL, reward_gain
+    from tl_reward.rl.gain import reward_gain
     from tl_reward.rl.goodhart import goodhart_curve
     from tl_reward.rl.record import RunRecord
 
@@ -113,15 +114,19 @@ def null_run(pool: Any, names: list[str], seed: int, args: argparse.Namespace,
                    components=(values[rows], [n[4:] for n in names]))
     gain = reward_gain(rec, progress=False)
     curve = goodhart_curve(rec, gain=gain, min_gold_gain=min_gain)
-    first = next((s for s, lo in zip(gain.steps, gain.reward_ci_low, strict=True) if lo > 0), -1)
-    any_first = next((s for s, lo in zip(gain.steps, gain.ci_low, strict=True)
-                      if (lo > 0).any()), -1)
-    scan = gain.alarm(args.alpha, ALL)
-    return {"seed": seed, "reward": gain.alarm(args.alpha).step, "any_component": scan.step,
-            "scan_names": scan.components, "uncorrected_reward": first,
-            "uncorrected_any_component": any_first, "peak": curve.peak_step,
-            "overoptimised": curve.overoptimised, "gold_fell": curve.gold_fell,
-            "gold_stalled": bool(curve.gold_stalled), "components": len(gain.components)}
+    v = verdicts(gain, args.alpha, head=None)
+    return {"seed": seed, "reward": v["calibrated"]["reward"],
+            "any_component": v["calibrated"]["any_component"], "scan_names": v["scan_names"],
+            "uncorrected_reward": v["uncorrected"]["reward"],
+            "uncorrected_any_component": v["uncorrected"]["any_component"],
+            "peak": curve.peak_step, "overoptimised": curve.overoptimised,
+            "gold_fell": curve.gold_fell, "gold_stalled": bool(curve.gold_stalled),
+            "components": len(gain.components)}
+
+
+#: A run's verdicts that are a first step (-1: none), and those that are flags.
+STEPS = ("reward", "any_component", "uncorrected_reward", "uncorrected_any_component")
+FLAGS = ("overoptimised", "gold_fell", "gold_stalled")
 
 
 def main() -> None:
@@ -175,12 +180,8 @@ def main() -> None:
             if (seed + 1) % 20 == 0 or seed + 1 == args.runs:
                 runs = results["runs"]
                 results["rates"] = {
-                    k: rate(sum(bool(r[k] >= 0) if isinstance(r[k], int)
-                                and not isinstance(r[k], bool) else bool(r[k]) for r in runs),
-                            len(runs))
-                    for k in ("reward", "any_component", "uncorrected_reward",
-                              "uncorrected_any_component", "overoptimised", "gold_fell",
-                              "gold_stalled")}
+                    **{k: rate(sum(r[k] >= 0 for r in runs), len(runs)) for k in STEPS},
+                    **{k: rate(sum(r[k] for r in runs), len(runs)) for k in FLAGS}}
                 results["rates"]["peak_moved"] = rate(sum(r["peak"] > 0 for r in runs),
                                                       len(runs))
                 args.out.parent.mkdir(parents=True, exist_ok=True)
